@@ -1,0 +1,46 @@
+"""varbnn: variational Bayesian neural networks for PyTorch.
+
+The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the batch + beta * KL_total / N_train``.
+"""
+
+from varbnn import distributions, families, metrics, nn, priors
+from varbnn.convert import bayesianize, register_converter, register_deterministic, to_deterministic
+from varbnn.divergence import kl, kl_divergence
+from varbnn.families import Delta, MeanField, VariationalFamily
+from varbnn.nn import BayesConv2d, BayesianModule, BayesLinear, BayesLSTM, sample_mode, set_sample_mode
+from varbnn.objectives import ELBOTerms, elbo_loss, linear_kl_annealing
+from varbnn.predict import classification_summary, predict, regression_summary
+from varbnn.priors import update_adaptive_priors
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "distributions",
+    "families",
+    "metrics",
+    "nn",
+    "priors",
+    "bayesianize",
+    "to_deterministic",
+    "register_converter",
+    "register_deterministic",
+    "kl",
+    "kl_divergence",
+    "Delta",
+    "MeanField",
+    "VariationalFamily",
+    "BayesLinear",
+    "BayesConv2d",
+    "BayesLSTM",
+    "BayesianModule",
+    "sample_mode",
+    "set_sample_mode",
+    "ELBOTerms",
+    "elbo_loss",
+    "linear_kl_annealing",
+    "predict",
+    "classification_summary",
+    "regression_summary",
+    "update_adaptive_priors",
+    "__version__",
+]

@@ -1,0 +1,98 @@
+"""KL divergences: one registry of closed forms, a Monte Carlo fallback, and the model-level sum.
+
+The convention used everywhere in varbnn, stated once:
+
+    loss = mean NLL over the batch + beta * KL_total / N_train          (Graves 2011, eq. 18)
+
+``KL_total`` is a SUM over every weight of every Bayesian tensor of the model (never a mean), and
+``N_train`` is the number of training examples (never the batch size). With this scaling the loss is the
+negative ELBO divided by ``N_train``, so it is unchanged by the batch size and stays right under
+DistributedDataParallel, where gradients are averaged over ranks. See :func:`varbnn.elbo_loss`.
+
+Closed forms are registered with :func:`torch.distributions.kl.register_kl`, so they are dispatched by
+type exactly like torch's own (``Independent``-wrapped elementwise pairs sum over the tensor). Pairs with no
+closed form fall back to a Monte Carlo estimate ``mean_s [log q(w_s) - log p(w_s)]`` with reparameterised
+samples ``w_s ~ q``, averaged (not summed) over the samples.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributions import Distribution, Laplace, Normal, register_kl
+from torch.distributions import kl_divergence as _torch_kl
+
+from varbnn.distributions import Delta, ImproperUniform
+
+__all__ = ["kl", "kl_divergence", "monte_carlo_kl", "DEFAULT_KL_SAMPLES"]
+
+DEFAULT_KL_SAMPLES = 1
+"""Monte Carlo samples for KLs without a closed form (one per step is the usual unbiased estimator)."""
+
+
+@register_kl(Delta, Distribution)
+def _kl_delta_any(q: Delta, p: Distribution) -> torch.Tensor:
+    # Graves 2011 section 5.1: L^C = -log p(w) + C, with the discretisation constant C dropped.
+    return -p.log_prob(q.value)
+
+
+@register_kl(Delta, ImproperUniform)
+def _kl_delta_uniform(q: Delta, p: ImproperUniform) -> torch.Tensor:
+    return torch.zeros((), dtype=q.value.dtype, device=q.value.device)
+
+
+@register_kl(Distribution, ImproperUniform)
+def _kl_any_uniform(q: Distribution, p: ImproperUniform) -> torch.Tensor:
+    # Up to an infinite constant that carries no gradient.
+    return -q.entropy()
+
+
+@register_kl(Normal, Laplace)
+def _kl_normal_laplace(q: Normal, p: Laplace) -> torch.Tensor:
+    # E_q|w - m| for w ~ N(mu, s^2), d = mu - m: s sqrt(2/pi) exp(-d^2 / 2s^2) + d erf(d / (s sqrt 2)).
+    d = q.loc - p.loc
+    s = q.scale
+    abs_moment = s * math.sqrt(2 / math.pi) * torch.exp(-0.5 * (d / s) ** 2) + d * torch.erf(d / (s * math.sqrt(2)))
+    return -q.entropy() + torch.log(2 * p.scale) + abs_moment / p.scale
+
+
+def monte_carlo_kl(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
+    """Unbiased estimate ``mean_s [log q(w_s) - log p(w_s)]``, ``w_s ~ q`` reparameterised when possible."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    draw = q.rsample if q.has_rsample else q.sample
+    w = draw(torch.Size([samples]))
+    return (q.log_prob(w) - p.log_prob(w)).mean(0)
+
+
+def kl_divergence(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
+    """KL(q || p): a registered closed form if one exists, otherwise :func:`monte_carlo_kl`."""
+    try:
+        return _torch_kl(q, p)
+    except NotImplementedError:
+        return monte_carlo_kl(q, p, samples)
+
+
+def kl(model_or_q: nn.Module | Distribution, p: Distribution | None = None, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
+    """``kl(model)``: the SUM of KL(q || p) over every Bayesian tensor of a model (nats);
+    ``kl(q, p)``: the KL between two distributions (see :func:`kl_divergence`).
+    """
+    if isinstance(model_or_q, nn.Module):
+        if p is not None:
+            raise TypeError("kl(model) takes no prior: each tensor's prior is stored in its layer")
+        from varbnn.nn.base import BayesianModule
+
+        total: torch.Tensor | None = None
+        for module in model_or_q.modules():
+            if isinstance(module, BayesianModule):
+                term = module.kl()
+                total = term if total is None else total + term
+        if total is None:
+            param = next(model_or_q.parameters(), None)
+            return torch.zeros((), device=param.device if param is not None else None)
+        return total
+    if p is None:
+        raise TypeError("kl(q, p) needs a prior distribution p")
+    return kl_divergence(model_or_q, p, samples)

@@ -1,0 +1,172 @@
+"""The family interface shared by every posterior."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+import torch
+from torch import nn
+from torch.distributions import Distribution
+
+from varbnn.divergence import kl_divergence
+
+if TYPE_CHECKING:
+    from varbnn.ops import WeightOp
+    from varbnn.priors import Prior
+
+__all__ = ["VariationalFamily", "SampleMode", "SAMPLE_MODES", "FAMILIES", "make_family", "he_normal_"]
+
+SampleMode = Literal["sample", "mean", "mode"]
+SAMPLE_MODES: tuple[str, ...] = ("sample", "mean", "mode")
+LAYER_KINDS = ("linear", "conv2d", "lstm")
+
+F = TypeVar("F", bound="VariationalFamily")
+
+
+def he_normal_(tensor: torch.Tensor) -> torch.Tensor:
+    """He (Kaiming) normal initialisation, std = sqrt(2 / fan_in), fan_in = prod(shape[1:])."""
+    fan_in = math.prod(tensor.shape[1:]) if tensor.dim() > 1 else 1
+    with torch.no_grad():
+        return tensor.normal_(0.0, math.sqrt(2.0 / fan_in))
+
+
+class VariationalFamily(nn.Module):
+    """A variational posterior q over one weight tensor of a known shape.
+
+    Unbuilt (as constructed by the user) it holds hyperparameters only; :meth:`build` returns a new,
+    materialised instance owning the parameters. Subclasses declare which estimators they offer in
+    ``estimators`` and which layer kinds each estimator supports in ``estimator_layers``.
+    """
+
+    estimators: ClassVar[tuple[str, ...]] = ("reparam",)
+    estimator_layers: ClassVar[dict[str, tuple[str, ...]]] = {"reparam": LAYER_KINDS}
+    estimator: str = "reparam"
+
+    def __init__(self, **hyperparameters: Any) -> None:
+        super().__init__()
+        self._hyperparameters = dict(hyperparameters)
+        self.shape: torch.Size | None = None
+
+    # -- construction ---------------------------------------------------------------------------------
+    def build(self: F, shape: torch.Size | tuple[int, ...], init: torch.Tensor | None = None) -> F:
+        """A new instance of this family, with parameters for a tensor of ``shape``.
+
+        ``init`` gives the initial mean (e.g. He-initialised or copied from a pretrained weight); without it
+        the mean is He-initialised (zeros for 1-d tensors such as biases).
+        """
+        shape = torch.Size(shape)
+        if init is None:
+            init = he_normal_(torch.empty(shape)) if len(shape) > 1 else torch.zeros(shape)
+        elif init.shape != shape:
+            raise ValueError(f"{type(self).__name__}.build: init has shape {tuple(init.shape)}, expected {tuple(shape)}")
+        built = type(self)(**self._hyperparameters)
+        built.shape = shape
+        built._materialize(shape, init.detach().clone())
+        return built
+
+    @property
+    def is_built(self) -> bool:
+        return self.shape is not None
+
+    def _require_built(self) -> torch.Size:
+        if self.shape is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is an unbuilt family spec; pass it to a layer (or call .build(shape))"
+            )
+        return self.shape
+
+    def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def check_layer(self, layer_kind: str) -> None:
+        """Raise a clear error if this family's estimator cannot run inside a ``layer_kind`` layer."""
+        allowed = self.estimator_layers.get(self.estimator, ())
+        if layer_kind not in allowed:
+            supported = [e for e, layers in self.estimator_layers.items() if layer_kind in layers]
+            raise ValueError(
+                f"{type(self).__name__}(estimator={self.estimator!r}) is not supported in a {layer_kind} layer; "
+                f"estimators allowed there: {supported}"
+                + (" (local reparameterization and flipout would draw new weights at every time step)"
+                   if layer_kind == "lstm" else "")
+            )
+
+    # -- the distribution -------------------------------------------------------------------------------
+    def distribution(self) -> Distribution:
+        """q as a torch distribution whose event is the whole tensor."""
+        raise NotImplementedError
+
+    @property
+    def mean(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def mode(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Elementwise (mean, variance) of q, for families that have them in closed form."""
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form moments")
+
+    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+        """Reparameterised samples of shape ``sample_shape + shape``."""
+        self._require_built()
+        return self.distribution().rsample(torch.Size(sample_shape))
+
+    def weight(self, mode: SampleMode = "sample") -> torch.Tensor:
+        """One sample (``"sample"``), the posterior mean (``"mean"``) or its mode (``"mode"``)."""
+        if mode == "sample":
+            return self.rsample()
+        if mode == "mean":
+            return self.mean
+        if mode == "mode":
+            return self.mode
+        raise ValueError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
+
+    def kl(self, prior: Prior) -> torch.Tensor:
+        """KL(q || prior), summed over the tensor (nats)."""
+        return kl_divergence(self.distribution(), prior.distribution(self._require_built()))
+
+    @property
+    def num_variational_parameters(self) -> int:
+        """Number of variational parameters this tensor's posterior owns."""
+        self._require_built()
+        return sum(p.numel() for p in self.parameters())
+
+    # -- inside a layer ---------------------------------------------------------------------------------
+    def forward_op(
+        self,
+        op: WeightOp,
+        x: torch.Tensor,
+        bias: VariationalFamily | None,
+        mode: SampleMode = "sample",
+    ) -> torch.Tensor:
+        """``op(x, W, b)`` with W (and b) drawn from the posteriors; families override for fast estimators."""
+        return op(x, self.weight(mode), bias.weight(mode) if bias is not None else None)
+
+    def extra_repr(self) -> str:
+        hp = ", ".join(f"{k}={v!r}" for k, v in self._hyperparameters.items())
+        shape = f"shape={tuple(self.shape)}" if self.shape is not None else "unbuilt"
+        return f"{shape}, {hp}" if hp else shape
+
+
+FAMILIES: dict[str, type[VariationalFamily]] = {}
+
+
+def register_family(name: str):  # type: ignore[no-untyped-def]
+    """Class decorator adding a family to :data:`FAMILIES` under ``name`` (for configs and the CLI)."""
+
+    def decorator(cls: type[VariationalFamily]) -> type[VariationalFamily]:
+        FAMILIES[name] = cls
+        return cls
+
+    return decorator
+
+
+def make_family(name: str, **kwargs: Any) -> VariationalFamily:
+    """Build a family spec by name. Allowed names: the keys of :data:`FAMILIES`."""
+    try:
+        cls = FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown family name {name!r}; allowed: {sorted(FAMILIES)}") from None
+    return cls(**kwargs)

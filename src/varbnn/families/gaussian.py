@@ -1,0 +1,119 @@
+"""Mean-field (diagonal) Gaussian family: Graves 2011 section 5.2, Blundell et al. 2015."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Distribution, Independent, Normal
+
+from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
+from varbnn.ops import WeightOp
+
+__all__ = ["MeanField", "inverse_softplus"]
+
+_ESTIMATORS = ("reparam", "local", "flipout")
+
+
+def inverse_softplus(y: float) -> float:
+    """rho such that softplus(rho) = y (y > 0), computed stably for small and large y."""
+    return y + math.log(-math.expm1(-y))
+
+
+def _rademacher(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    # Out of place, so that it also draws independent signs under torch.func.vmap(randomness="different").
+    uniform = torch.rand(shape, dtype=like.dtype, device=like.device)
+    return torch.where(uniform < 0.5, -1.0, 1.0).to(like.dtype)
+
+
+@register_family("meanfield")
+class MeanField(VariationalFamily):
+    """q(W) = prod_i N(w_i | loc_i, sigma_i^2) with sigma = softplus(rho).
+
+    Args:
+        init_std: initial posterior standard deviation of every weight (default 1e-2); must be > 0.
+        estimator: how a layer draws its output (default ``"reparam"``):
+
+            * ``"reparam"``: one weight sample per forward pass, shared by the batch (any layer).
+            * ``"local"``: local reparameterization (Kingma et al. 2015): pre-activations are sampled per
+              example from N(op(x, loc), op(x^2, sigma^2)); Linear and Conv2d only.
+            * ``"flipout"``: Wen et al. 2018: op(x, loc) + op(x * s_in, sigma * eps) * s_out with random signs
+              per example; Linear and Conv2d only.
+
+    The means are He-initialised by the layer, or copied from a pretrained weight by ``bayesianize``.
+    """
+
+    estimators = _ESTIMATORS
+    estimator_layers = {"reparam": LAYER_KINDS, "local": ("linear", "conv2d"), "flipout": ("linear", "conv2d")}
+
+    loc: nn.Parameter
+    rho: nn.Parameter
+
+    def __init__(self, init_std: float = 1e-2, estimator: str = "reparam") -> None:
+        if not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
+            raise ValueError(f"MeanField: init_std must be a finite number > 0, got {init_std!r}")
+        if estimator not in _ESTIMATORS:
+            raise ValueError(f"MeanField: unknown estimator {estimator!r}; allowed: {list(_ESTIMATORS)}")
+        super().__init__(init_std=float(init_std), estimator=estimator)
+        self.init_std = float(init_std)
+        self.estimator = estimator
+
+    def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
+        self.loc = nn.Parameter(init)
+        self.rho = nn.Parameter(torch.full(shape, inverse_softplus(self.init_std), dtype=init.dtype))
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """Posterior standard deviations, softplus(rho)."""
+        return F.softplus(self.rho)
+
+    def distribution(self) -> Distribution:
+        self._require_built()
+        return Independent(Normal(self.loc, self.scale, validate_args=False), self.loc.dim(), validate_args=False)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.loc
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.loc, self.scale.square()
+
+    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+        self._require_built()
+        eps = torch.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + self.scale * eps
+
+    def forward_op(
+        self,
+        op: WeightOp,
+        x: torch.Tensor,
+        bias: VariationalFamily | None,
+        mode: SampleMode = "sample",
+    ) -> torch.Tensor:
+        if mode != "sample" or self.estimator == "reparam":
+            return super().forward_op(op, x, bias, mode)
+        sigma = self.scale
+        if self.estimator == "local":
+            bias_mean = bias_var = None
+            sampled_bias = None
+            if bias is not None:
+                try:
+                    bias_mean, bias_var = bias.moments()
+                except NotImplementedError:
+                    sampled_bias = bias.weight("sample")
+            mean = op(x, self.loc, bias_mean)
+            var = op(x * x, sigma * sigma, bias_var)
+            out = mean + var.clamp_min(1e-30).sqrt() * torch.randn_like(mean)
+            return op.add_bias(out, sampled_bias) if sampled_bias is not None else out
+        # flipout
+        b = bias.weight("sample") if bias is not None else None
+        mean = op(x, self.loc, b)
+        delta = sigma * torch.randn_like(sigma)
+        perturbation = op(x * _rademacher(op.input_sign_shape(x), x), delta, None)
+        return mean + perturbation * _rademacher(op.output_sign_shape(perturbation), perturbation)

@@ -1,0 +1,166 @@
+"""Evaluation metrics, torch-native (CPU or GPU), checked against scikit-learn in the tests.
+
+Classification metrics take class probabilities ``probs`` of shape ``[N, C]`` (e.g. the Monte Carlo mean
+from :func:`varbnn.predict.classification_summary`) and integer labels ``[N]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "accuracy",
+    "negative_log_likelihood",
+    "expected_calibration_error",
+    "calibration_bins",
+    "CalibrationBins",
+    "brier_score",
+    "auroc",
+    "referral_curve",
+    "rmse",
+    "gaussian_log_likelihood",
+]
+
+
+def _check_probs(probs: torch.Tensor, labels: torch.Tensor) -> None:
+    if probs.dim() != 2:
+        raise ValueError(f"probs must have shape [N, classes], got {tuple(probs.shape)}")
+    if labels.shape != probs.shape[:1]:
+        raise ValueError(f"labels must have shape [{probs.shape[0]}], got {tuple(labels.shape)}")
+    if not torch.isfinite(probs).all():
+        raise ValueError("probs contains NaN or infinite values")
+
+
+def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of examples whose most probable class is the label."""
+    _check_probs(probs, labels)
+    return float((probs.argmax(-1) == labels).float().mean())
+
+
+def negative_log_likelihood(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean ``-log p(label)`` in nats (probabilities clamped at the dtype's smallest normal number)."""
+    _check_probs(probs, labels)
+    picked = probs.gather(1, labels.long().unsqueeze(1)).squeeze(1)
+    return float(-torch.log(picked.clamp_min(torch.finfo(probs.dtype).tiny)).mean())
+
+
+def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over examples of sum over classes of ``(p_k - 1[y = k])^2`` (scikit-learn's multiclass form)."""
+    _check_probs(probs, labels)
+    onehot = torch.nn.functional.one_hot(labels.long(), probs.shape[1]).to(probs.dtype)
+    return float(((probs - onehot) ** 2).sum(-1).mean())
+
+
+@dataclass(frozen=True)
+class CalibrationBins:
+    """Equal-width confidence bins: edges, and per bin the count, mean confidence and accuracy."""
+
+    edges: torch.Tensor
+    counts: torch.Tensor
+    confidence: torch.Tensor
+    accuracy: torch.Tensor
+
+
+def calibration_bins(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> CalibrationBins:
+    """Bin examples by top-class confidence into ``n_bins`` equal-width bins of (0, 1] (right-closed)."""
+    _check_probs(probs, labels)
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).to(probs.dtype)
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=probs.dtype, device=probs.device)
+    index = (torch.bucketize(confidence, edges, right=False) - 1).clamp(0, n_bins - 1)
+    counts = torch.zeros(n_bins, dtype=probs.dtype, device=probs.device).index_add_(0, index, torch.ones_like(confidence))
+    conf_sum = torch.zeros_like(counts).index_add_(0, index, confidence)
+    acc_sum = torch.zeros_like(counts).index_add_(0, index, correct)
+    safe = counts.clamp_min(1)
+    return CalibrationBins(edges, counts, conf_sum / safe, acc_sum / safe)
+
+
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+    """ECE = sum_b (n_b / N) |accuracy_b - confidence_b| over ``n_bins`` equal-width bins (Guo et al. 2017)."""
+    bins = calibration_bins(probs, labels, n_bins)
+    weights = bins.counts / bins.counts.sum()
+    return float((weights * (bins.accuracy - bins.confidence).abs()).sum())
+
+
+def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve of ``scores`` for binary ``labels`` (1 = positive), ties counted as 1/2.
+
+    Computed as the Mann-Whitney statistic from average ranks.
+    """
+    scores, labels = scores.reshape(-1).double(), labels.reshape(-1)
+    if scores.shape != labels.shape:
+        raise ValueError(f"scores and labels must have the same number of elements, got {scores.numel()} and {labels.numel()}")
+    positive = labels.bool()
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("auroc needs at least one positive and one negative label")
+    order = torch.argsort(scores)
+    sorted_scores = scores[order]
+    ranks = torch.empty_like(scores)
+    ranks[order] = torch.arange(1, scores.numel() + 1, dtype=scores.dtype, device=scores.device)
+    # average the ranks of tied scores
+    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
+    rank_sum = torch.zeros(counts.shape, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, ranks[order])
+    ranks[order] = (rank_sum / counts)[inverse]
+    u = ranks[positive].sum() - n_pos * (n_pos + 1) / 2
+    return float(u / (n_pos * n_neg))
+
+
+def referral_curve(
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    uncertainty: torch.Tensor,
+    fractions: Sequence[float] = tuple(i / 10 for i in range(10)),
+) -> list[dict[str, float]]:
+    """Accuracy on the examples kept after referring the most uncertain ``fraction`` to an expert.
+
+    Returns one row per fraction: ``{"referred": f, "retained": n_kept, "accuracy": acc_on_kept}``.
+    """
+    _check_probs(probs, labels)
+    if uncertainty.shape != labels.shape:
+        raise ValueError(f"uncertainty must have shape {tuple(labels.shape)}, got {tuple(uncertainty.shape)}")
+    order = torch.argsort(uncertainty)  # most certain first
+    correct = (probs.argmax(-1) == labels)[order].double()
+    n = labels.numel()
+    rows = []
+    for fraction in fractions:
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"fractions must lie in [0, 1), got {fraction}")
+        kept = max(1, n - int(math.floor(fraction * n)))
+        rows.append({"referred": float(fraction), "retained": kept, "accuracy": float(correct[:kept].mean())})
+    return rows
+
+
+def rmse(predictions: torch.Tensor, targets: torch.Tensor) -> float:
+    """Root mean squared error."""
+    if predictions.shape != targets.shape:
+        raise ValueError(f"predictions {tuple(predictions.shape)} and targets {tuple(targets.shape)} differ in shape")
+    return float(((predictions - targets) ** 2).mean().sqrt())
+
+
+def gaussian_log_likelihood(
+    sample_means: torch.Tensor, targets: torch.Tensor, noise_std: float | torch.Tensor
+) -> float:
+    """Per-point Monte Carlo predictive log-likelihood of a Gaussian regressor:
+
+        mean_n [ logsumexp_s log N(y_n | f_s(x_n), noise_std^2) - log S ]
+
+    ``sample_means``: ``[S, N]`` (or ``[S, *targets.shape]``); the logsumexp runs over the S weight
+    samples, never over test points.
+    """
+    if sample_means.shape[1:] != targets.shape:
+        raise ValueError(
+            f"sample_means must be [S, *targets.shape] = [S, {', '.join(map(str, targets.shape))}], got {tuple(sample_means.shape)}"
+        )
+    noise = torch.as_tensor(noise_std, dtype=sample_means.dtype, device=sample_means.device)
+    if not (noise > 0).all():
+        raise ValueError(f"noise_std must be > 0, got {noise_std!r}")
+    log_density = torch.distributions.Normal(sample_means, noise).log_prob(targets.unsqueeze(0))
+    per_point = torch.logsumexp(log_density, dim=0) - math.log(sample_means.shape[0])
+    return float(per_point.mean())
