@@ -1,0 +1,63 @@
+"""The ``varbnn`` command: ``varbnn demo``, ``varbnn reproduce NAME``, ``varbnn list``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _table(rows: list[dict[str, object]], keys: Sequence[str]) -> str:
+    widths = [max(len(k), *(len(_cell(r[k])) for r in rows)) for k in keys]
+    line = "  ".join(k.ljust(w) for k, w in zip(keys, widths))
+    body = ["  ".join(_cell(r[k]).ljust(w) for k, w in zip(keys, widths)) for r in rows]
+    return "\n".join([line, "-" * len(line), *body])
+
+
+def _cell(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="varbnn", description="Variational Bayesian neural networks for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, default_out: str) -> None:
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto (default: cpu)")
+        p.add_argument("--out", default=default_out, help=f"output directory (default: {default_out})")
+        p.add_argument("--data-dir", default=None, help="dataset directory (default: $VARBNN_DATA, then ~/.cache/varbnn)")
+        p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    demo = sub.add_parser("demo", help="plain MLP vs mean-field BNN on the bundled digits set (offline, < 3 min)")
+    common(demo, "varbnn-results")
+    demo.add_argument("--quick", action="store_true", help="a few epochs only")
+    rep = sub.add_parser("reproduce", help="run a named experiment config and write NAME.json / NAME.md")
+    rep.add_argument("name", help="experiment name (see `varbnn list`)")
+    rep.add_argument("--quick", action="store_true", help="CI-sized variant of the same experiment")
+    common(rep, "benchmarks/results")
+    sub.add_parser("list", help="list the experiment names")
+    args = parser.parse_args(argv)
+
+    from varbnn.experiments import CONFIGS, get_config, run_experiment
+
+    if args.command == "list":
+        for name, config in sorted(CONFIGS.items()):
+            print(f"{name:20s} {config.description}")
+        return 0
+    name = "demo" if args.command == "demo" else args.name
+    try:
+        config = get_config(name, quick=args.quick)
+    except ValueError as error:
+        parser.error(str(error))
+    command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
+    result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command)
+    keys = [k for k in ("variant", "accuracy", "nll", "ece", "brier", "train_seconds") if k in result["rows"][0]]
+    print(_table(result["rows"], keys))
+    print(f"\nwrote {args.out}/{name}.json, {args.out}/{name}.md" + "".join(f", {args.out}/{f}" for f in result["figures"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

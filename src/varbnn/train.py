@@ -1,0 +1,167 @@
+"""A small training loop: ELBO steps, adaptive-prior updates, progress bar, checkpoints, evaluation."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from varbnn import metrics
+from varbnn.objectives import elbo_loss
+from varbnn.predict import classification_summary, predict
+from varbnn.priors import update_adaptive_priors
+
+__all__ = ["fit", "evaluate_classifier", "save_checkpoint", "load_checkpoint", "seed_everything", "resolve_device"]
+
+NLLFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BetaSchedule = Callable[[int], float]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/"auto" -> cuda if available else cpu; otherwise the named device, checked to exist."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
+    return dev
+
+
+def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any) -> Path:
+    """Write ``{"model", "optimizer", **extra}`` state dicts atomically (temp file + rename): an interrupted
+    save never destroys the previous checkpoint. ``extra`` values must be plain data (numbers, strings, lists,
+    dicts, tensors) so that :func:`load_checkpoint` can use ``weights_only=True``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None, **extra}
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer | None = None, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``); returns it."""
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state.get("optimizer") is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def _has_adaptive_prior(model: nn.Module) -> bool:
+    from varbnn.priors import Prior
+
+    return any(isinstance(m, Prior) and m.adaptive for m in model.modules())
+
+
+def fit(
+    model: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    n_data: int,
+    epochs: int,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr: float = 1e-3,
+    nll: NLLFunction = F.cross_entropy,
+    beta: float | BetaSchedule = 1.0,
+    device: str | torch.device | None = "cpu",
+    progress: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (or ``optimizer``).
+
+    Adaptive priors are set to their optimum after every step. ``beta`` is a number or a function of the
+    global step (e.g. ``lambda s: linear_kl_annealing(s, 1000)``). Returns one dict per epoch with the mean
+    loss, NLL (nats), KL (nats) and beta; ``checkpoint`` is rewritten (atomically) after each epoch.
+    """
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    dev = resolve_device(device)
+    model.to(dev)
+    optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
+    adaptive = _has_adaptive_prior(model)
+    if adaptive:
+        update_adaptive_priors(model)
+    schedule: BetaSchedule = beta if callable(beta) else (lambda _step: float(beta))  # type: ignore[misc, assignment]
+    history: list[dict[str, float]] = []
+    step = 0
+    bar = tqdm(range(epochs), desc="epochs", disable=not progress, leave=False)
+    for epoch in bar:
+        model.train()
+        totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
+        batches = 0
+        for x, y in loader:
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            if x.is_floating_point() and not torch.isfinite(x).all():
+                raise ValueError("training inputs contain NaN or infinite values")
+            terms = elbo_loss(nll(model(x), y), model, n_data, schedule(step))
+            optimizer.zero_grad(set_to_none=True)
+            terms.loss.backward()
+            optimizer.step()
+            if adaptive:
+                update_adaptive_priors(model)
+            totals["loss"] += float(terms.loss.detach())
+            totals["nll"] += float(terms.nll)
+            totals["kl"] += float(terms.kl)
+            batches += 1
+            step += 1
+        record = {k: v / max(batches, 1) for k, v in totals.items()}
+        record.update(epoch=epoch + 1, beta=schedule(step))
+        history.append(record)
+        bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}")
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, model, optimizer, epoch=epoch + 1, history=history)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, record)
+    return history
+
+
+@torch.no_grad()
+def evaluate_classifier(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    samples: int = 16,
+    batch_size: int = 1000,
+    device: str | torch.device | None = "cpu",
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Monte Carlo predictive metrics (accuracy, NLL, ECE, Brier) and the mean probabilities ``[N, C]``."""
+    dev = resolve_device(device)
+    model.to(dev).eval()
+    probs = []
+    for start in range(0, x.shape[0], batch_size):
+        logits = predict(model, x[start : start + batch_size].to(dev), samples=samples)
+        probs.append(classification_summary(logits).probs.cpu())
+    p = torch.cat(probs)
+    out = {
+        "accuracy": metrics.accuracy(p, y),
+        "nll": metrics.negative_log_likelihood(p, y),
+        "ece": metrics.expected_calibration_error(p, y),
+        "brier": metrics.brier_score(p, y),
+    }
+    return out, p
