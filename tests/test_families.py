@@ -1,0 +1,135 @@
+"""Generic family tests driven by a FAMILIES table (like torch's distribution EXAMPLES)."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+from varbnn.families import FAMILIES, Delta, MeanField, make_family
+from varbnn.priors import Laplace, Normal
+
+SHAPE = (4, 3)
+# (spec, has_density): families with a density get the Monte Carlo KL and mode tests.
+FAMILY_TABLE = [
+    pytest.param(lambda: Delta(), False, id="delta"),
+    pytest.param(lambda: MeanField(init_std=0.3), True, id="meanfield-reparam"),
+    pytest.param(lambda: MeanField(init_std=0.3, estimator="local"), True, id="meanfield-local"),
+    pytest.param(lambda: MeanField(init_std=0.3, estimator="flipout"), True, id="meanfield-flipout"),
+]
+PRIOR_TABLE = [
+    pytest.param(lambda: Normal(0.1, 0.5), id="normal"),
+    pytest.param(lambda: Laplace(-0.1, 0.4), id="laplace"),
+]
+
+
+def built(spec):
+    family = spec().build(SHAPE, torch.randn(SHAPE) * 0.5)
+    if hasattr(family, "rho"):  # heterogeneous stds, so that a per-element bug cannot hide
+        with torch.no_grad():
+            family.rho.add_(torch.randn(SHAPE) * 0.5)
+    return family
+
+
+@pytest.mark.parametrize("spec,has_density", FAMILY_TABLE)
+def test_shapes(spec, has_density):
+    family = built(spec)
+    assert family.rsample().shape == SHAPE
+    assert family.rsample((5, 2)).shape == (5, 2, *SHAPE)
+    assert family.mean.shape == family.mode.shape == SHAPE
+    assert family.distribution().event_shape == SHAPE
+
+
+@pytest.mark.parametrize("spec,has_density", FAMILY_TABLE)
+@pytest.mark.parametrize("prior", PRIOR_TABLE)
+def test_gradients_reach_every_parameter(spec, has_density, prior):
+    family = built(spec)
+    loss = family.kl(prior()) + (family.rsample() ** 2).sum()
+    loss.backward()
+    for name, parameter in family.named_parameters():
+        assert parameter.grad is not None, name
+        assert torch.isfinite(parameter.grad).all() and parameter.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("spec,has_density", [p for p in FAMILY_TABLE if p.values[1]])
+@pytest.mark.parametrize("prior", PRIOR_TABLE)
+def test_analytic_kl_matches_monte_carlo(spec, has_density, prior):
+    family, p = built(spec), prior()
+    q = family.distribution()
+    with torch.no_grad():
+        analytic = float(family.kl(p))
+        w = q.sample((40000,))
+        terms = (q.log_prob(w) - p.distribution(SHAPE).log_prob(w)).double()
+    mc, se = float(terms.mean()), float(terms.std() / math.sqrt(terms.numel()))
+    assert abs(analytic - mc) < 5 * se, (analytic, mc, se)
+
+
+@pytest.mark.parametrize("spec,has_density", [p for p in FAMILY_TABLE if p.values[1]])
+def test_mode_beats_samples_in_density(spec, has_density):
+    family = built(spec)
+    q = family.distribution()
+    with torch.no_grad():
+        assert q.log_prob(family.mode) >= q.log_prob(q.sample((2000,))).max()
+
+
+def test_meanfield_log_prob_and_entropy_match_scipy():
+    family = built(lambda: MeanField(init_std=0.3))
+    mu, sd = family.loc.detach().double().numpy(), family.scale.detach().double().numpy()
+    w = torch.randn(SHAPE)
+    expected = scipy.stats.norm(mu, sd).logpdf(w.double().numpy()).sum()
+    assert float(family.distribution().log_prob(w)) == pytest.approx(expected, rel=1e-5)
+    assert float(family.distribution().entropy()) == pytest.approx(scipy.stats.norm(mu, sd).entropy().sum(), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "prior,logpdf",
+    [
+        (Normal(0.1, 0.5), lambda w: scipy.stats.norm(0.1, 0.5).logpdf(w)),
+        (Laplace(-0.1, 0.4), lambda w: scipy.stats.laplace(-0.1, 0.4).logpdf(w)),
+    ],
+)
+def test_delta_kl_is_negative_log_prior_density(prior, logpdf):
+    family = built(lambda: Delta())
+    expected = -logpdf(family.value.detach().double().numpy()).sum()
+    assert float(family.kl(prior)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_meanfield_samples_have_the_posterior_moments():
+    family = built(lambda: MeanField(init_std=0.3))
+    with torch.no_grad():
+        w = family.rsample((20000,))
+    n = w.shape[0]
+    sd = family.scale.detach()
+    assert ((w.mean(0) - family.loc.detach()).abs() < 5 * sd / math.sqrt(n)).all()
+    assert ((w.std(0) / sd - 1).abs() < 5 * math.sqrt(1 / (2 * n))).all()
+
+
+def test_parameter_count():
+    assert built(lambda: MeanField()).num_variational_parameters == 2 * np.prod(SHAPE)
+    assert built(lambda: Delta()).num_variational_parameters == np.prod(SHAPE)
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: MeanField(init_std=0.0), "init_std"),
+        (lambda: MeanField(init_std=-1.0), "init_std"),
+        (lambda: MeanField(init_std=float("nan")), "init_std"),
+        (lambda: MeanField(estimator="bogus"), "estimator.*allowed"),
+        (lambda: make_family("nope"), "unknown family name.*allowed"),
+        (lambda: MeanField().build((2, 2), torch.zeros(3, 3)), "init has shape"),
+    ],
+)
+def test_bad_input_is_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_unbuilt_family_says_so():
+    with pytest.raises(RuntimeError, match="unbuilt"):
+        MeanField().rsample()
+
+
+def test_registry_lists_families():
+    assert {"delta", "meanfield"} <= set(FAMILIES)
