@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = ["ChecksumError", "resolve_data_dir", "fetch", "manifest", "sha256_of"]
 
 ENV_VAR = "VARBNN_DATA"
+MIRROR_ENV_VAR = "VARBNN_MIRROR"
 
 
 class ChecksumError(RuntimeError):
@@ -89,8 +90,8 @@ def fetch(
             (e.g. ``"mnist/train-images-idx3-ubyte.gz"``).
         data_dir: see :func:`resolve_data_dir`.
         download: download a missing file (otherwise raise ``FileNotFoundError``).
-        mirrors: base URLs tried instead of the upstream ones; the file is fetched from
-            ``mirror + "/" + relative_path``.
+        mirrors: base URLs tried instead of the upstream ones (default: the comma-separated
+            ``$VARBNN_MIRROR`` if set); the file is fetched from ``mirror + "/" + relative_path``.
     """
     entries = manifest()
     if relative_path not in entries:
@@ -106,7 +107,9 @@ def fetch(
         raise FileNotFoundError(
             f"{path} is missing; pass download=True, or point data_dir / ${ENV_VAR} at a directory that holds it"
         )
-    urls = [f"{m.rstrip('/')}/{relative_path}" for m in mirrors] if mirrors else [str(u) for u in entry["urls"]]  # type: ignore[union-attr]
+    if mirrors is None and os.environ.get(MIRROR_ENV_VAR):
+        mirrors = [m for m in os.environ[MIRROR_ENV_VAR].split(",") if m.strip()]
+    urls = [f"{m.strip().rstrip('/')}/{relative_path}" for m in mirrors] if mirrors else [str(u) for u in entry["urls"]]  # type: ignore[union-attr]
     errors = []
     for url in urls:
         try:

@@ -1,0 +1,68 @@
+import pytest
+import torch
+from torch import nn
+
+import varbnn
+from varbnn import MeanField
+from varbnn.predict import classification_summary, regression_summary
+
+
+def test_predict_shape_and_vectorised_equals_loop_in_distribution():
+    torch.manual_seed(0)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4)), MeanField(init_std=0.3))
+    x = torch.randn(5, 3)
+    vec = varbnn.predict(model, x, samples=4000)
+    loop = varbnn.predict(model, x, samples=4000, vectorize=False)
+    assert vec.shape == loop.shape == (4000, 5, 4)
+    se = (vec.var(0) / 4000 + loop.var(0) / 4000).sqrt()
+    assert ((vec.mean(0) - loop.mean(0)).abs() < 5 * se).all()
+    assert vec.std(0).min() > 0  # draws differ
+
+
+def test_predict_chunked_and_deterministic_models():
+    plain = nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    out = varbnn.predict(plain, x, samples=3, chunk_size=2)
+    assert out.shape == (3, 4, 2) and torch.equal(out[0], out[2])
+    with pytest.raises(ValueError, match="samples must be a positive integer"):
+        varbnn.predict(plain, x, samples=0)
+    with pytest.raises(ValueError, match="x contains NaN"):
+        varbnn.predict(plain, torch.full((2, 3), float("nan")))
+
+
+def test_lstm_prediction_falls_back_or_vectorises():
+    model = varbnn.bayesianize(nn.LSTM(2, 3, batch_first=True), MeanField(init_std=0.2))
+    seqs = torch.randn(2, 5, 2)
+    wrapped = _FirstOutput(model)
+    assert varbnn.predict(wrapped, seqs, samples=6).shape == (6, 2, 5, 3)
+
+
+class _FirstOutput(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)[0]
+
+
+def test_classification_summary_decomposes_entropy():
+    logits = torch.randn(50, 7, 3) * 3
+    s = classification_summary(logits)
+    p = torch.softmax(logits, -1)
+    total = -(p.mean(0) * p.mean(0).log()).sum(-1)
+    expected = -(p * p.log()).sum(-1).mean(0)
+    torch.testing.assert_close(s.predictive_entropy, total)
+    torch.testing.assert_close(s.expected_entropy, expected)
+    torch.testing.assert_close(s.mutual_information, total - expected)
+    assert (s.mutual_information >= 0).all()
+    same = classification_summary(logits[:1].expand(10, 7, 3))
+    assert same.mutual_information.abs().max() < 1e-6  # identical draws: no epistemic uncertainty
+
+
+def test_regression_summary():
+    means = torch.tensor([[1.0, 2.0], [3.0, 2.0]])
+    s = regression_summary(means, 0.25)
+    torch.testing.assert_close(s.mean, torch.tensor([2.0, 2.0]))
+    torch.testing.assert_close(s.epistemic_variance, torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(s.variance, torch.tensor([1.25, 0.25]))
