@@ -1,0 +1,96 @@
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import varbnn
+from varbnn import Delta, MeanField
+from varbnn.cli import main
+from varbnn.experiments import get_config, run_experiment
+from varbnn.priors import Laplace, Normal
+from varbnn.train import evaluate_classifier, fit, load_checkpoint, save_checkpoint
+
+
+def toy(n=120):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    return x, y
+
+
+def test_fit_learns_and_checkpoints_load_with_weights_only(tmp_path):
+    x, y = toy()
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)), MeanField(estimator="local"))
+    path = tmp_path / "ckpt.pt"
+    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), n_data=len(x), epochs=30, lr=1e-2,
+                  progress=False, checkpoint=path)
+    assert history[-1]["nll"] < history[0]["nll"]
+    scores, probs = evaluate_classifier(model, x, y, samples=8)
+    assert scores["accuracy"] > 0.9 and probs.shape == (120, 2)
+    clone = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)), MeanField(estimator="local"))
+    state = load_checkpoint(path, clone)  # torch.load(weights_only=True) inside
+    assert state["epoch"] == 30
+    with varbnn.sample_mode(model, "mean"), varbnn.sample_mode(clone, "mean"):
+        assert torch.equal(model(x), clone(x))
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = nn.Linear(2, 2)
+    path = save_checkpoint(tmp_path / "c.pt", model, epoch=1)
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, model, epoch=2)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_fit_refuses_nan_inputs():
+    x, y = toy()
+    x[5, 1] = float("nan")
+    model = varbnn.bayesianize(nn.Linear(4, 2), MeanField())
+    with pytest.raises(ValueError, match="training inputs contain NaN"):
+        fit(model, DataLoader(TensorDataset(x, y), batch_size=200), n_data=120, epochs=1, progress=False)
+
+
+@pytest.mark.parametrize("prior", [Laplace(0.0, 1.0, adaptive=True), Normal(0.0, 1.0, adaptive=True)])
+def test_fit_keeps_adaptive_priors_at_their_optimum(prior):
+    x, y = toy()
+    model = varbnn.bayesianize(nn.Linear(4, 2), Delta(), prior)
+    fit(model, DataLoader(TensorDataset(x, y), batch_size=40), n_data=120, epochs=2, lr=0.05, progress=False)
+    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if isinstance(prior, Laplace):
+        assert float(prior.scale) == pytest.approx(float((w - prior.loc).abs().mean()), rel=1e-5)
+    else:
+        assert float(prior.loc) == pytest.approx(float(w.mean()), abs=1e-6)
+
+
+def test_runner_writes_json_markdown_and_figure(tmp_path):
+    config = get_config("demo", quick=True)
+    result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    saved = json.loads((tmp_path / "demo.json").read_text())
+    assert set(saved) >= {"name", "command", "commit", "device", "seconds", "config", "rows"}
+    assert saved["rows"] == json.loads(json.dumps(result["rows"]))
+    assert {r["variant"] for r in saved["rows"]} == {"plain MLP", "mean-field BNN"}
+    assert all(0 <= r["accuracy"] <= 1 and r["nll"] > 0 for r in saved["rows"])
+    assert "| variant |" in (tmp_path / "demo.md").read_text()
+    assert (tmp_path / "demo_reliability.png").stat().st_size > 1000
+
+
+def test_cli_list_and_unknown_name(capsys):
+    assert main(["list"]) == 0
+    assert "demo" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["reproduce", "no-such-experiment"])
+    assert "unknown experiment" in capsys.readouterr().err
+
+
+def test_mnist_quick_config_runs(data_dir, tmp_path):
+    result = run_experiment(get_config("mnist-mlp", quick=True), out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    assert len(result["rows"]) == 5 and all(r["accuracy"] > 0.5 for r in result["rows"])
