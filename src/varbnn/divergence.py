@@ -18,6 +18,8 @@ samples ``w_s ~ q``, averaged (not summed) over the samples.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +28,7 @@ from torch.distributions import kl_divergence as _torch_kl
 
 from varbnn.distributions import Delta, ImproperUniform
 
-__all__ = ["kl", "kl_divergence", "monte_carlo_kl", "DEFAULT_KL_SAMPLES"]
+__all__ = ["kl", "kl_divergence", "monte_carlo_kl", "register_family_kl", "family_kl", "DEFAULT_KL_SAMPLES"]
 
 DEFAULT_KL_SAMPLES = 1
 """Monte Carlo samples for KLs without a closed form (one per step is the usual unbiased estimator)."""
@@ -56,6 +58,35 @@ def _kl_normal_laplace(q: Normal, p: Laplace) -> torch.Tensor:
     s = q.scale
     abs_moment = s * math.sqrt(2 / math.pi) * torch.exp(-0.5 * (d / s) ** 2) + d * torch.erf(d / (s * math.sqrt(2)))
     return -q.entropy() + torch.log(2 * p.scale) + abs_moment / p.scale
+
+
+FamilyKL = Callable[[Any, Any], torch.Tensor]
+_FAMILY_KL: dict[tuple[type, type], FamilyKL] = {}
+
+
+def register_family_kl(family_type: type, prior_type: type) -> Callable[[FamilyKL], FamilyKL]:
+    """Register a fused closed form ``fn(family, prior) -> KL`` for a (family, prior) pair.
+
+    These work on a family's own parameters (e.g. ``rho`` rather than ``softplus(rho)``) and avoid building
+    distribution objects; they must equal the distribution-level registry exactly (the tests check this).
+    """
+
+    def decorator(fn: FamilyKL) -> FamilyKL:
+        _FAMILY_KL[(family_type, prior_type)] = fn
+        return fn
+
+    return decorator
+
+
+def family_kl(family: Any, prior: Any) -> torch.Tensor:
+    """KL(q || p) for a built family and a prior: a fused family-level closed form if one is registered for
+    the pair (looked up along both MROs), else the distribution-level :func:`kl_divergence`."""
+    for family_type in type(family).__mro__:
+        for prior_type in type(prior).__mro__:
+            fn = _FAMILY_KL.get((family_type, prior_type))
+            if fn is not None:
+                return fn(family, prior)
+    return kl_divergence(family.distribution(), prior.distribution(family.shape))
 
 
 def monte_carlo_kl(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:

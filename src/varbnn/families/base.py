@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 
-from varbnn.divergence import kl_divergence
+from varbnn.divergence import family_kl
 
 if TYPE_CHECKING:
     from varbnn.ops import WeightOp
@@ -124,8 +124,10 @@ class VariationalFamily(nn.Module):
         raise ValueError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
 
     def kl(self, prior: Prior) -> torch.Tensor:
-        """KL(q || prior), summed over the tensor (nats)."""
-        return kl_divergence(self.distribution(), prior.distribution(self._require_built()))
+        """KL(q || prior), summed over the tensor (nats): a fused closed form registered for the pair with
+        :func:`varbnn.divergence.register_family_kl`, else the distribution-level registry / Monte Carlo."""
+        self._require_built()
+        return family_kl(self, prior)
 
     @property
     def num_variational_parameters(self) -> int:

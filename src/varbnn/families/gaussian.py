@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,3 +118,60 @@ class MeanField(VariationalFamily):
         delta = sigma * torch.randn_like(sigma)
         perturbation = op(x * _rademacher(op.input_sign_shape(x), x), delta, None)
         return mean + perturbation * _rademacher(op.output_sign_shape(perturbation), perturbation)
+
+
+class _MeanFieldNormalKL(torch.autograd.Function):
+    """KL(N(loc, softplus(rho)^2) || N(m, s^2)) summed over the tensor, with its gradient in closed form:
+
+        KL = sum[ log s - log sigma + (sigma^2 + (loc - m)^2) / (2 s^2) - 1/2 ]
+        dKL/dloc = (loc - m) / s^2,      dKL/drho = (sigma / s^2 - 1 / sigma) * sigmoid(rho)
+
+    One pass instead of the ~30 elementwise kernels (and their backward) of the generic path.
+    """
+
+    @staticmethod
+    def forward(ctx, loc: torch.Tensor, rho: torch.Tensor, prior_loc: torch.Tensor, prior_scale: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        sigma = F.softplus(rho)
+        diff = loc - prior_loc
+        inv_var = prior_scale.reciprocal().square()
+        if prior_scale.dim() == 0 and prior_loc.dim() == 0:
+            quadratic = (torch.dot(sigma.reshape(-1), sigma.reshape(-1)) + torch.dot(diff.reshape(-1), diff.reshape(-1))) * inv_var
+            log_prior = prior_scale.log() * loc.numel()
+        else:
+            quadratic = ((sigma.square() + diff.square()) * inv_var).sum()
+            log_prior = prior_scale.log().expand_as(loc).sum()
+        ctx.save_for_backward(diff, sigma, rho, inv_var)
+        return log_prior - sigma.log().sum() + 0.5 * quadratic - 0.5 * loc.numel()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        diff, sigma, rho, inv_var = ctx.saved_tensors
+        grad_loc = diff * (inv_var * grad)
+        grad_rho = (sigma * inv_var - sigma.reciprocal()) * torch.sigmoid(rho) * grad
+        return grad_loc, grad_rho, None, None
+
+
+def _meanfield_normal_kl(family: MeanField, prior: Any) -> torch.Tensor:
+    return _MeanFieldNormalKL.apply(family.loc, family.rho, prior.loc, prior.scale)
+
+
+def _delta_normal_kl(family: Any, prior: Any) -> torch.Tensor:
+    # -log N(w | m, s^2) summed: (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building a distribution
+    diff = (family.value - prior.loc).reshape(-1)
+    n = family.value.numel()
+    log_norm = (prior.scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum() if prior.scale.dim() else n * (prior.scale.log() + 0.5 * math.log(2 * math.pi))
+    if prior.scale.dim() == 0:
+        return 0.5 * torch.dot(diff, diff) / prior.scale.square() + log_norm
+    return 0.5 * (diff.square() / prior.scale.square().reshape(-1).expand_as(diff)).sum() + log_norm
+
+
+def _register() -> None:
+    from varbnn.divergence import register_family_kl
+    from varbnn.families.delta import Delta
+    from varbnn.priors import Normal as NormalPrior
+
+    register_family_kl(MeanField, NormalPrior)(_meanfield_normal_kl)
+    register_family_kl(Delta, NormalPrior)(_delta_normal_kl)
+
+
+_register()
