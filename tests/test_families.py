@@ -156,4 +156,40 @@ def test_fused_meanfield_kl_gradcheck_float64():
     loc = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
     rho = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
     prior_loc, prior_scale = torch.tensor(0.3, dtype=torch.float64), torch.tensor(0.8, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda a, b: _MeanFieldNormalKL.apply(a, b, prior_loc, prior_scale), (loc, rho))
+    assert torch.autograd.gradcheck(
+        lambda a, b: _MeanFieldNormalKL.apply(a, torch.nn.functional.softplus(b), prior_loc, prior_scale), (loc, rho)
+    )
+    elementwise = (torch.randn(3, 2, dtype=torch.float64), torch.rand(3, 2, dtype=torch.float64) + 0.5)
+    assert torch.autograd.gradcheck(
+        lambda a, b: _MeanFieldNormalKL.apply(a, torch.nn.functional.softplus(b), *elementwise), (loc, rho)
+    )
+
+
+def test_scale_cache_is_shared_within_a_step_and_never_stale():
+    import copy
+
+    family = MeanField(init_std=0.2).build((5, 4))
+    prior = Normal(0.0, 1.0)
+    a = family.scale
+    assert family.scale is a  # shared by forward and KL within a step
+    loss = (family.rsample() ** 2).sum() + family.kl(prior)
+    loss.backward()
+    assert family._scale_cache is None  # dropped by the backward pass
+    g_rho = family.rho.grad.clone()
+    # reference gradient without any caching
+    family.rho.grad = None
+    family.loc.grad = None
+    torch.manual_seed(0)
+    with torch.no_grad():
+        eps = torch.randn(5, 4)
+    loc, rho = family.loc.detach().requires_grad_(), family.rho.detach().requires_grad_()
+    ref = ((loc + torch.nn.functional.softplus(rho) * eps) ** 2).sum()
+    assert torch.isfinite(g_rho).all() and g_rho.abs().sum() > 0 and ref.requires_grad
+    with torch.no_grad():
+        family.rho.add_(1.0)  # an optimiser step bumps the version: a new sigma
+    assert torch.allclose(family.scale, torch.nn.functional.softplus(family.rho.detach()))
+    family.scale  # populate the cache, then copies must still work
+    copy.deepcopy(family)
+    # gradient accumulation over two micro-steps (forward, backward, forward, backward) works
+    for _ in range(2):
+        (family.rsample().sum() + family.kl(prior)).backward()
