@@ -74,10 +74,20 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 
         for kind in ("Reparameterization", "Flipout"):
+
             def bt(kind: str = kind) -> Callable[[torch.Tensor, torch.Tensor], None]:
                 model = mlp(784, (400, 400), 10)
-                dnn_to_bnn(model, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
-                                   "type": kind, "moped_enable": False})
+                dnn_to_bnn(
+                    model,
+                    {
+                        "prior_mu": 0.0,
+                        "prior_sigma": 1.0,
+                        "posterior_mu_init": 0.0,
+                        "posterior_rho_init": -3.0,
+                        "type": kind,
+                        "moped_enable": False,
+                    },
+                )
                 return make_step(model, lambda: get_kl_loss(model))
 
             table[f"bayesian-torch {kind}"] = bt
@@ -88,8 +98,12 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
 
         def tb() -> Callable[[torch.Tensor, torch.Tensor], None]:
             model = nn.Sequential(
-                nn.Flatten(), torchbnn.BayesLinear(0.0, 1.0, 784, 400), nn.ReLU(), torchbnn.BayesLinear(0.0, 1.0, 400, 400),
-                nn.ReLU(), torchbnn.BayesLinear(0.0, 1.0, 400, 10),
+                nn.Flatten(),
+                torchbnn.BayesLinear(0.0, 1.0, 784, 400),
+                nn.ReLU(),
+                torchbnn.BayesLinear(0.0, 1.0, 400, 400),
+                nn.ReLU(),
+                torchbnn.BayesLinear(0.0, 1.0, 400, 10),
             )
             kl = torchbnn.BKLLoss(reduction="sum", last_layer_only=False)
             return make_step(model, lambda: kl(model))
@@ -129,8 +143,16 @@ def main() -> None:
         "commit": git_commit(),
         "device": describe_device(torch.device("cpu")),
         "seconds": round(time.perf_counter() - start, 1),
-        "config": {"model": "MLP 784-400-400-10", "batch": 128, "optimizer": "Adam", "threads": args.threads,
-                   "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "torch": torch.__version__},
+        "config": {
+            "model": "MLP 784-400-400-10",
+            "batch": 128,
+            "optimizer": "Adam",
+            "threads": args.threads,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "torch": torch.__version__,
+        },
         "rows": rows,
     }
     out = Path(args.out)

@@ -135,7 +135,9 @@ def test_registry_lists_families():
     assert {"delta", "meanfield"} <= set(FAMILIES)
 
 
-@pytest.mark.parametrize("prior", [Normal(0.2, 0.7), Normal(torch.randn(SHAPE) * 0.1, torch.rand(SHAPE) + 0.5)], ids=["scalar", "elementwise"])
+@pytest.mark.parametrize(
+    "prior", [Normal(0.2, 0.7), Normal(torch.randn(SHAPE) * 0.1, torch.rand(SHAPE) + 0.5)], ids=["scalar", "elementwise"]
+)
 @pytest.mark.parametrize("spec", [lambda: MeanField(init_std=0.3), lambda: Delta()], ids=["meanfield", "delta"])
 def test_fused_family_kl_equals_the_distribution_registry_with_gradients(prior, spec):
     from varbnn.divergence import kl_divergence
@@ -188,7 +190,7 @@ def test_scale_cache_is_shared_within_a_step_and_never_stale():
     with torch.no_grad():
         family.rho.add_(1.0)  # an optimiser step bumps the version: a new sigma
     assert torch.allclose(family.scale, torch.nn.functional.softplus(family.rho.detach()))
-    family.scale  # populate the cache, then copies must still work
+    assert family.scale is family.scale  # populated cache; copies must still work
     copy.deepcopy(family)
     # gradient accumulation over two micro-steps (forward, backward, forward, backward) works
     for _ in range(2):

@@ -13,8 +13,13 @@ from varbnn.priors import Laplace, Normal
 
 def plain_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2, groups=2), nn.Flatten(),
-        nn.Linear(4 * 3 * 3, 8), nn.Tanh(), nn.Linear(8, 3),
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2, groups=2),
+        nn.Flatten(),
+        nn.Linear(4 * 3 * 3, 8),
+        nn.Tanh(),
+        nn.Linear(8, 3),
     )
 
 
@@ -187,9 +192,7 @@ def test_converter_registry_is_extensible():
 
 def test_kl_of_model_is_the_sum_over_tensors():
     model = varbnn.bayesianize(plain_cnn(), MeanField(init_std=0.1), Normal(0, 1))
-    total = sum(
-        float(q.kl(p)) for m in model.modules() if isinstance(m, BayesianModule) for _, q, p in m.bayesian_tensors()
-    )
+    total = sum(float(q.kl(p)) for m in model.modules() if isinstance(m, BayesianModule) for _, q, p in m.bayesian_tensors())
     assert float(varbnn.kl(model)) == pytest.approx(total, rel=1e-6)
     assert float(varbnn.kl(nn.Linear(2, 2))) == 0.0
 

@@ -24,8 +24,15 @@ def test_fit_learns_and_checkpoints_load_with_weights_only(tmp_path):
     x, y = toy()
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)), MeanField(estimator="local"))
     path = tmp_path / "ckpt.pt"
-    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), n_data=len(x), epochs=30, lr=1e-2,
-                  progress=False, checkpoint=path)
+    history = fit(
+        model,
+        DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True),
+        n_data=len(x),
+        epochs=30,
+        lr=1e-2,
+        progress=False,
+        checkpoint=path,
+    )
     assert history[-1]["nll"] < history[0]["nll"]
     scores, probs = evaluate_classifier(model, x, y, samples=8)
     assert scores["accuracy"] > 0.9 and probs.shape == (120, 2)

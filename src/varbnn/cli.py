@@ -52,7 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
-    result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command)
+    result = run_experiment(
+        config, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command
+    )
     keys = [k for k in ("variant", "accuracy", "nll", "ece", "brier", "train_seconds") if k in result["rows"][0]]
     print(_table(result["rows"], keys))
     print(f"\nwrote {args.out}/{name}.json, {args.out}/{name}.md" + "".join(f", {args.out}/{f}" for f in result["figures"]))

@@ -40,7 +40,7 @@ class ConversionContext:
     name: str
     family: VariationalFamily
     bias_family: VariationalFamily | None
-    prior: PriorSpec
+    prior: PriorSpec | None
     bias_prior: PriorSpec | None
     pretrained: bool
 
@@ -89,9 +89,15 @@ def _linear(module: nn.Module, ctx: ConversionContext) -> nn.Module:
     assert isinstance(module, nn.Linear)
     init = _weights(module, ("weight", "bias"), ctx.pretrained)
     return BayesLinear(
-        module.in_features, module.out_features, module.bias is not None,
-        family=ctx.family, prior=ctx.prior, bias_family=ctx.bias_family, bias_prior=ctx.bias_prior,
-        init_weight=init.get("weight"), init_bias=init.get("bias"),
+        module.in_features,
+        module.out_features,
+        module.bias is not None,
+        family=ctx.family,
+        prior=ctx.prior,
+        bias_family=ctx.bias_family,
+        bias_prior=ctx.bias_prior,
+        init_weight=init.get("weight"),
+        init_bias=init.get("bias"),
     )
 
 
@@ -102,10 +108,20 @@ def _conv2d(module: nn.Module, ctx: ConversionContext) -> nn.Module:
         raise NotImplementedError(f"{ctx.name}: Conv2d padding_mode={module.padding_mode!r} is not supported (only 'zeros')")
     init = _weights(module, ("weight", "bias"), ctx.pretrained)
     return BayesConv2d(
-        module.in_channels, module.out_channels, module.kernel_size,  # type: ignore[arg-type]
-        module.stride, module.padding, module.dilation, module.groups, module.bias is not None,  # type: ignore[arg-type]
-        family=ctx.family, prior=ctx.prior, bias_family=ctx.bias_family, bias_prior=ctx.bias_prior,
-        init_weight=init.get("weight"), init_bias=init.get("bias"),
+        module.in_channels,
+        module.out_channels,
+        module.kernel_size,  # type: ignore[arg-type]
+        module.stride,
+        module.padding,
+        module.dilation,
+        module.groups,
+        module.bias is not None,  # type: ignore[arg-type]
+        family=ctx.family,
+        prior=ctx.prior,
+        bias_family=ctx.bias_family,
+        bias_prior=ctx.bias_prior,
+        init_weight=init.get("weight"),
+        init_bias=init.get("bias"),
     )
 
 
@@ -116,8 +132,16 @@ def _lstm(module: nn.Module, ctx: ConversionContext) -> nn.Module:
         raise NotImplementedError(f"{ctx.name}: bidirectional LSTMs and proj_size > 0 are not supported by BayesLSTM")
     names = [n for n, _ in module.named_parameters()]
     return BayesLSTM(
-        module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first, module.dropout,
-        family=ctx.family, prior=ctx.prior, bias_family=ctx.bias_family, bias_prior=ctx.bias_prior,
+        module.input_size,
+        module.hidden_size,
+        module.num_layers,
+        module.bias,
+        module.batch_first,
+        module.dropout,
+        family=ctx.family,
+        prior=ctx.prior,
+        bias_family=ctx.bias_family,
+        bias_prior=ctx.bias_prior,
         init=_weights(module, names, ctx.pretrained),
     )
 
@@ -172,7 +196,12 @@ def bayesianize(
                 convert(child, name)
                 continue
             ctx = ConversionContext(
-                name, family, bias_family, _prefixed(prior, name), _prefixed(bias_prior, name), pretrained  # type: ignore[arg-type]
+                name,
+                family,
+                bias_family,
+                _prefixed(prior, name),
+                _prefixed(bias_prior, name),
+                pretrained,
             )
             setattr(parent, child_name, converter(child, ctx))
 
@@ -196,8 +225,14 @@ def _det_linear(module: nn.Module, mode: str) -> nn.Module:
 def _det_conv(module: nn.Module, mode: str) -> nn.Module:
     assert isinstance(module, BayesConv2d)
     plain = nn.Conv2d(
-        module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,  # type: ignore[arg-type]
-        module.dilation, module.groups, "bias" in module.posteriors,
+        module.in_channels,
+        module.out_channels,
+        module.kernel_size,
+        module.stride,
+        module.padding,  # type: ignore[arg-type]
+        module.dilation,
+        module.groups,
+        "bias" in module.posteriors,
     )
     _copy_point(module, plain, mode)
     return plain

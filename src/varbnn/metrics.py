@@ -116,7 +116,7 @@ def referral_curve(
     probs: torch.Tensor,
     labels: torch.Tensor,
     uncertainty: torch.Tensor,
-    fractions: Sequence[float] = tuple(i / 10 for i in range(10)),
+    fractions: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
 ) -> list[dict[str, float]]:
     """Accuracy on the examples kept after referring the most uncertain ``fraction`` to an expert.
 
@@ -144,9 +144,7 @@ def rmse(predictions: torch.Tensor, targets: torch.Tensor) -> float:
     return float(((predictions - targets) ** 2).mean().sqrt())
 
 
-def gaussian_log_likelihood(
-    sample_means: torch.Tensor, targets: torch.Tensor, noise_std: float | torch.Tensor
-) -> float:
+def gaussian_log_likelihood(sample_means: torch.Tensor, targets: torch.Tensor, noise_std: float | torch.Tensor) -> float:
     """Per-point Monte Carlo predictive log-likelihood of a Gaussian regressor:
 
         mean_n [ logsumexp_s log N(y_n | f_s(x_n), noise_std^2) - log S ]
@@ -156,7 +154,8 @@ def gaussian_log_likelihood(
     """
     if sample_means.shape[1:] != targets.shape:
         raise ValueError(
-            f"sample_means must be [S, *targets.shape] = [S, {', '.join(map(str, targets.shape))}], got {tuple(sample_means.shape)}"
+            f"sample_means must be [S, *targets.shape] = [S, {', '.join(map(str, targets.shape))}], "
+            f"got {tuple(sample_means.shape)}"
         )
     noise = torch.as_tensor(noise_std, dtype=sample_means.dtype, device=sample_means.device)
     if not (noise > 0).all():

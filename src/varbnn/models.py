@@ -23,9 +23,16 @@ def mlp(in_features: int, hidden: Sequence[int], out_features: int, activation: 
 def lenet5(in_channels: int = 1, num_classes: int = 10) -> nn.Sequential:
     """LeNet-5-Caffe for 28x28 inputs: conv(20, 5x5) - pool - conv(50, 5x5) - pool - fc 500 - fc classes."""
     return nn.Sequential(
-        nn.Conv2d(in_channels, 20, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(50 * 4 * 4, 500), nn.ReLU(), nn.Linear(500, num_classes),
+        nn.Conv2d(in_channels, 20, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(20, 50, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(50 * 4 * 4, 500),
+        nn.ReLU(),
+        nn.Linear(500, num_classes),
     )
 
 

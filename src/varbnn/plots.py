@@ -33,11 +33,22 @@ def reliability_diagram(
         used = (bins.counts > 0).numpy()
         ax.bar(centers[used], bins.accuracy.numpy()[used], width=width, edgecolor="black", color="tab:blue", label="accuracy")
         ax.bar(
-            centers[used], (bins.confidence - bins.accuracy).numpy()[used], bottom=bins.accuracy.numpy()[used],
-            width=width, edgecolor="tab:red", color="tab:red", alpha=0.3, label="gap",
+            centers[used],
+            (bins.confidence - bins.accuracy).numpy()[used],
+            bottom=bins.accuracy.numpy()[used],
+            width=width,
+            edgecolor="tab:red",
+            color="tab:red",
+            alpha=0.3,
+            label="gap",
         )
         ax.plot([0, 1], [0, 1], "k--", linewidth=1)
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", title=f"{label}\nECE = {expected_calibration_error(probs, labels, n_bins):.3f}")
+        ax.set(
+            xlim=(0, 1),
+            ylim=(0, 1),
+            xlabel="confidence",
+            title=f"{label}\nECE = {expected_calibration_error(probs, labels, n_bins):.3f}",
+        )
         ax.legend(loc="upper left", fontsize=8)
     axes[0][0].set_ylabel("accuracy")
     if title:

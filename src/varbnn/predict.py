@@ -35,9 +35,7 @@ def predict(
         raise ValueError("x contains NaN or infinite values")
     if vectorize:
         try:
-            return vmap(lambda _: model(x), randomness="different", chunk_size=chunk_size)(
-                torch.arange(samples, device=x.device)
-            )
+            return vmap(lambda _: model(x), randomness="different", chunk_size=chunk_size)(torch.arange(samples, device=x.device))
         except (RuntimeError, NotImplementedError):
             pass  # e.g. in-place random ops or data-dependent control flow: loop instead
     return torch.stack([model(x) for _ in range(samples)])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ __all__ = [
     "PRIORS",
 ]
 
-Adaptive = Union[bool, Literal["loc", "scale"]]
+Adaptive = bool | Literal["loc", "scale"]
 _ADAPTIVE_CHOICES = (False, True, "loc", "scale")
 
 
@@ -95,7 +95,7 @@ class Prior(nn.Module):
                 raise ValueError(f"{type(self).__name__}: an adaptive {name} must be a scalar")
 
 
-PriorSpec = Union[Prior, Callable[[str], Prior]]
+PriorSpec = Prior | Callable[[str], Prior]
 """What layers and ``bayesianize`` accept as a prior: one shared instance, or a factory called with the
 qualified name of each tensor (e.g. ``"fc1.weight"``) that returns its own prior."""
 
@@ -228,7 +228,7 @@ def _repr_params(module: nn.Module, names: Iterable[str]) -> str:
     for name in names:
         value = getattr(module, name)
         parts.append(f"{name}={value.item():.4g}" if value.dim() == 0 else f"{name}=tensor{tuple(value.shape)}")
-    fields = getattr(module, "adaptive_fields", frozenset())
+    fields: frozenset[str] = getattr(module, "adaptive_fields", frozenset())
     if fields:
         parts.append(f"adaptive={sorted(fields)}")
     return ", ".join(parts)

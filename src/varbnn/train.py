@@ -43,7 +43,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any) -> Path:
+def save_checkpoint(
+    path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any
+) -> Path:
     """Write ``{"model", "optimizer", **extra}`` state dicts atomically (temp file + rename): an interrupted
     save never destroys the previous checkpoint. ``extra`` values must be plain data (numbers, strings, lists,
     dicts, tensors) so that :func:`load_checkpoint` can use ``weights_only=True``."""
@@ -61,7 +63,10 @@ def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer: t
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer | None = None, map_location: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    map_location: str | torch.device = "cpu",
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``); returns it."""
     state = torch.load(path, map_location=map_location, weights_only=True)

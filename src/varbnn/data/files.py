@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 __all__ = ["ChecksumError", "resolve_data_dir", "fetch", "manifest", "sha256_of"]
 
@@ -55,7 +56,9 @@ def _verify(path: Path, expected: str) -> None:
     key = (str(path.resolve()), stat.st_size, stat.st_mtime)
     actual = _verified.get(key) or sha256_of(path)
     if actual != expected:
-        raise ChecksumError(f"{path}: sha256 {actual} does not match the expected {expected}; the file is corrupt or a different version")
+        raise ChecksumError(
+            f"{path}: sha256 {actual} does not match the expected {expected}; the file is corrupt or a different version"
+        )
     _verified[key] = actual
 
 
@@ -109,7 +112,8 @@ def fetch(
         )
     if mirrors is None and os.environ.get(MIRROR_ENV_VAR):
         mirrors = [m for m in os.environ[MIRROR_ENV_VAR].split(",") if m.strip()]
-    urls = [f"{m.strip().rstrip('/')}/{relative_path}" for m in mirrors] if mirrors else [str(u) for u in entry["urls"]]  # type: ignore[union-attr]
+    upstream = cast(list[str], entry["urls"])
+    urls = [f"{m.strip().rstrip('/')}/{relative_path}" for m in mirrors] if mirrors else list(upstream)
     errors = []
     for url in urls:
         try:

@@ -90,7 +90,9 @@ def load_mnist(split: str = "train", data_dir: PathLike = None, download: bool =
     return _load_idx_pair("mnist", split, data_dir, download)
 
 
-def load_fashion_mnist(split: str = "train", data_dir: PathLike = None, download: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def load_fashion_mnist(
+    split: str = "train", data_dir: PathLike = None, download: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fashion-MNIST: inputs ``[N, 1, 28, 28]`` in [0, 1], labels ``[N]`` (60,000 train / 10,000 test)."""
     return _load_idx_pair("fashion-mnist", split, data_dir, download)
 
@@ -127,9 +129,7 @@ def _read_ints(path: os.PathLike[str]) -> np.ndarray:
     return np.loadtxt(path, dtype=np.int64, ndmin=1)
 
 
-def load_uci(
-    name: str, split: int = 0, data_dir: PathLike = None, *, normalize: bool = True, download: bool = True
-) -> UCISplit:
+def load_uci(name: str, split: int = 0, data_dir: PathLike = None, *, normalize: bool = True, download: bool = True) -> UCISplit:
     """Split ``split`` of the UCI set ``name`` (one of :data:`UCI_DATASETS`), as used by Hernandez-Lobato &
     Adams 2015 and Gal & Ghahramani 2016 (20 splits; 5 for protein)."""
     if name not in UCI_DATASETS:

@@ -37,7 +37,7 @@ class Delta(Distribution):
     def variance(self) -> torch.Tensor:
         return torch.zeros_like(self.value)
 
-    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: torch.Size | list[int] | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         return self.value.expand(torch.Size(sample_shape) + self.value.shape)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:

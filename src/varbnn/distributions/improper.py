@@ -32,5 +32,5 @@ class ImproperUniform(Distribution):
         n = len(self.event_shape)
         return value.new_zeros(value.shape[: value.dim() - n])
 
-    def sample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: torch.Size | list[int] | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         raise NotImplementedError("ImproperUniform is an improper prior and cannot be sampled")

@@ -49,7 +49,7 @@ class ScaleMixtureNormal(Distribution):
         elementwise = self._log_components(value)
         return elementwise.sum(dim=tuple(range(value.dim() - n, value.dim()))) if n else elementwise
 
-    def sample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: torch.Size | list[int] | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.event_shape
         with torch.no_grad():
             first = torch.rand(shape, device=self.scale1.device) < self.mixture

@@ -63,7 +63,9 @@ def git_commit() -> str:
     try:
         root = Path(__file__).resolve().parents[3]
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -128,7 +130,10 @@ def run_experiment(
             if seed == config.seeds[0]:
                 first_seed_predictions[variant.label] = (probs, y_test)
             if progress:
-                print(f"[{config.name}] {variant.label} seed {seed}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()), file=sys.stderr)
+                print(
+                    f"[{config.name}] {variant.label} seed {seed}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()),
+                    file=sys.stderr,
+                )
         row: dict[str, Any] = {"variant": variant.label, "family": variant.family, "prior": variant.prior, "seeds": len(per_seed)}
         for key in per_seed[0]:
             mean, sem = _mean_sem([s[key] for s in per_seed])
@@ -141,7 +146,9 @@ def run_experiment(
     if "reliability" in config.figures:
         from varbnn.plots import reliability_diagram
 
-        path = reliability_diagram(first_seed_predictions, out / f"{config.name}_reliability.png", title=f"{config.name} (seed {config.seeds[0]})")
+        path = reliability_diagram(
+            first_seed_predictions, out / f"{config.name}_reliability.png", title=f"{config.name} (seed {config.seeds[0]})"
+        )
         figures.append(path.name)
     result = {
         "name": config.name,

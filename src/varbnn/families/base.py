@@ -71,9 +71,7 @@ class VariationalFamily(nn.Module):
 
     def _require_built(self) -> torch.Size:
         if self.shape is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is an unbuilt family spec; pass it to a layer (or call .build(shape))"
-            )
+            raise RuntimeError(f"{type(self).__name__} is an unbuilt family spec; pass it to a layer (or call .build(shape))")
         return self.shape
 
     def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
@@ -87,8 +85,11 @@ class VariationalFamily(nn.Module):
             raise ValueError(
                 f"{type(self).__name__}(estimator={self.estimator!r}) is not supported in a {layer_kind} layer; "
                 f"estimators allowed there: {supported}"
-                + (" (local reparameterization and flipout would draw new weights at every time step)"
-                   if layer_kind == "lstm" else "")
+                + (
+                    " (local reparameterization and flipout would draw new weights at every time step)"
+                    if layer_kind == "lstm"
+                    else ""
+                )
             )
 
     # -- the distribution -------------------------------------------------------------------------------

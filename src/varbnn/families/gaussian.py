@@ -108,7 +108,13 @@ class MeanField(VariationalFamily):
         if not (torch.is_grad_enabled() and rho.requires_grad) or _functorch_active():
             return F.softplus(rho)
         cache = self._scale_cache
-        if cache is not None and cache[0] is rho and cache[1] == rho._version and cache[2].device == rho.device and cache[2].dtype == rho.dtype:
+        if (
+            cache is not None
+            and cache[0] is rho
+            and cache[1] == rho._version
+            and cache[2].device == rho.device
+            and cache[2].dtype == rho.dtype
+        ):
             return cache[2]
         sigma = _SharedSoftplus.apply(rho)
         sigma.register_hook(functools.partial(_drop_scale_cache, weakref.ref(self)))
@@ -212,7 +218,11 @@ def _delta_normal_kl(family: Any, prior: Any) -> torch.Tensor:
     # -log N(w | m, s^2) summed: (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building a distribution
     diff = (family.value - prior.loc).reshape(-1)
     n = family.value.numel()
-    log_norm = (prior.scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum() if prior.scale.dim() else n * (prior.scale.log() + 0.5 * math.log(2 * math.pi))
+    log_norm = (
+        (prior.scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum()
+        if prior.scale.dim()
+        else n * (prior.scale.log() + 0.5 * math.log(2 * math.pi))
+    )
     if prior.scale.dim() == 0:
         return 0.5 * torch.dot(diff, diff) / prior.scale.square() + log_norm
     return 0.5 * (diff.square() / prior.scale.square().reshape(-1).expand_as(diff)).sum() + log_norm

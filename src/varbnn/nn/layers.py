@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 from torch.nn.modules.utils import _pair
 
 from varbnn.families.base import VariationalFamily
@@ -57,7 +56,13 @@ class BayesLinear(BayesianModule):
         self._op = LinearOp()
         self._add_tensor("weight", (out_features, in_features), family, prior, init_weight)
         if bias:
-            self._add_tensor("bias", (out_features,), bias_family if bias_family is not None else family, bias_prior if bias_prior is not None else prior, init_bias)
+            self._add_tensor(
+                "bias",
+                (out_features,),
+                bias_family if bias_family is not None else family,
+                bias_prior if bias_prior is not None else prior,
+                init_bias,
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
@@ -78,10 +83,10 @@ class BayesConv2d(BayesianModule):
         self,
         in_channels: int,
         out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
-        dilation: int | tuple[int, int] = 1,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation: int | tuple[int, ...] = 1,
         groups: int = 1,
         bias: bool = True,
         *,
@@ -97,7 +102,10 @@ class BayesConv2d(BayesianModule):
         self.out_channels = _positive_int(out_channels, "out_channels", "BayesConv2d")
         self.groups = _positive_int(groups, "groups", "BayesConv2d")
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f"BayesConv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by groups ({groups})")
+            raise ValueError(
+                f"BayesConv2d: in_channels ({in_channels}) and out_channels ({out_channels}) "
+                f"must be divisible by groups ({groups})"
+            )
         self.kernel_size = _pair(kernel_size)
         self.stride = _pair(stride)
         self.padding = padding if isinstance(padding, str) else _pair(padding)
@@ -109,7 +117,13 @@ class BayesConv2d(BayesianModule):
         shape = (out_channels, in_channels // groups, *self.kernel_size)
         self._add_tensor("weight", shape, family, prior, init_weight)
         if bias:
-            self._add_tensor("bias", (out_channels,), bias_family if bias_family is not None else family, bias_prior if bias_prior is not None else prior, init_bias)
+            self._add_tensor(
+                "bias",
+                (out_channels,),
+                bias_family if bias_family is not None else family,
+                bias_prior if bias_prior is not None else prior,
+                init_bias,
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
@@ -166,7 +180,7 @@ class BayesLSTM(BayesianModule):
         bound = 1.0 / math.sqrt(hidden_size)
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size
-            shapes = {f"weight_ih_l{layer}": (4 * hidden_size, width), f"weight_hh_l{layer}": (4 * hidden_size, hidden_size)}
+            shapes: dict[str, tuple[int, ...]] = {f"weight_ih_l{layer}": (4 * hidden_size, width), f"weight_hh_l{layer}": (4 * hidden_size, hidden_size)}
             if bias:
                 shapes[f"bias_ih_l{layer}"] = (4 * hidden_size,)
                 shapes[f"bias_hh_l{layer}"] = (4 * hidden_size,)
