@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -43,6 +43,10 @@ class ConversionContext:
     prior: PriorSpec | None
     bias_prior: PriorSpec | None
     pretrained: bool
+
+    def layer_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments every Bayesian layer takes: families and priors of weight and bias."""
+        return {"family": self.family, "prior": self.prior, "bias_family": self.bias_family, "bias_prior": self.bias_prior}
 
 
 Converter = Callable[[nn.Module, ConversionContext], nn.Module]
@@ -89,16 +93,9 @@ def _linear(module: nn.Module, ctx: ConversionContext) -> nn.Module:
     assert isinstance(module, nn.Linear)
     init = _weights(module, ("weight", "bias"), ctx.pretrained)
     return BayesLinear(
-        module.in_features,
-        module.out_features,
-        module.bias is not None,
-        family=ctx.family,
-        prior=ctx.prior,
-        bias_family=ctx.bias_family,
-        bias_prior=ctx.bias_prior,
-        init_weight=init.get("weight"),
-        init_bias=init.get("bias"),
-    )
+        module.in_features, module.out_features, module.bias is not None,
+        init_weight=init.get("weight"), init_bias=init.get("bias"), **ctx.layer_kwargs(),
+    )  # fmt: skip
 
 
 @register_converter(nn.Conv2d)
@@ -108,21 +105,10 @@ def _conv2d(module: nn.Module, ctx: ConversionContext) -> nn.Module:
         raise NotImplementedError(f"{ctx.name}: Conv2d padding_mode={module.padding_mode!r} is not supported (only 'zeros')")
     init = _weights(module, ("weight", "bias"), ctx.pretrained)
     return BayesConv2d(
-        module.in_channels,
-        module.out_channels,
-        module.kernel_size,  # type: ignore[arg-type]
-        module.stride,
-        module.padding,
-        module.dilation,
-        module.groups,
-        module.bias is not None,  # type: ignore[arg-type]
-        family=ctx.family,
-        prior=ctx.prior,
-        bias_family=ctx.bias_family,
-        bias_prior=ctx.bias_prior,
-        init_weight=init.get("weight"),
-        init_bias=init.get("bias"),
-    )
+        module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,  # type: ignore[arg-type]
+        module.dilation, module.groups, module.bias is not None,  # type: ignore[arg-type]
+        init_weight=init.get("weight"), init_bias=init.get("bias"), **ctx.layer_kwargs(),
+    )  # fmt: skip
 
 
 @register_converter(nn.LSTM)
@@ -132,18 +118,9 @@ def _lstm(module: nn.Module, ctx: ConversionContext) -> nn.Module:
         raise NotImplementedError(f"{ctx.name}: bidirectional LSTMs and proj_size > 0 are not supported by BayesLSTM")
     names = [n for n, _ in module.named_parameters()]
     return BayesLSTM(
-        module.input_size,
-        module.hidden_size,
-        module.num_layers,
-        module.bias,
-        module.batch_first,
-        module.dropout,
-        family=ctx.family,
-        prior=ctx.prior,
-        bias_family=ctx.bias_family,
-        bias_prior=ctx.bias_prior,
-        init=_weights(module, names, ctx.pretrained),
-    )
+        module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first, module.dropout,
+        init=_weights(module, names, ctx.pretrained), **ctx.layer_kwargs(),
+    )  # fmt: skip
 
 
 def _prefixed(prior: PriorSpec | None, prefix: str) -> PriorSpec | None:

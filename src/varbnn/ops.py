@@ -19,7 +19,8 @@ __all__ = ["WeightOp", "LinearOp", "Conv2dOp"]
 class WeightOp(Protocol):
     """``op(x, weight, bias)``, linear in ``weight``."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
 

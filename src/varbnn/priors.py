@@ -109,8 +109,32 @@ def _pooled_moments(posteriors: Sequence[VariationalFamily]) -> tuple[torch.Tens
     return torch.cat(means), torch.cat(variances)
 
 
-class Normal(Prior):
-    """Gaussian prior N(loc, scale^2), i.i.d. over the tensor (or elementwise if loc/scale are tensors).
+class _LocScalePrior(Prior):
+    """A location-scale prior, i.i.d. over the tensor (or elementwise if loc/scale are tensors)."""
+
+    loc: torch.Tensor
+    scale: torch.Tensor
+    _torch_distribution: type[Distribution]
+
+    def __init__(self, loc: float | torch.Tensor = 0.0, scale: float | torch.Tensor = 1.0, adaptive: Adaptive = False):
+        super().__init__()
+        owner = f"{type(self).__name__} prior"
+        self.register_buffer("loc", _as_tensor(loc, "loc", owner))
+        self.register_buffer("scale", _as_tensor(scale, "scale", owner, positive=True))
+        self.adaptive_fields = _parse_adaptive(adaptive, owner)
+        self._check_scalar_for_adaptive()
+
+    def distribution(self, shape: torch.Size | Sequence[int]) -> Distribution:
+        shape = torch.Size(shape)
+        base = self._torch_distribution(self.loc.expand(shape), self.scale.expand(shape), validate_args=False)  # type: ignore[call-arg, arg-type]
+        return Independent(base, len(shape), validate_args=False)
+
+    def extra_repr(self) -> str:
+        return _repr_params(self, ("loc", "scale"))
+
+
+class Normal(_LocScalePrior):
+    """Gaussian prior N(loc, scale^2).
 
     Args:
         loc: mean (default 0).
@@ -118,20 +142,7 @@ class Normal(Prior):
         adaptive: ``True`` to set both to their optimum (Graves 2011 eq. 15), ``"loc"`` or ``"scale"`` for one.
     """
 
-    loc: torch.Tensor
-    scale: torch.Tensor
-
-    def __init__(self, loc: float | torch.Tensor = 0.0, scale: float | torch.Tensor = 1.0, adaptive: Adaptive = False):
-        super().__init__()
-        self.register_buffer("loc", _as_tensor(loc, "loc", "Normal prior"))
-        self.register_buffer("scale", _as_tensor(scale, "scale", "Normal prior", positive=True))
-        self.adaptive_fields = _parse_adaptive(adaptive, "Normal prior")
-        self._check_scalar_for_adaptive()
-
-    def distribution(self, shape: torch.Size | Sequence[int]) -> Distribution:
-        shape = torch.Size(shape)
-        base = _TorchNormal(self.loc.expand(shape), self.scale.expand(shape), validate_args=False)
-        return Independent(base, len(shape), validate_args=False)
+    _torch_distribution = _TorchNormal
 
     @torch.no_grad()
     def update_(self, posteriors: Sequence[VariationalFamily]) -> None:
@@ -143,31 +154,15 @@ class Normal(Prior):
             second = (variances + (means - loc) ** 2).mean()
             self.scale.copy_(second.clamp_min(torch.finfo(second.dtype).tiny).sqrt())
 
-    def extra_repr(self) -> str:
-        return _repr_params(self, ("loc", "scale"))
 
-
-class Laplace(Prior):
-    """Laplace prior with density exp(-|w - loc| / scale) / (2 scale).
+class Laplace(_LocScalePrior):
+    """Laplace prior with density exp(-|w - loc| / scale) / (2 scale); arguments as :class:`Normal`.
 
     Adaptive (delta posteriors only, Graves 2011 eq. 7): ``loc`` = median weight (the lower median for an even
     count, which minimises the same L1 cost), ``scale`` = mean absolute deviation from ``loc``.
     """
 
-    loc: torch.Tensor
-    scale: torch.Tensor
-
-    def __init__(self, loc: float | torch.Tensor = 0.0, scale: float | torch.Tensor = 1.0, adaptive: Adaptive = False):
-        super().__init__()
-        self.register_buffer("loc", _as_tensor(loc, "loc", "Laplace prior"))
-        self.register_buffer("scale", _as_tensor(scale, "scale", "Laplace prior", positive=True))
-        self.adaptive_fields = _parse_adaptive(adaptive, "Laplace prior")
-        self._check_scalar_for_adaptive()
-
-    def distribution(self, shape: torch.Size | Sequence[int]) -> Distribution:
-        shape = torch.Size(shape)
-        base = _TorchLaplace(self.loc.expand(shape), self.scale.expand(shape), validate_args=False)
-        return Independent(base, len(shape), validate_args=False)
+    _torch_distribution = _TorchLaplace
 
     @torch.no_grad()
     def update_(self, posteriors: Sequence[VariationalFamily]) -> None:
@@ -183,9 +178,6 @@ class Laplace(Prior):
         if "scale" in self.adaptive_fields:
             mad = (means - loc).abs().mean()
             self.scale.copy_(mad.clamp_min(torch.finfo(mad.dtype).tiny))
-
-    def extra_repr(self) -> str:
-        return _repr_params(self, ("loc", "scale"))
 
 
 class ScaleMixture(Prior):

@@ -10,7 +10,7 @@ from torch.nn.modules.utils import _pair
 from varbnn.families.base import VariationalFamily
 from varbnn.families.gaussian import MeanField
 from varbnn.nn.base import BayesianModule
-from varbnn.ops import Conv2dOp, LinearOp
+from varbnn.ops import Conv2dOp, LinearOp, WeightOp
 from varbnn.priors import PriorSpec
 
 __all__ = ["BayesLinear", "BayesConv2d", "BayesLSTM"]
@@ -22,7 +22,41 @@ def _positive_int(value: int, name: str, owner: str) -> int:
     return value
 
 
-class BayesLinear(BayesianModule):
+class _WeightOpLayer(BayesianModule):
+    """A layer computing ``op(x, W, b)`` with a weight op that is linear in W (dense, convolution)."""
+
+    _op: WeightOp
+
+    def _add_weight_and_bias(
+        self,
+        op: WeightOp,
+        weight_shape: tuple[int, ...],
+        bias: bool,
+        family: VariationalFamily | None,
+        prior: PriorSpec | None,
+        bias_family: VariationalFamily | None,
+        bias_prior: PriorSpec | None,
+        init_weight: torch.Tensor | None,
+        init_bias: torch.Tensor | None,
+    ) -> None:
+        self._op = op
+        family = family if family is not None else MeanField()
+        self._add_tensor("weight", weight_shape, family, prior, init_weight)
+        if bias:
+            self._add_tensor(
+                "bias",
+                weight_shape[:1],
+                bias_family if bias_family is not None else family,
+                bias_prior if bias_prior is not None else prior,
+                init_bias,
+            )
+
+    def _apply_op(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.posteriors["bias"] if "bias" in self.posteriors else None
+        return self.posteriors["weight"].forward_op(self._op, x, bias, self.sample_mode)  # type: ignore[operator]
+
+
+class BayesLinear(_WeightOpLayer):
     """y = x W^T + b with W, b random.
 
     Args:
@@ -52,29 +86,20 @@ class BayesLinear(BayesianModule):
         super().__init__()
         self.in_features = _positive_int(in_features, "in_features", "BayesLinear")
         self.out_features = _positive_int(out_features, "out_features", "BayesLinear")
-        family = family if family is not None else MeanField()
-        self._op = LinearOp()
-        self._add_tensor("weight", (out_features, in_features), family, prior, init_weight)
-        if bias:
-            self._add_tensor(
-                "bias",
-                (out_features,),
-                bias_family if bias_family is not None else family,
-                bias_prior if bias_prior is not None else prior,
-                init_bias,
-            )
+        self._add_weight_and_bias(
+            LinearOp(), (out_features, in_features), bias, family, prior, bias_family, bias_prior, init_weight, init_bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"BayesLinear: input has {x.shape[-1]} features in its last dim, expected {self.in_features}")
-        bias = self.posteriors["bias"] if "bias" in self.posteriors else None
-        return self.posteriors["weight"].forward_op(self._op, x, bias, self.sample_mode)  # type: ignore[operator]
+        return self._apply_op(x)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {super().extra_repr()}"
 
 
-class BayesConv2d(BayesianModule):
+class BayesConv2d(_WeightOpLayer):
     """2-d convolution with random kernel and bias; arguments as ``nn.Conv2d`` (zero padding only)."""
 
     layer_kind = "conv2d"
@@ -112,26 +137,16 @@ class BayesConv2d(BayesianModule):
         self.dilation = _pair(dilation)
         if isinstance(self.padding, str) and self.padding not in ("same", "valid"):
             raise ValueError(f"BayesConv2d: padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
-        self._op = Conv2dOp(self.stride, self.padding, self.dilation, self.groups)  # type: ignore[arg-type]
-        family = family if family is not None else MeanField()
+        op = Conv2dOp(self.stride, self.padding, self.dilation, self.groups)  # type: ignore[arg-type]
         shape = (out_channels, in_channels // groups, *self.kernel_size)
-        self._add_tensor("weight", shape, family, prior, init_weight)
-        if bias:
-            self._add_tensor(
-                "bias",
-                (out_channels,),
-                bias_family if bias_family is not None else family,
-                bias_prior if bias_prior is not None else prior,
-                init_bias,
-            )
+        self._add_weight_and_bias(op, shape, bias, family, prior, bias_family, bias_prior, init_weight, init_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
             raise ValueError(
                 f"BayesConv2d: input must be (N, {self.in_channels}, H, W) or ({self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        bias = self.posteriors["bias"] if "bias" in self.posteriors else None
-        return self.posteriors["weight"].forward_op(self._op, x, bias, self.sample_mode)  # type: ignore[operator]
+        return self._apply_op(x)
 
     def extra_repr(self) -> str:
         return (
@@ -180,7 +195,10 @@ class BayesLSTM(BayesianModule):
         bound = 1.0 / math.sqrt(hidden_size)
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size
-            shapes: dict[str, tuple[int, ...]] = {f"weight_ih_l{layer}": (4 * hidden_size, width), f"weight_hh_l{layer}": (4 * hidden_size, hidden_size)}
+            shapes: dict[str, tuple[int, ...]] = {
+                f"weight_ih_l{layer}": (4 * hidden_size, width),
+                f"weight_hh_l{layer}": (4 * hidden_size, hidden_size),
+            }
             if bias:
                 shapes[f"bias_ih_l{layer}"] = (4 * hidden_size,)
                 shapes[f"bias_hh_l{layer}"] = (4 * hidden_size,)
