@@ -139,7 +139,7 @@ def main() -> None:
         print(f"{name:40s} {1000 * median:8.2f} ms  {median / base:5.2f}x")
     result = {
         "name": "step_time",
-        "command": "python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/step_time.py", *sys.argv[1:]]),
         "commit": git_commit(),
         "device": describe_device(torch.device("cpu")),
         "seconds": round(time.perf_counter() - start, 1),

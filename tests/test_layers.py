@@ -225,3 +225,31 @@ def test_state_dict_roundtrip():
     x = torch.randn(2, 2, 8, 8)
     with varbnn.sample_mode(model, "mean"), varbnn.sample_mode(clone, "mean"):
         assert torch.equal(model(x), clone(x))
+
+
+def test_estimators_give_the_same_expected_loss_and_gradient_in_a_deep_network():
+    """Local reparameterization and flipout are unbiased for the NLL of a multi-layer network and for its
+    gradient (they only lower the variance): compare each with reparam at identical parameters."""
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    reference = varbnn.bayesianize(net, MeanField(init_std=0.3))
+    draws = 3000
+
+    def moments(model):
+        values, grads = [], []
+        for _ in range(draws):
+            loss = nn.functional.cross_entropy(model(x), y)
+            grads.append(torch.autograd.grad(loss, [model[2].posteriors["weight"].rho])[0].reshape(-1))
+            values.append(loss.detach())
+        return torch.stack(values), torch.stack(grads)
+
+    ref_values, ref_grads = moments(reference)
+    for estimator in ("local", "flipout"):
+        model = varbnn.bayesianize(net, MeanField(init_std=0.3, estimator=estimator))
+        model.load_state_dict(reference.state_dict())
+        values, grads = moments(model)
+        se = (values.var() / draws + ref_values.var() / draws).sqrt()
+        assert abs(float(values.mean() - ref_values.mean())) < 5 * float(se), estimator
+        se_g = (grads.var(0) / draws + ref_grads.var(0) / draws).sqrt()
+        assert ((grads.mean(0) - ref_grads.mean(0)).abs() < 5 * se_g + 1e-7).all(), estimator

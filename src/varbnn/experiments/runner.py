@@ -26,6 +26,7 @@ from varbnn.convert import bayesianize
 from varbnn.experiments.config import ExperimentConfig, Variant
 from varbnn.families import make_family
 from varbnn.models import make_model
+from varbnn.plots import reliability_diagram
 from varbnn.priors import make_prior
 from varbnn.train import evaluate_classifier, fit, resolve_device, seed_everything
 
@@ -105,6 +106,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures."""
     start = time.perf_counter()
+    commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
     dev = resolve_device(device)
     x_train, y_train = load_classification(config.dataset, "train", data_dir)
     x_test, y_test = load_classification(config.dataset, "test", data_dir)
@@ -144,8 +146,6 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     figures = []
     if "reliability" in config.figures:
-        from varbnn.plots import reliability_diagram
-
         path = reliability_diagram(
             first_seed_predictions, out / f"{config.name}_reliability.png", title=f"{config.name} (seed {config.seeds[0]})"
         )
@@ -153,7 +153,7 @@ def run_experiment(
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": git_commit(),
+        "commit": commit,
         "device": describe_device(dev),
         "seconds": round(time.perf_counter() - start, 2),
         "config": config.to_dict(),
