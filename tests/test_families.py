@@ -192,7 +192,7 @@ def test_scale_cache_is_shared_within_a_step_and_never_stale():
     assert family.scale is family.scale  # populated cache; copies must still work
     copy.deepcopy(family)
     # separate backward passes through graphs sharing the cached sigma work (e.g. NLL and KL gradients apart)
-    shared = family.scale
-    g_nll = torch.autograd.grad(shared.sum(), family.rho)[0]
-    g_kl = torch.autograd.grad(family.kl(prior), family.rho)[0]
+    nll_like, kl = family.scale.sum(), family.kl(prior)  # both built on the one cached sigma
+    g_nll = torch.autograd.grad(nll_like, family.rho)[0]
+    g_kl = torch.autograd.grad(kl, family.rho)[0]
     assert torch.isfinite(g_nll).all() and torch.isfinite(g_kl).all()
