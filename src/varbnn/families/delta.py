@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.distributions import Distribution
 
 from varbnn.distributions import Delta as DeltaDistribution
+from varbnn.divergence import register_family_kl
 from varbnn.families.base import VariationalFamily, register_family
+from varbnn.priors import Normal as NormalPrior
 
 __all__ = ["Delta"]
 
@@ -44,3 +48,12 @@ class Delta(VariationalFamily):
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         return self.value.expand(torch.Size(sample_shape) + self.value.shape)
+
+
+@register_family_kl(Delta, NormalPrior)
+def _delta_normal_kl(family: Delta, prior: NormalPrior) -> torch.Tensor:
+    """-log N(w | m, s^2) summed over the tensor, (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building
+    distribution objects (scalar or elementwise m, s)."""
+    diff = family.value - prior.loc
+    log_norm = (prior.scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum()
+    return 0.5 * (diff.square() / prior.scale.square()).sum() + log_norm

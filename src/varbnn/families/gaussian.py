@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
+from varbnn.divergence import register_family_kl
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.ops import WeightOp
+from varbnn.priors import Normal as NormalPrior
 
 __all__ = ["MeanField", "inverse_softplus"]
 
@@ -214,27 +216,4 @@ def _meanfield_normal_kl(family: MeanField, prior: Any) -> torch.Tensor:
     return _MeanFieldNormalKL.apply(family.loc, family.scale, prior.loc, prior.scale)
 
 
-def _delta_normal_kl(family: Any, prior: Any) -> torch.Tensor:
-    # -log N(w | m, s^2) summed: (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building a distribution
-    diff = (family.value - prior.loc).reshape(-1)
-    n = family.value.numel()
-    log_norm = (
-        (prior.scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum()
-        if prior.scale.dim()
-        else n * (prior.scale.log() + 0.5 * math.log(2 * math.pi))
-    )
-    if prior.scale.dim() == 0:
-        return 0.5 * torch.dot(diff, diff) / prior.scale.square() + log_norm
-    return 0.5 * (diff.square() / prior.scale.square().reshape(-1).expand_as(diff)).sum() + log_norm
-
-
-def _register() -> None:
-    from varbnn.divergence import register_family_kl
-    from varbnn.families.delta import Delta
-    from varbnn.priors import Normal as NormalPrior
-
-    register_family_kl(MeanField, NormalPrior)(_meanfield_normal_kl)
-    register_family_kl(Delta, NormalPrior)(_delta_normal_kl)
-
-
-_register()
+register_family_kl(MeanField, NormalPrior)(_meanfield_normal_kl)
