@@ -1,0 +1,204 @@
+"""varbnn.special against mpmath (arbitrary precision) on a log-uniform grid nu in [0.5, 1e4], z in [1e-4, 1e5].
+
+The oracle table tests/data/bessel_oracle.json is produced by scripts/make_bessel_oracle.py (mpmath, 40 digits).
+Errors of log I are measured as |error| / max(1, |log I|): the relative error of I itself where log I is small,
+the relative error of log I where it is large.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from scipy import special as sps
+
+from varbnn.special import bessel_ratio, bessel_ratio_bounds, log_bessel_iv, log_bessel_iv_over_power
+
+ORACLE = Path(__file__).parent / "data" / "bessel_oracle.json"
+
+
+@pytest.fixture(scope="module")
+def oracle() -> dict[str, np.ndarray]:
+    rows = json.loads(ORACLE.read_text())["rows"]
+    with mpmath.workdps(40):
+        ratio = [float(mpmath.exp(mpmath.mpf(r["log_iv"]) - mpmath.mpf(r["log_iv_minus_1"]))) for r in rows]
+    return {
+        "nu": np.array([r["nu"] for r in rows]),
+        "z": np.array([r["z"] for r in rows]),
+        "log_iv": np.array([float(mpmath.mpf(r["log_iv"])) for r in rows]),
+        "ratio": np.array(ratio),
+    }
+
+
+def _log_err(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    return np.abs(got - want) / np.maximum(1.0, np.abs(want))
+
+
+def _t(x: np.ndarray, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.tensor(x, dtype=dtype)
+
+
+def test_oracle_grid_covers_the_issue_range(oracle):
+    nu, z = oracle["nu"], oracle["z"]
+    assert nu.min() <= 0.5 and nu.max() >= 1e4 and z.min() <= 1e-4 and z.max() >= 1e5
+    assert len(nu) > 1200
+
+
+def test_accurate_ratio_matches_mpmath(oracle):
+    got = bessel_ratio(_t(oracle["nu"]), _t(oracle["z"])).numpy()
+    err = np.abs(got / oracle["ratio"] - 1)
+    assert np.isfinite(got).all()
+    assert err.max() < 1e-12, (err.max(), oracle["nu"][err.argmax()], oracle["z"][err.argmax()])
+
+
+def test_accurate_log_iv_matches_mpmath(oracle):
+    got = log_bessel_iv(_t(oracle["nu"]), _t(oracle["z"])).numpy()
+    assert np.isfinite(got).all()
+    err = _log_err(got, oracle["log_iv"])
+    assert err.max() < 1e-12, (err.max(), oracle["nu"][err.argmax()], oracle["z"][err.argmax()])
+
+
+def test_log_iv_over_power_matches_mpmath(oracle):
+    nu, z = oracle["nu"], oracle["z"]
+    got = log_bessel_iv_over_power(_t(nu), _t(z)).numpy() + nu * np.log(z)
+    assert _log_err(got, oracle["log_iv"]).max() < 1e-12
+
+
+def test_over_power_is_exact_at_small_z_where_the_naive_difference_cancels():
+    # log(I_nu(z) / z^nu) -> -nu log 2 - lgamma(nu + 1) as z -> 0; the naive difference loses ~nu*|log z|*eps.
+    nu = torch.tensor([4999.0, 49.0, 0.0], dtype=torch.float64)
+    z = torch.tensor([1e-8, 1e-8, 1e-8], dtype=torch.float64)
+    want = -nu * math.log(2) - torch.lgamma(nu + 1)
+    torch.testing.assert_close(log_bessel_iv_over_power(nu, z), want, rtol=1e-15, atol=1e-12)
+    with mpmath.workdps(50):
+        for n in (4999.0, 49.0):
+            exact = float(mpmath.log(mpmath.besseli(n, mpmath.mpf("1e-3")) / mpmath.mpf("1e-3") ** n))
+            got = log_bessel_iv_over_power(n, torch.tensor(1e-3, dtype=torch.float64)).item()
+            assert abs(got - exact) < 1e-12 * abs(exact)
+
+
+def test_regions_where_scipy_fails_are_accurate_here(oracle):
+    nu, z = oracle["nu"], oracle["z"]
+    with np.errstate(all="ignore"):
+        scipy_ratio = sps.ive(nu, z) / sps.ive(nu - 1, z)
+    scipy_bad = ~np.isfinite(scipy_ratio) | (np.abs(scipy_ratio / oracle["ratio"] - 1) > 1e-6)
+    assert scipy_bad.mean() > 0.2  # the motivation: large orders underflow in scipy
+    got = bessel_ratio(_t(nu[scipy_bad]), _t(z[scipy_bad])).numpy()
+    assert np.abs(got / oracle["ratio"][scipy_bad] - 1).max() < 1e-12
+
+
+def test_theorem_bounds_bracket_the_exact_ratio(oracle):
+    nu, z, exact = oracle["nu"], oracle["z"], oracle["ratio"]
+    for theorem in (4, 5):
+        # (theorem 4 holds for nu >= 0, but at nu = 0, z = 1e-6 its upper bound z / (-1 + sqrt(1 + z^2)) cancels)
+        mask = nu >= (0.1 if theorem == 4 else 0.5)
+        lower, upper = bessel_ratio_bounds(_t(nu[mask]), _t(z[mask]), theorem=theorem)
+        slack = 1e-14 * exact[mask]
+        assert (lower.numpy() <= exact[mask] + slack).all()
+        assert (upper.numpy() >= exact[mask] - slack).all()
+
+
+def test_paper_bound_averages_are_the_baseline(oracle):
+    """The accurate method is at least as good as the paper's averages everywhere and much better at worst."""
+    keep = oracle["nu"] >= 0.5
+    nu, z, exact = oracle["nu"][keep], oracle["z"][keep], oracle["ratio"][keep]
+    acc = np.abs(bessel_ratio(_t(nu), _t(z)).numpy() / exact - 1)
+    for method in ("bounds", "bounds-amos"):
+        approx = np.abs(bessel_ratio(_t(nu), _t(z), method=method).numpy() / exact - 1)
+        assert (acc <= approx + 2e-15).all()
+        assert approx.max() > 1e-3  # the averaged bounds are not accurate near nu = 1/2 and z ~ nu
+    # Theorem 5's average is tight at large orders (Oh et al. use it for nu = d/2 of a weight row)
+    big = nu >= 50
+    approx = np.abs(bessel_ratio(_t(nu[big]), _t(z[big]), method="bounds").numpy() / exact[big] - 1)
+    assert approx.max() < 1e-4
+
+
+def test_paper_log_iv_methods(oracle):
+    nu, z, want = oracle["nu"], oracle["z"], oracle["log_iv"]
+    series = log_bessel_iv(_t(nu), _t(z), method="ratio-series").numpy()
+    assert np.isfinite(series).all() and _log_err(series, want).max() < 0.1
+    approx = log_bessel_iv(_t(nu), _t(z), method="approx").numpy()
+    assert np.isfinite(approx).all()
+    # eq. 44's second branch is Hankel's leading term, accurate for z >> nu^2
+    far = z > 100 * np.maximum(nu, 1) ** 2
+    assert far.any() and _log_err(approx[far], want[far]).max() < 1e-2
+
+
+@pytest.mark.parametrize("fn", [bessel_ratio, log_bessel_iv])
+def test_float32_matches_float64_at_the_rounded_inputs(fn, oracle):
+    nu, z32 = _t(oracle["nu"]), _t(oracle["z"], torch.float32)
+    got = fn(nu, z32)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    want = fn(nu, z32.double())
+    err = ((got.double() - want).abs() / want.abs().clamp_min(1.0)).max()
+    assert err < 2e-7
+
+
+def test_gradients_against_finite_differences():
+    nu = torch.tensor([0.0, 0.5, 1.0, 3.0, 20.0, 30.0, 500.0, 5000.0, 1e4, 2.5], dtype=torch.float64)
+    z = torch.tensor([0.3, 2.0, 25.9, 26.1, 40.0, 10.0, 300.0, 1e4, 1e3, 1e5], dtype=torch.float64, requires_grad=True)
+    for fn in (lambda x: bessel_ratio(nu, x), lambda x: log_bessel_iv(nu, x), lambda x: log_bessel_iv_over_power(nu, x)):
+        assert torch.autograd.gradcheck(fn, (z,))
+        assert torch.autograd.gradgradcheck(fn, (z,))
+    fn = lambda x: bessel_ratio(nu[1:], x, method="bounds")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (z[1:].detach().requires_grad_(),))
+
+
+def test_log_iv_derivative_matches_mpmath():
+    with mpmath.workdps(30):
+        for n, x in [(0.0, 0.5), (2.5, 30.0), (100.0, 50.0), (1000.0, 3000.0)]:
+            z = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+            log_bessel_iv(n, z).backward()
+            want = float(mpmath.diff(lambda t, n=n: mpmath.log(mpmath.besseli(n, t)), x))
+            assert z.grad.item() == pytest.approx(want, rel=1e-10)
+
+
+def test_edge_values():
+    z0 = torch.zeros(3, dtype=torch.float64)
+    assert log_bessel_iv(torch.tensor([0.0, 1.0, 7.0]), z0).tolist() == [0.0, -math.inf, -math.inf]
+    assert bessel_ratio(torch.tensor([1.0, 30.0, 3.0]), z0).tolist() == [0.0, 0.0, 0.0]
+    # I_{1/2}(z) / I_{-1/2}(z) = tanh(z) and I_{3/2}/I_{1/2} = coth(z) - 1/z
+    z = torch.tensor([1e-6, 0.1, 1.0, 10.0, 100.0, 1e4], dtype=torch.float64)
+    torch.testing.assert_close(bessel_ratio(0.5, z), torch.tanh(z), rtol=1e-14, atol=0)
+    torch.testing.assert_close(bessel_ratio(1.5, z[2:]), 1 / torch.tanh(z[2:]) - 1 / z[2:], rtol=1e-13, atol=0)
+    # I_0 by scipy where scipy is fine
+    x = np.array([1e-6, 0.5, 5.0, 25.0, 27.0, 700.0])
+    torch.testing.assert_close(log_bessel_iv(0.0, _t(x)), _t(np.log(sps.ive(0, x)) + x), rtol=1e-14, atol=1e-14)
+
+
+def test_broadcasting_and_dtype():
+    nu = torch.tensor([[1.0], [10.0]])
+    z = torch.tensor([0.5, 5.0, 50.0], dtype=torch.float32)
+    out = bessel_ratio(nu, z)
+    assert out.shape == (2, 3) and out.dtype == torch.float32
+    assert log_bessel_iv(3.0, 2.0).dtype == torch.get_default_dtype()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: bessel_ratio(-1.0, 1.0), "order nu must be >= 0"),
+        (lambda: log_bessel_iv(1.0, -1.0), "argument z must be >= 0"),
+        (lambda: log_bessel_iv(1.0, float("nan")), "not NaN"),
+        (lambda: bessel_ratio(1.0, 1.0, method="cf"), "unknown method 'cf'"),
+        (lambda: log_bessel_iv(1.0, 1.0, method="scipy"), "choose one of"),
+        (lambda: bessel_ratio(0.25, 1.0, method="bounds"), "nu >= 1/2"),
+        (lambda: bessel_ratio_bounds(1.0, 1.0, theorem=3), "theorem must be 4 or 5"),
+    ],
+)
+def test_bad_input_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():  # pragma: no cover - CPU-only CI
+    nu = torch.logspace(-0.3, 4, 50, dtype=torch.float64)
+    z = torch.logspace(-4, 5, 50, dtype=torch.float64)
+    for fn in (bessel_ratio, log_bessel_iv):
+        torch.testing.assert_close(fn(nu.cuda(), z.cuda()).cpu(), fn(nu, z), rtol=1e-13, atol=1e-13)
