@@ -1,0 +1,273 @@
+"""VonMisesFisher / HypersphericalUniform against scipy.stats.vonmises_fisher, mpmath and Monte Carlo."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch.distributions import kl_divergence
+
+from varbnn.distributions import HypersphericalUniform, RejectionSamplingError, VonMisesFisher
+
+DIMS = (2, 3, 10, 100, 1000, 10000)
+KAPPAS = (1e-3, 1.0, 100.0, 1e5)
+ORACLE = Path(__file__).parent / "data" / "bessel_oracle.json"
+
+
+@pytest.fixture(scope="module")
+def vmf_oracle() -> dict[tuple[int, float], tuple[float, float]]:
+    """(d, kappa) -> (log C_d(kappa), entropy) from mpmath's log I_{d/2-1}(kappa) and log I_{d/2}(kappa)."""
+    out = {}
+    with mpmath.workdps(40):
+        for row in json.loads(ORACLE.read_text())["vmf"]:
+            d, kappa = row["d"], row["kappa"]
+            k = mpmath.mpf(kappa)
+            log_c = (d / 2 - 1) * mpmath.log(k) - (d / 2) * mpmath.log(2 * mpmath.pi) - mpmath.mpf(row["log_iv_d2m1"])
+            a = mpmath.exp(mpmath.mpf(row["log_iv_d2"]) - mpmath.mpf(row["log_iv_d2m1"]))
+            out[(d, kappa)] = (float(log_c), float(-k * a - log_c))
+    return out
+
+
+def _unit(d: int, dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(d, generator=g, dtype=torch.float64)
+    return (v / v.norm()).to(dtype)
+
+
+def _close(got: float, want: float, rel: float) -> bool:
+    return abs(got - want) <= rel * max(1.0, abs(want))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("d", DIMS)
+def test_log_prob_and_entropy_against_mpmath_and_scipy(d, dtype, vmf_oracle):
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    mu = _unit(d, dtype)
+    x = torch.stack([mu, -mu, _unit(d, dtype, seed=1)])
+    for kappa in KAPPAS:
+        q = VonMisesFisher(mu, torch.tensor(kappa, dtype=dtype))
+        log_c, entropy = vmf_oracle[(d, kappa)]
+        lp = q.log_prob(x)
+        assert lp.dtype == dtype and torch.isfinite(lp).all() and torch.isfinite(q.entropy())
+        assert _close(q.log_normalizer().item(), log_c, tol)
+        # entropy = -kappa A - log C subtracts two terms of size ~kappa: absolute error ~kappa * eps
+        assert abs(q.entropy().item() - entropy) <= tol * max(1.0, abs(entropy), kappa)
+        want = kappa * (x.double() @ mu.double()).numpy() + log_c
+        assert all(abs(g - w) <= tol * max(1.0, abs(w), kappa) for g, w in zip(lp.double().tolist(), want.tolist()))
+        with np.errstate(all="ignore"):
+            sp = stats.vonmises_fisher(mu.double().numpy(), kappa)
+            sp_entropy, sp_lp = sp.entropy(), sp.logpdf(x.double().numpy())
+        if np.isfinite(sp_entropy):  # scipy is NaN for d >= 1000 at small kappa; mpmath covers those
+            assert abs(q.entropy().item() - float(sp_entropy)) <= max(tol, 1e-10) * max(1.0, abs(float(sp_entropy)), kappa)
+            assert np.allclose(lp.double().numpy(), sp_lp, rtol=max(tol, 1e-10), atol=max(tol, 1e-10) * kappa)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("d", DIMS)
+def test_samples_have_the_right_first_two_moments(d, dtype):
+    """E[mu.x] = A_d(kappa) and E[(mu.x)^2] = 1 - (d-1) A_d(kappa)/kappa, within 5 Monte Carlo standard errors."""
+    torch.manual_seed(d)
+    n = 4000 if d < 10000 else 800
+    mu = _unit(d, dtype)
+    for kappa in KAPPAS:
+        q = VonMisesFisher(mu, torch.tensor(kappa, dtype=dtype))
+        x = q.rsample((n,))
+        assert x.shape == (n, d) and x.dtype == dtype and torch.isfinite(x).all()
+        assert ((x.double().norm(dim=-1) - 1).abs() < (1e-12 if dtype == torch.float64 else 1e-5)).all()
+        w = x.double() @ mu.double()
+        a = q.mean_resultant_length.double().item()
+        for values, want in ((w, a), (w * w, 1 - (d - 1) * a / kappa)):
+            se = values.std().item() / math.sqrt(n)
+            # float32 rounds omega (|1 - omega| ~ d/kappa at large kappa) to ~6e-8 relative
+            slack = 5 * se + (3e-7 if dtype == torch.float32 else 1e-14)
+            assert abs(values.mean().item() - want) <= slack, (kappa, values.mean().item(), want, se)
+        # tangent components: mean zero (the direction around mu is uniform)
+        tangent = x.double() - w.unsqueeze(-1) * mu.double()
+        mean_t = tangent.mean(0)
+        assert (mean_t.abs() <= 5 * tangent.std(0) / math.sqrt(n) + 1e-12).float().mean() > 0.99
+
+
+def test_d3_marginal_matches_the_exact_cdf():
+    # on S^2 the density of w = mu.x is kappa e^{kappa w} / (2 sinh kappa) on [-1, 1]
+    torch.manual_seed(0)
+    for kappa in (0.5, 5.0, 50.0):
+        q = VonMisesFisher(_unit(3), torch.tensor(kappa, dtype=torch.float64))
+        w = (q.sample((5000,)) @ q.loc).numpy()
+        cdf = lambda t, k=kappa: np.expm1(k * (t + 1)) / np.expm1(2 * k)  # noqa: E731
+        assert stats.kstest(w, cdf).pvalue > 1e-3
+
+
+def test_batched_parameters_and_shapes():
+    torch.manual_seed(0)
+    loc = torch.nn.functional.normalize(torch.randn(4, 5, dtype=torch.float64), dim=-1)
+    kappa = torch.tensor([0.1, 1.0, 10.0, 1e3], dtype=torch.float64)
+    q = VonMisesFisher(loc, kappa)
+    assert q.batch_shape == (4,) and q.event_shape == (5,)
+    x = q.rsample((300, 2))
+    assert x.shape == (300, 2, 4, 5)
+    assert q.log_prob(x).shape == (300, 2, 4)
+    assert q.entropy().shape == (4,) and q.mean.shape == (4, 5) and torch.equal(q.mode, loc)
+    # every batch element samples around its own loc
+    w = (x * loc).sum(-1).reshape(-1, 4).mean(0)
+    torch.testing.assert_close(w, q.mean_resultant_length, atol=0.05, rtol=0)
+    e = q.expand((3, 4))
+    assert e.batch_shape == (3, 4) and e.rsample().shape == (3, 4, 5)
+    # a loc batch broadcast against a scalar kappa, and the reverse
+    assert VonMisesFisher(loc, 2.0).batch_shape == (4,)
+    assert VonMisesFisher(loc[0], kappa).rsample().shape == (4, 5)
+
+
+def _per_sample_kappa_grads(d: int, kappa: float, n: int, with_score: bool) -> torch.Tensor:
+    mu = _unit(d)
+    kap = torch.full((n,), kappa, dtype=torch.float64, requires_grad=True)
+    q = VonMisesFisher(mu.expand(n, d), kap)
+    if with_score:
+        w, score = q.rsample_with_score()
+        f = w @ mu
+        (f + f.detach() * score).sum().backward()
+    else:
+        (q.rsample() @ mu).sum().backward()
+    return kap.grad
+
+
+@pytest.mark.parametrize("d, kappa", [(2, 3.0), (3, 1.0), (10, 10.0), (100, 100.0)])
+def test_concentration_gradient_with_correction_is_unbiased(d, kappa):
+    """d/dkappa E[mu.x] = A'_d(kappa) = 1 - (d-1) A/kappa - A^2 exactly; RSVI's estimate must match it."""
+    torch.manual_seed(1)
+    n = 100_000
+    a = VonMisesFisher(_unit(d), torch.tensor(kappa, dtype=torch.float64)).mean_resultant_length.item()
+    exact = 1 - (d - 1) * a / kappa - a * a
+    g = _per_sample_kappa_grads(d, kappa, n, with_score=True)
+    assert abs(g.mean().item() - exact) < 5 * g.std().item() / math.sqrt(n)
+    # without the correction term the pathwise part alone is biased (why rsample_with_score exists)
+    g0 = _per_sample_kappa_grads(d, kappa, n, with_score=False)
+    assert abs(g0.mean().item() - exact) > 5 * g0.std().item() / math.sqrt(n)
+
+
+def test_loc_gradient_is_unbiased():
+    """d/dmu E[a.x] = A_d(kappa) a, projected on the tangent space at mu (loc lives on the sphere)."""
+    torch.manual_seed(2)
+    d, kappa, n = 6, 4.0, 50_000
+    mu = _unit(d).requires_grad_()
+    a_vec = torch.randn(d, dtype=torch.float64)
+    q = VonMisesFisher(mu, torch.tensor(kappa, dtype=torch.float64))
+    x = q.rsample((n,))
+    (x @ a_vec).mean().backward()
+    proj = torch.eye(d, dtype=torch.float64) - torch.outer(mu.detach(), mu.detach())
+    got = proj @ mu.grad
+    want = q.mean_resultant_length.item() * (proj @ a_vec)
+    assert (got - want).abs().max() < 0.02
+
+
+def test_kl_vmf_vmf_against_monte_carlo():
+    torch.manual_seed(3)
+    for d, kq, kp in [(3, 2.0, 5.0), (10, 50.0, 1.0), (100, 300.0, 10.0), (1000, 1e4, 100.0)]:
+        q = VonMisesFisher(_unit(d, seed=4), torch.tensor(kq, dtype=torch.float64))
+        p = VonMisesFisher(
+            torch.nn.functional.normalize(_unit(d, seed=4) + 0.5 * _unit(d, seed=5), dim=0), torch.tensor(kp, dtype=torch.float64)
+        )
+        kl = kl_divergence(q, p).item()
+        x = q.sample((20_000,))
+        terms = q.log_prob(x) - p.log_prob(x)
+        assert abs(terms.mean().item() - kl) < 5 * terms.std().item() / math.sqrt(len(terms)) + 1e-9
+        assert kl > 0
+        assert abs(kl_divergence(q, q).item()) < 1e-9 * max(1.0, kq)
+
+
+def test_kl_with_the_uniform_distribution():
+    torch.manual_seed(4)
+    for d in (2, 3, 50, 10000):
+        u = HypersphericalUniform(d, dtype=torch.float64)
+        for kappa in (1e-3, 3.0, 1e4):
+            q = VonMisesFisher(_unit(d), torch.tensor(kappa, dtype=torch.float64))
+            kl = kl_divergence(q, u).item()
+            assert kl == pytest.approx(u.entropy().item() - q.entropy().item(), rel=1e-12, abs=1e-12)
+            assert kl >= -1e-12 and math.isfinite(kl)
+            assert kl_divergence(u, q).item() >= -1e-9
+        x = u.sample((20_000 if d < 1000 else 1000,))
+        q = VonMisesFisher(_unit(d), torch.tensor(3.0, dtype=torch.float64))
+        terms = u.log_prob(x) - q.log_prob(x)
+        assert abs(terms.mean().item() - kl_divergence(u, q).item()) < 5 * terms.std().item() / math.sqrt(len(terms)) + 1e-9
+    # log surface area of S^2 is log(4 pi)
+    assert HypersphericalUniform(3).log_surface_area() == pytest.approx(math.log(4 * math.pi))
+    assert kl_divergence(HypersphericalUniform(4), HypersphericalUniform(4)).item() == 0.0
+
+
+def test_tiny_concentration_tends_to_uniform():
+    for d in (3, 100, 10000):
+        q = VonMisesFisher(_unit(d), torch.tensor(1e-8, dtype=torch.float64))
+        uniform = HypersphericalUniform(d, dtype=torch.float64)
+        assert q.entropy().item() == pytest.approx(uniform.entropy().item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_no_nan_or_inf_anywhere_at_the_extremes(dtype):
+    torch.manual_seed(5)
+    for d in (2, 10000):
+        for kappa in (1e-3, 1e5):
+            mu = _unit(d, dtype).requires_grad_()
+            kap = torch.tensor(kappa, dtype=dtype, requires_grad=True)
+            q = VonMisesFisher(mu, kap)
+            x, score = q.rsample_with_score((64,))
+            loss = q.log_prob(x.detach()).sum() + x.sum() + score.sum() + q.entropy()
+            loss = (
+                loss
+                + kl_divergence(q, HypersphericalUniform(d, dtype=dtype))
+                + kl_divergence(q, VonMisesFisher(mu.detach(), 1.0))
+            )
+            loss.backward()
+            for t in (x, score, loss, mu.grad, kap.grad):
+                assert torch.isfinite(t).all(), (d, kappa, dtype)
+
+
+def test_bounds_ratio_method():
+    q = VonMisesFisher(_unit(200), torch.tensor(50.0, dtype=torch.float64), ratio_method="bounds")
+    exact = VonMisesFisher(_unit(200), torch.tensor(50.0, dtype=torch.float64))
+    assert q.mean_resultant_length.item() == pytest.approx(exact.mean_resultant_length.item(), rel=1e-4)
+    assert q.mean_resultant_length.item() != exact.mean_resultant_length.item()
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: VonMisesFisher(torch.ones(3), 1.0), ValueError, "unit norm"),
+        (lambda: VonMisesFisher(_unit(3), -1.0), ValueError, "concentration must be finite and > 0"),
+        (lambda: VonMisesFisher(_unit(3), float("nan")), ValueError, "concentration"),
+        (lambda: VonMisesFisher(torch.tensor([float("nan"), 0.0, 1.0]), 1.0), ValueError, "NaN"),
+        (lambda: VonMisesFisher(torch.ones(1), 1.0), ValueError, "must be >= 2"),
+        (lambda: VonMisesFisher(_unit(3), 1.0, ratio_method="scipy"), ValueError, "choose one of"),
+        (lambda: VonMisesFisher(_unit(3), 1.0, max_rejection_rounds=0), ValueError, "max_rejection_rounds"),
+        (lambda: HypersphericalUniform(1), ValueError, "dim must be an int >= 2"),
+        (lambda: kl_divergence(VonMisesFisher(_unit(3), 1.0), HypersphericalUniform(4)), ValueError, "different dimension"),
+        (lambda: VonMisesFisher(_unit(3), 1.0).log_prob(torch.ones(3)), ValueError, "support"),
+    ],
+)
+def test_bad_input(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_validation_can_be_switched_off():
+    q = VonMisesFisher(torch.ones(3), 1.0, validate_args=False)  # the caller takes responsibility
+    assert q.rsample().shape == (3,)
+
+
+def test_bounded_rejection_rounds_raise_a_clear_error():
+    torch.manual_seed(0)
+    q = VonMisesFisher(_unit(3), torch.tensor(1e4, dtype=torch.float64), max_rejection_rounds=1)  # ~68% acceptance
+    with pytest.raises(RejectionSamplingError, match="max_rejection_rounds=1"):
+        q.rsample((1000,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda():  # pragma: no cover - CPU-only CI
+    q = VonMisesFisher(_unit(100).cuda(), torch.tensor(50.0, device="cuda", dtype=torch.float64))
+    x = q.rsample((1000,))
+    assert x.is_cuda and torch.isfinite(x).all()
+    assert q.log_prob(x).is_cuda and q.entropy().is_cuda
