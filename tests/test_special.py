@@ -17,6 +17,7 @@ import pytest
 import torch
 from scipy import special as sps
 
+from varbnn import special
 from varbnn.special import bessel_ratio, bessel_ratio_bounds, log_bessel_iv, log_bessel_iv_over_power
 
 ORACLE = Path(__file__).parent / "data" / "bessel_oracle.json"
@@ -80,6 +81,18 @@ def test_over_power_is_exact_at_small_z_where_the_naive_difference_cancels():
             exact = float(mpmath.log(mpmath.besseli(n, mpmath.mpf("1e-3")) / mpmath.mpf("1e-3") ** n))
             got = log_bessel_iv_over_power(n, torch.tensor(1e-3, dtype=torch.float64)).item()
             assert abs(got - exact) < 1e-12 * abs(exact)
+
+
+def test_masked_evaluation_path_used_on_gpus_matches(oracle, monkeypatch):
+    nu, z = _t(oracle["nu"]), _t(oracle["z"])
+    subsets = [fn(nu, z) for fn in (bessel_ratio, log_bessel_iv, log_bessel_iv_over_power)]
+    monkeypatch.setattr(special, "_use_masked", lambda device: True)
+    masked = [fn(nu, z) for fn in (bessel_ratio, log_bessel_iv, log_bessel_iv_over_power)]
+    for a, b in zip(subsets, masked):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    zz = torch.tensor([0.0, 1.0, 30.0], dtype=torch.float64, requires_grad=True)
+    log_bessel_iv(torch.tensor([0.0, 2.0, 40.0]), zz).sum().backward()
+    assert torch.isfinite(zz.grad[1:]).all()
 
 
 def test_regions_where_scipy_fails_are_accurate_here(oracle):

@@ -180,6 +180,26 @@ def test_kl_vmf_vmf_against_monte_carlo():
         assert abs(kl_divergence(q, q).item()) < 1e-9 * max(1.0, kq)
 
 
+def test_kl_and_entropy_gradients_against_finite_differences():
+    """Supplementary eq. 47-48 are what autograd gives through bessel_ratio and the log-normaliser."""
+    for d in (3, 50, 2000):
+        mu_q = torch.nn.functional.normalize(_unit(d, seed=6) + 0.3 * _unit(d, seed=7), dim=0)
+        mu_p = _unit(d, seed=6)
+        kappas = torch.tensor([0.7, 40.0], dtype=torch.float64, requires_grad=True)
+
+        def kl(k: torch.Tensor, loc: torch.Tensor, d: int = d, mu_p: torch.Tensor = mu_p) -> torch.Tensor:
+            q = VonMisesFisher(torch.nn.functional.normalize(loc, dim=0), k[0])
+            p = VonMisesFisher(mu_p, k[1])
+            return kl_divergence(q, p) + q.entropy() + kl_divergence(q, HypersphericalUniform(d, dtype=torch.float64))
+
+        assert torch.autograd.gradcheck(kl, (kappas, mu_q.clone().requires_grad_()))
+        # eq. 48: d KL / d mu_q = -kappa_p mu_p A_d(kappa_q) (before projecting on the sphere)
+        loc = mu_q.clone().requires_grad_()
+        q = VonMisesFisher(loc, kappas[0].detach())
+        kl_divergence(q, VonMisesFisher(mu_p, 40.0)).backward()
+        torch.testing.assert_close(loc.grad, -40.0 * mu_p * q.mean_resultant_length)
+
+
 def test_kl_with_the_uniform_distribution():
     torch.manual_seed(4)
     for d in (2, 3, 50, 10000):

@@ -32,6 +32,7 @@ Methods
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from functools import cache
 from typing import Literal
@@ -137,8 +138,11 @@ def _work_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def _prepare(nu: Tensor | float, z: Tensor | float, name: str) -> tuple[Tensor, Tensor, torch.dtype]:
-    """Broadcast nu and z to float tensors of a working precision; returns (nu, z, output dtype)."""
+def _prepare(nu: Tensor | float, z: Tensor | float, name: str, validate: bool = True) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Broadcast nu and z to float tensors of a working precision; returns (nu, z, output dtype).
+
+    ``validate=False`` skips the range checks, which cost a device-to-host synchronisation on GPUs.
+    """
     z_t = z if isinstance(z, Tensor) else torch.as_tensor(z, dtype=torch.get_default_dtype())
     if not (z_t.is_floating_point()):
         z_t = z_t.to(torch.get_default_dtype())
@@ -147,7 +151,7 @@ def _prepare(nu: Tensor | float, z: Tensor | float, name: str) -> tuple[Tensor, 
     out_dtype = z_t.dtype
     work = _work_dtype(z_t.device)
     nu_t, z_t = torch.broadcast_tensors(nu_t.to(work), z_t.to(work))
-    if not torch.compiler.is_compiling():
+    if validate and not torch.compiler.is_compiling():
         if bool(torch.any(nu_t < 0)) or bool(torch.any(torch.isnan(nu_t))):
             raise ValueError(f"{name}: the order nu must be >= 0 (got min {float(nu_t.min()):.4g})")
         if bool(torch.any(z_t < 0)) or bool(torch.any(torch.isnan(z_t))):
@@ -184,47 +188,81 @@ def _debye_sums(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return s, u, v
 
 
-def _accurate_ratio(nu: Tensor, z: Tensor) -> Tensor:
+def _use_masked(device: torch.device) -> bool:
+    """Whether to evaluate both branches on every element (no host synchronisation) instead of on subsets."""
+    return device.type != "cpu"
+
+
+def _two_branches(
+    nu: Tensor, z: Tensor, series: Callable[[Tensor, Tensor], Tensor], debye: Callable[[Tensor, Tensor], Tensor]
+) -> Tensor:
+    """series(nu, z) where sqrt(nu^2 + z^2) < _SERIES_RADIUS, debye(nu, z) elsewhere.
+
+    On the CPU each branch runs only on its own elements (the series is the expensive one). On other devices
+    both run on every element, masked with torch.where, so that no call waits for a device-to-host copy.
+    """
     small = torch.sqrt(nu * nu + z * z) < _SERIES_RADIUS
-    # Series: 1/R = 2 nu / z + z / (2 (nu + 1)) * S_{nu+1} / S_nu.
-    zs = torch.where(small, z, torch.ones_like(z))
-    nus = torch.where(small, nu, torch.zeros_like(nu))
-    s0, s1 = _series_sums(nus, zs)
-    series = zs / (2 * nus + zs * zs / (2 * (nus + 1)) * (s1 / s0))
-    # Debye: 1/R = I'_nu / I_nu + nu / z = (S / z) V / U + nu / z.
-    zl = torch.where(small, torch.full_like(z, _SERIES_RADIUS), z)
-    s, u, v = _debye_sums(nu, zl)
-    debye = zl / (s * v / u + nu)
-    out = torch.where(small, series, debye)
+    if not _use_masked(z.device):
+        out = torch.empty_like(z)
+        if bool(small.any()):
+            out[small] = series(nu[small], z[small])
+        large = ~small
+        if bool(large.any()):
+            out[large] = debye(nu[large], z[large])
+        return out
+    safe_z = torch.where(small & (z > 0), z, torch.ones_like(z))
+    series_out = series(torch.where(small, nu, torch.zeros_like(nu)), safe_z)
+    debye_out = debye(nu, torch.where(small, torch.full_like(z, _SERIES_RADIUS), z))
+    return torch.where(small, series_out, debye_out)
+
+
+def _ratio_series(nu: Tensor, z: Tensor) -> Tensor:
+    # 1/R = 2 nu / z + z / (2 (nu + 1)) * S_{nu+1} / S_nu
+    s0, s1 = _series_sums(nu, z)
+    return z / (2 * nu + z * z / (2 * (nu + 1)) * (s1 / s0))
+
+
+def _ratio_debye(nu: Tensor, z: Tensor) -> Tensor:
+    # 1/R = I'_nu / I_nu + nu / z = (S / z) V / U + nu / z
+    s, u, v = _debye_sums(nu, z)
+    return z / (s * v / u + nu)
+
+
+def _log_iv_series(nu: Tensor, z: Tensor) -> Tensor:
+    s0, _ = _series_sums(nu, z)
+    return nu * torch.log(z / 2) - torch.lgamma(nu + 1) + torch.log(s0)
+
+
+def _log_iv_debye(nu: Tensor, z: Tensor) -> Tensor:
+    s, u, _ = _debye_sums(nu, z)
+    # nu * log(z / (nu + S)) with the nu = 0 limit 0
+    return s + torch.xlogy(nu, z / (nu + s)) - 0.5 * torch.log(2 * math.pi * s) + torch.log(u)
+
+
+def _log_iv_over_power_series(nu: Tensor, z: Tensor) -> Tensor:
+    s0, _ = _series_sums(nu, z)
+    return -nu * math.log(2) - torch.lgamma(nu + 1) + torch.log(s0)
+
+
+def _log_iv_over_power_debye(nu: Tensor, z: Tensor) -> Tensor:
+    s, u, _ = _debye_sums(nu, z)
+    return s - nu * torch.log(nu + s) - 0.5 * torch.log(2 * math.pi * s) + torch.log(u)
+
+
+def _accurate_ratio(nu: Tensor, z: Tensor) -> Tensor:
+    out = _two_branches(nu, z, _ratio_series, _ratio_debye)
     return torch.where(z == 0, torch.where(nu == 0, torch.full_like(z, math.inf), torch.zeros_like(z)), out)
 
 
 def _accurate_log_iv(nu: Tensor, z: Tensor) -> Tensor:
-    small = torch.sqrt(nu * nu + z * z) < _SERIES_RADIUS
-    zs = torch.where(small & (z > 0), z, torch.ones_like(z))
-    nus = torch.where(small, nu, torch.zeros_like(nu))
-    s0, _ = _series_sums(nus, zs)
-    series = nus * torch.log(zs / 2) - torch.lgamma(nus + 1) + torch.log(s0)
-    zl = torch.where(small, torch.full_like(z, _SERIES_RADIUS), z)
-    s, u, _ = _debye_sums(nu, zl)
-    # nu * log(z / (nu + S)) with the nu = 0 limit 0.
-    debye = s + torch.xlogy(nu, zl / (nu + s)) - 0.5 * torch.log(2 * math.pi * s) + torch.log(u)
-    out = torch.where(small, series, debye)
+    out = _two_branches(nu, z, _log_iv_series, _log_iv_debye)
     at_zero = torch.where(nu == 0, torch.zeros_like(z), torch.full_like(z, -math.inf))
     return torch.where(z == 0, at_zero, out)
 
 
 def _accurate_log_iv_over_power(nu: Tensor, z: Tensor) -> Tensor:
     """log(I_nu(z) / z^nu): the same two branches with the nu * log z term cancelled analytically."""
-    small = torch.sqrt(nu * nu + z * z) < _SERIES_RADIUS
-    zs = torch.where(small, z, torch.ones_like(z))
-    nus = torch.where(small, nu, torch.zeros_like(nu))
-    s0, _ = _series_sums(nus, zs)
-    series = -nus * math.log(2) - torch.lgamma(nus + 1) + torch.log(s0)
-    zl = torch.where(small, torch.full_like(z, _SERIES_RADIUS), z)
-    s, u, _ = _debye_sums(nu, zl)
-    debye = s - nu * torch.log(nu + s) - 0.5 * torch.log(2 * math.pi * s) + torch.log(u)
-    return torch.where(small, series, debye)
+    return _two_branches(nu, z, _log_iv_over_power_series, _log_iv_over_power_debye)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -337,7 +375,7 @@ class _LogBesselIvOverPower(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "accurate") -> Tensor:
+def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "accurate", validate: bool = True) -> Tensor:
     """``I_nu(z) / I_{nu-1}(z)`` elementwise (broadcasting ``nu`` against ``z``), differentiable in ``z``.
 
     Args:
@@ -345,12 +383,14 @@ def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "a
         z: argument(s), >= 0; the output has ``z``'s dtype and device.
         method: ``"accurate"`` (default; < 1e-12 relative error in float64), ``"bounds"`` (the paper's average
             of the Theorem-5 bounds) or ``"bounds-amos"`` (average of the Theorem-4 bounds).
+        validate: check ``nu >= 0`` and ``z >= 0`` (a host synchronisation on GPUs); off inside
+            ``VonMisesFisher``, whose parameters are checked once at construction.
     """
-    nu_t, z_t, out_dtype = _prepare(nu, z, "bessel_ratio")
+    nu_t, z_t, out_dtype = _prepare(nu, z, "bessel_ratio", validate)
     if method == "accurate":
         return _BesselRatio.apply(nu_t, z_t).to(out_dtype)
     if method in ("bounds", "bounds-amos"):
-        if method == "bounds" and not torch.compiler.is_compiling() and bool(torch.any(nu_t < 0.5)):
+        if validate and method == "bounds" and not torch.compiler.is_compiling() and bool(torch.any(nu_t < 0.5)):
             raise ValueError("bessel_ratio(method='bounds'): the Theorem-5 bounds need nu >= 1/2")
         lower, upper = _bounds(nu_t, z_t, 5 if method == "bounds" else 4)
         return ((lower + upper) / 2).to(out_dtype)
@@ -364,15 +404,16 @@ def bessel_ratio_bounds(nu: Tensor | float, z: Tensor | float, theorem: int = 5)
     return lower.to(out_dtype), upper.to(out_dtype)
 
 
-def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "accurate") -> Tensor:
+def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "accurate", validate: bool = True) -> Tensor:
     """``log I_nu(z)`` elementwise, stable for nu up to 1e4+ and z from 1e-6 to 1e6+, differentiable in ``z``.
 
     Args:
         nu: order(s), >= 0; gets no gradient.
         z: argument(s), >= 0 (``log I_nu(0)`` is 0 for nu = 0 and -inf otherwise).
         method: ``"accurate"`` (default), ``"approx"`` (the paper's eq. 44) or ``"ratio-series"`` (eq. 45).
+        validate: as for :func:`bessel_ratio`.
     """
-    nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv")
+    nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv", validate)
     if method == "accurate":
         return _LogBesselIv.apply(nu_t, z_t).to(out_dtype)
     if method == "approx":
@@ -382,12 +423,12 @@ def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "
     raise ValueError(f"log_bessel_iv: unknown method {method!r}; choose one of {LOG_IV_METHODS}")
 
 
-def log_bessel_iv_over_power(nu: Tensor | float, z: Tensor | float) -> Tensor:
+def log_bessel_iv_over_power(nu: Tensor | float, z: Tensor | float, validate: bool = True) -> Tensor:
     """``log(I_nu(z) / z^nu)``, analytic at ``z = 0`` (value ``-nu log 2 - lgamma(nu + 1)``), derivative ``R_{nu+1}(z)``.
 
     This is the part of a von Mises-Fisher log-normaliser that depends on the concentration. Computing it as
     ``log_bessel_iv(nu, z) - nu * log(z)`` would cancel catastrophically for small ``z`` at large ``nu`` (both
     terms ~ nu |log z|) -- in the value and even more in the gradient.
     """
-    nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv_over_power")
+    nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv_over_power", validate)
     return _LogBesselIvOverPower.apply(nu_t, z_t).to(out_dtype)

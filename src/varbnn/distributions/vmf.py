@@ -150,12 +150,12 @@ class VonMisesFisher(Distribution):
     @lazy_property
     def mean_resultant_length(self) -> Tensor:
         """A_d(kappa) = E[loc . x] = I_{d/2}(kappa) / I_{d/2-1}(kappa)."""
-        return bessel_ratio(self.dim / 2, self._kappa_work(), method=self.ratio_method).to(self.loc.dtype)
+        return bessel_ratio(self.dim / 2, self._kappa_work(), method=self.ratio_method, validate=False).to(self.loc.dtype)
 
     def _log_normalizer_work(self) -> Tensor:
         """log C_d(kappa) in the working precision; its kappa-gradient is exactly -A_d(kappa)."""
         d = self.dim
-        return -0.5 * d * math.log(2 * math.pi) - log_bessel_iv_over_power(d / 2 - 1, self._kappa_work())
+        return -0.5 * d * math.log(2 * math.pi) - log_bessel_iv_over_power(d / 2 - 1, self._kappa_work(), validate=False)
 
     def log_normalizer(self) -> Tensor:
         """log C_d(kappa), the log of the density's normalising constant (w.r.t. surface measure)."""
@@ -187,7 +187,7 @@ class VonMisesFisher(Distribution):
 
     def entropy(self) -> Tensor:
         kappa = self._kappa_work()
-        a = bessel_ratio(self.dim / 2, kappa, method=self.ratio_method)
+        a = bessel_ratio(self.dim / 2, kappa, method=self.ratio_method, validate=False)
         return (-kappa * a - self._log_normalizer_work()).to(self.loc.dtype)
 
     # ------------------------------------------------------------------ sampling
@@ -293,7 +293,8 @@ class VonMisesFisher(Distribution):
         omega, one_minus, one_plus = self._omega(eps, kappa)
         d = self.dim
         # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const
-        log_q = -log_bessel_iv_over_power(d / 2 - 1, kappa) + kappa * omega + 0.5 * (d - 3) * torch.log(one_minus * one_plus)
+        log_q = -log_bessel_iv_over_power(d / 2 - 1, kappa, validate=False) + kappa * omega
+        log_q = log_q + 0.5 * (d - 3) * torch.log(one_minus * one_plus)
         log_jac = torch.log(2 * b) - 2 * torch.log(1 - (1 - b) * eps)
         log_pi = log_q + log_jac
         score = (log_pi - log_pi.detach()).to(self.loc.dtype)
@@ -371,7 +372,7 @@ def _kl_vmf_vmf(p: VonMisesFisher, q: VonMisesFisher) -> Tensor:
     """(kappa_p - kappa_q mu_q . mu_p) A_d(kappa_p) + log C_d(kappa_p) - log C_d(kappa_q) (supp. eq. 46)."""
     _check_same_dim(p, q)
     kp, kq = p._kappa_work(), q._kappa_work()
-    a = bessel_ratio(p.dim / 2, kp, method=p.ratio_method)
+    a = bessel_ratio(p.dim / 2, kp, method=p.ratio_method, validate=False)
     cos = (p.loc * q.loc).sum(-1).to(kp.dtype)
     out = (kp - kq * cos) * a + p._log_normalizer_work() - q._log_normalizer_work()
     return out.to(p.loc.dtype)
@@ -382,7 +383,7 @@ def _kl_vmf_uniform(p: VonMisesFisher, q: HypersphericalUniform) -> Tensor:
     """kappa A_d(kappa) + log C_d(kappa) + log |S^{d-1}| = log |S^{d-1}| - H(p)."""
     _check_same_dim(p, q)
     kp = p._kappa_work()
-    a = bessel_ratio(p.dim / 2, kp, method=p.ratio_method)
+    a = bessel_ratio(p.dim / 2, kp, method=p.ratio_method, validate=False)
     return (kp * a + p._log_normalizer_work() + q.log_surface_area()).to(p.loc.dtype)
 
 
