@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 import torch
 
-from varbnn.families import FAMILIES, Delta, MeanField, make_family
+from varbnn.families import FAMILIES, Delta, KTied, MeanField, make_family
 from varbnn.priors import Laplace, Normal
 
 SHAPE = (4, 3)
@@ -17,6 +17,9 @@ FAMILY_TABLE = [
     pytest.param(lambda: MeanField(init_std=0.3), True, id="meanfield-reparam"),
     pytest.param(lambda: MeanField(init_std=0.3, estimator="local"), True, id="meanfield-local"),
     pytest.param(lambda: MeanField(init_std=0.3, estimator="flipout"), True, id="meanfield-flipout"),
+    pytest.param(lambda: KTied(rank=2, init_std=0.3), True, id="ktied2-reparam"),
+    pytest.param(lambda: KTied(rank=1, init_std=0.3, estimator="local"), True, id="ktied1-local"),
+    pytest.param(lambda: KTied(rank=2, init_std=0.3, estimator="flipout"), True, id="ktied2-flipout"),
 ]
 PRIOR_TABLE = [
     pytest.param(lambda: Normal(0.1, 0.5), id="normal"),
@@ -29,6 +32,10 @@ def built(spec):
     if hasattr(family, "rho"):  # heterogeneous stds, so that a per-element bug cannot hide
         with torch.no_grad():
             family.rho.add_(torch.randn(SHAPE) * 0.5)
+    if hasattr(family, "log_u"):
+        with torch.no_grad():
+            family.log_u.add_(torch.randn_like(family.log_u) * 0.3)
+            family.log_v.add_(torch.randn_like(family.log_v) * 0.3)
     return family
 
 

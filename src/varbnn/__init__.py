@@ -6,7 +6,7 @@ The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the b
 from varbnn import distributions, families, metrics, nn, priors
 from varbnn.convert import bayesianize, register_converter, register_deterministic, to_deterministic
 from varbnn.divergence import kl, kl_divergence
-from varbnn.families import Delta, MeanField, VariationalFamily
+from varbnn.families import Delta, KTied, MeanField, VariationalFamily
 from varbnn.nn import BayesConv2d, BayesianModule, BayesLinear, BayesLSTM, sample_mode, set_sample_mode
 from varbnn.objectives import ELBOTerms, elbo_loss, linear_kl_annealing
 from varbnn.predict import classification_summary, predict, regression_summary
@@ -28,6 +28,7 @@ __all__ = [
     "kl_divergence",
     "Delta",
     "MeanField",
+    "KTied",
     "VariationalFamily",
     "BayesLinear",
     "BayesConv2d",

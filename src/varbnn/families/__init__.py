@@ -10,5 +10,6 @@ paths, a closed-form KL registered in :mod:`varbnn.divergence`), and add it to :
 from varbnn.families.base import FAMILIES, SampleMode, VariationalFamily, make_family
 from varbnn.families.delta import Delta
 from varbnn.families.gaussian import MeanField
+from varbnn.families.ktied import KTied
 
-__all__ = ["VariationalFamily", "Delta", "MeanField", "FAMILIES", "make_family", "SampleMode"]
+__all__ = ["VariationalFamily", "Delta", "MeanField", "KTied", "FAMILIES", "make_family", "SampleMode"]
