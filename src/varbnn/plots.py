@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa: E402
 
-__all__ = ["reliability_diagram"]
+__all__ = ["reliability_diagram", "variance_explained_figure", "std_heatmaps"]
 
 
 def reliability_diagram(
@@ -57,5 +57,51 @@ def reliability_diagram(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def variance_explained_figure(
+    spectra: Mapping[str, torch.Tensor], path: str | os.PathLike[str], top: int = 10, title: str = ""
+) -> Path:
+    """Bar chart of the fraction of variance explained by each of the ``top`` largest singular values, one group
+    of bars per label (Swiatkowski et al. 2020, Figure 3). ``spectra``: ``{label: fractions}`` from
+    :func:`varbnn.analysis.variance_explained`."""
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * top, 3.4))
+    width = 0.8 / max(1, len(spectra))
+    for i, (label, fractions) in enumerate(spectra.items()):
+        values = fractions[:top].detach().cpu().numpy()
+        ax.bar([j + i * width for j in range(len(values))], values, width=width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(top)], [str(j + 1) for j in range(top)])
+    ax.set_xlabel("singular value")
+    ax.set_ylabel("fraction of variance explained")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def std_heatmaps(matrix: torch.Tensor, path: str | os.PathLike[str], ranks: tuple[int, ...] = (1, 2), title: str = "") -> Path:
+    """Heat maps of a posterior std matrix and its rank-k approximations on one colour scale (paper Figure 4)."""
+    from varbnn.analysis import low_rank
+
+    panels = [("no approximation", matrix)] + [(f"rank-{k} approximation", low_rank(matrix, k)) for k in ranks]
+    vmin, vmax = float(matrix.min()), float(matrix.max())
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.6), squeeze=False)
+    image = None
+    for ax, (label, values) in zip(axes[0], panels):
+        image = ax.imshow(values.detach().cpu().numpy(), aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax)
+        ax.set_title(label)
+        ax.set_xlabel("input")
+        ax.set_ylabel("output")
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="posterior std")
+    fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
