@@ -70,6 +70,8 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
     }
     for estimator in ("reparam", "local", "flipout"):
         table[f"varbnn MeanField-{estimator}"] = family(lambda e=estimator: varbnn.MeanField(estimator=e))
+    for estimator in ("reparam", "local"):
+        table[f"varbnn KTied(rank=2)-{estimator}"] = family(lambda e=estimator: varbnn.KTied(rank=2, estimator=e))
     try:  # optional peers
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 
