@@ -233,31 +233,27 @@ def markdown(result: dict[str, object]) -> str:
             + (f"{sp:.3g} | {r['speedup_float32']:.1f}x | {r['speedup_float64']:.1f}x |" if sp else "skipped | | |")
         )
     bessel_result = result["bessel"]
-    lines += [
-        "",
-        f"## Bessel ratio I_nu(z)/I_(nu-1)(z) on the mpmath grid ({bessel_result['grid_points']} points, "  # type: ignore[index]
-        "nu in [0.5, 1e4], z in [1e-6, 1e6]), float64",
-        "",
-        "| method | max rel. error | median rel. error | share non-finite or > 1e-6 | evaluations/s (CPU) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, e in bessel_result["ratio"].items():  # type: ignore[index]
-        lines.append(
-            f"| {name} | {e['max']:.2e} | {e['median']:.2e} | {e['fraction_nonfinite_or_above_1e-6']:.1%} | "
-            f"{e['evaluations_per_s_cpu']:.3g} |"
-        )
-    lines += [
-        "",
-        "## log I_nu(z) on the same grid (error = |error| / max(1, |log I|))",
-        "",
-        "| method | max error | median error | share non-finite or > 1e-6 | evaluations/s (CPU) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, e in bessel_result["log_iv"].items():  # type: ignore[index]
-        lines.append(
-            f"| {name} | {e['max']:.2e} | {e['median']:.2e} | {e['fraction_nonfinite_or_above_1e-6']:.1%} | "
-            f"{e['evaluations_per_s_cpu']:.3g} |"
-        )
+    for key, heading, error in (
+        (
+            "ratio",
+            f"Bessel ratio I_nu(z)/I_(nu-1)(z) on the mpmath grid ({bessel_result['grid_points']} points, "  # type: ignore[index]
+            "nu in [0.5, 1e4], z in [1e-6, 1e6]), float64",
+            "rel. error",
+        ),
+        ("log_iv", "log I_nu(z) on the same grid (error = |error| / max(1, |log I|))", "error"),
+    ):
+        lines += [
+            "",
+            f"## {heading}",
+            "",
+            f"| method | max {error} | median {error} | share non-finite or > 1e-6 | evaluations/s (CPU) |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name, e in bessel_result[key].items():  # type: ignore[index]
+            lines.append(
+                f"| {name} | {e['max']:.2e} | {e['median']:.2e} | {e['fraction_nonfinite_or_above_1e-6']:.1%} | "
+                f"{e['evaluations_per_s_cpu']:.3g} |"
+            )
     lines += [
         "",
         f"float32 inputs: max relative error of the accurate ratio vs float64 at the same inputs: "

@@ -342,32 +342,21 @@ class _BesselRatio(torch.autograd.Function):
         return None, grad * (1 - (2 * nu - 1) * r / z - r * r)
 
 
-class _LogBesselIv(torch.autograd.Function):
-    """log I_nu(z); d/dz = I'_nu / I_nu = R_{nu+1}(z) + nu / z (no cancellation)."""
+class _LogBessel(torch.autograd.Function):
+    """log I_nu(z) (``over_power=False``; d/dz = I'_nu / I_nu = R_{nu+1}(z) + nu / z, no cancellation) or
+    log(I_nu(z) / z^nu) (``over_power=True``; d/dz = R_{nu+1}(z): the nu / z terms cancel analytically)."""
 
     @staticmethod
-    def forward(ctx, nu: Tensor, z: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, nu: Tensor, z: Tensor, over_power: bool) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(nu, z)
-        return _accurate_log_iv(nu, z)
+        ctx.over_power = over_power
+        return _accurate_log_iv_over_power(nu, z) if over_power else _accurate_log_iv(nu, z)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[None, Tensor, None]:  # type: ignore[override]
         nu, z = ctx.saved_tensors
-        return None, grad * (_BesselRatio.apply(nu + 1, z) + nu / z)
-
-
-class _LogBesselIvOverPower(torch.autograd.Function):
-    """log(I_nu(z) / z^nu); d/dz = R_{nu+1}(z) exactly (the nu / z terms cancel analytically, not numerically)."""
-
-    @staticmethod
-    def forward(ctx, nu: Tensor, z: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(nu, z)
-        return _accurate_log_iv_over_power(nu, z)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:  # type: ignore[override]
-        nu, z = ctx.saved_tensors
-        return None, grad * _BesselRatio.apply(nu + 1, z)
+        derivative = _BesselRatio.apply(nu + 1, z)
+        return None, grad * (derivative if ctx.over_power else derivative + nu / z), None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -415,7 +404,7 @@ def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "
     """
     nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv", validate)
     if method == "accurate":
-        return _LogBesselIv.apply(nu_t, z_t).to(out_dtype)
+        return _LogBessel.apply(nu_t, z_t, False).to(out_dtype)
     if method == "approx":
         return _approx_log_iv(nu_t, z_t).to(out_dtype)
     if method == "ratio-series":
@@ -431,4 +420,4 @@ def log_bessel_iv_over_power(nu: Tensor | float, z: Tensor | float, validate: bo
     terms ~ nu |log z|) -- in the value and even more in the gradient.
     """
     nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv_over_power", validate)
-    return _LogBesselIvOverPower.apply(nu_t, z_t).to(out_dtype)
+    return _LogBessel.apply(nu_t, z_t, True).to(out_dtype)
