@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from varbnn.families.gaussian import MeanField
+from varbnn.families.gaussian import MeanField, inverse_softplus
 from varbnn.families.ktied import KTied
 from varbnn.nn.base import BayesianModule
 
@@ -78,7 +78,7 @@ def replace_stds_with_rank_k(model: nn.Module, rank: int) -> nn.Module:
                 continue
             approx = low_rank(std_matrix(family), rank).reshape(family.shape)
             with torch.no_grad():
-                family.rho.copy_(approx + torch.log(-torch.expm1(-approx)))  # inverse softplus
+                family.rho.copy_(inverse_softplus(approx))
             replaced += 1
     if replaced == 0:
         raise ValueError("replace_stds_with_rank_k: the model has no MeanField posterior of a >= 2-d weight")

@@ -35,7 +35,7 @@ from torch.distributions import Distribution, constraints, register_kl
 from torch.distributions.utils import lazy_property
 from torch.types import _size
 
-from varbnn.special import RATIO_METHODS, RatioMethod, bessel_ratio, log_bessel_iv_over_power
+from varbnn.special import RATIO_METHODS, RatioMethod, _work_dtype, bessel_ratio, log_bessel_iv_over_power
 
 __all__ = ["VonMisesFisher", "HypersphericalUniform", "unit_sphere", "RejectionSamplingError"]
 
@@ -61,10 +61,6 @@ class _UnitSphere(constraints.Constraint):
 
 
 unit_sphere = _UnitSphere()
-
-
-def _work_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _log_sphere_area(dim: int) -> float:

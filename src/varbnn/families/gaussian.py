@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,14 @@ __all__ = ["MeanField", "inverse_softplus"]
 _ESTIMATORS = ("reparam", "local", "flipout")
 
 
-def inverse_softplus(y: float) -> float:
-    """rho such that softplus(rho) = y (y > 0), computed stably for small and large y."""
+@overload
+def inverse_softplus(y: float) -> float: ...
+@overload
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor: ...
+def inverse_softplus(y: float | torch.Tensor) -> float | torch.Tensor:
+    """rho such that softplus(rho) = y (y > 0; a number or a tensor), computed stably for small and large y."""
+    if isinstance(y, torch.Tensor):
+        return y + torch.log(-torch.expm1(-y))
     return y + math.log(-math.expm1(-y))
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from varbnn.families.base import register_family
-from varbnn.families.gaussian import MeanField, inverse_softplus
+from varbnn.families.gaussian import MeanField
 
 __all__ = ["KTied"]
 
@@ -48,20 +48,23 @@ class KTied(MeanField):
         super().__init__(init_std=init_std, estimator=estimator)
         self._hyperparameters = {"rank": rank, "init_std": float(init_std), "estimator": estimator}
         self.rank = rank
-        self.tied = False
 
     @staticmethod
     def matrix_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
         """(m, n): the matrix a weight tensor is tied as: (shape[0], prod(shape[1:]))."""
         return int(shape[0]), int(math.prod(shape[1:]))
 
+    @property
+    def tied(self) -> bool:
+        """True when the stds are U V^T (False for biases, rank >= min(m, n), and unbuilt specs)."""
+        return "log_u" in self._parameters
+
     def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
-        self.loc = nn.Parameter(init)
         m, n = self.matrix_shape(shape) if len(shape) >= 2 else (0, 0)
-        self.tied = len(shape) >= 2 and self.rank < min(m, n)
-        if not self.tied:
-            self.rho = nn.Parameter(torch.full(shape, inverse_softplus(self.init_std), dtype=init.dtype))
+        if len(shape) < 2 or self.rank >= min(m, n):
+            super()._materialize(shape, init)  # per-element softplus(rho), as MeanField
             return
+        self.loc = nn.Parameter(init)
         k = self.rank
         base = math.sqrt(self.init_std / k)
         u = base * torch.exp(0.1 * torch.randn(m, k, dtype=torch.float64))
