@@ -10,14 +10,16 @@ __all__ = ["main"]
 
 
 def _table(rows: list[dict[str, object]], keys: Sequence[str]) -> str:
-    widths = [max(len(k), *(len(_cell(r[k])) for r in rows)) for k in keys]
+    widths = [max(len(k), *(len(_cell(r.get(k, ""))) for r in rows)) for k in keys]
     line = "  ".join(k.ljust(w) for k, w in zip(keys, widths))
-    body = ["  ".join(_cell(r[k]).ljust(w) for k, w in zip(keys, widths)) for r in rows]
+    body = ["  ".join(_cell(r.get(k, "")).ljust(w) for k, w in zip(keys, widths)) for r in rows]
     return "\n".join([line, "-" * len(line), *body])
 
 
 def _cell(value: object) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
+    return str(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_experiment(
         config, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command
     )
-    keys = [k for k in ("variant", "accuracy", "nll", "ece", "brier", "train_seconds") if k in result["rows"][0]]
+    columns = ("variant", "accuracy", "nll", "ece", "nelbo", "parameters", "train_seconds")
+    keys = [k for k in columns if any(k in row for row in result["rows"])]
     print(_table(result["rows"], keys))
     print(f"\nwrote {args.out}/{name}.json, {args.out}/{name}.md" + "".join(f", {args.out}/{f}" for f in result["figures"]))
     return 0

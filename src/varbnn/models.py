@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
-__all__ = ["mlp", "lenet5", "MODELS", "make_model"]
+__all__ = ["mlp", "lenet5", "RowLSTM", "row_lstm", "BasicBlock", "ResNet", "resnet18", "MODELS", "make_model"]
 
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int, activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
@@ -36,7 +37,88 @@ def lenet5(in_channels: int = 1, num_classes: int = 10) -> nn.Sequential:
     )
 
 
-MODELS = {"mlp": mlp, "lenet5": lenet5}
+class RowLSTM(nn.Module):
+    """Reads an image one row at a time: ``[N, (C,) rows, features]`` -> LSTM -> last hidden state -> Linear.
+
+    The stand-in for the k-tied paper's IMDB LSTM (whose data cannot be had here): an MNIST image is 28 steps
+    of 28 features. The LSTM is ``self.lstm`` and the classifier ``self.head``.
+    """
+
+    def __init__(self, rows: int = 28, features: int = 28, hidden: int = 128, num_classes: int = 10, num_layers: int = 1) -> None:
+        super().__init__()
+        self.rows, self.features = rows, features
+        self.lstm = nn.LSTM(features, hidden, num_layers=num_layers, batch_first=True)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != x.shape[0] * self.rows * self.features:
+            raise ValueError(
+                f"RowLSTM expects {self.rows} rows of {self.features} features per example, got input of shape {tuple(x.shape)}"
+            )
+        out, _ = self.lstm(x.reshape(x.shape[0], self.rows, self.features))
+        return self.head(out[:, -1])
+
+
+def row_lstm(rows: int = 28, features: int = 28, hidden: int = 128, num_classes: int = 10, num_layers: int = 1) -> RowLSTM:
+    """:class:`RowLSTM` (defaults: MNIST rows, 128 hidden units, 10 classes)."""
+    return RowLSTM(rows, features, hidden, num_classes, num_layers)
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convolutions with batch norm, identity (or 1x1 projection) shortcut."""
+
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet for 32x32 inputs (He et al. 2016, CIFAR variant: 3x3 stem, no max-pool), global average pool, Linear."""
+
+    def __init__(
+        self, blocks: Sequence[int] = (2, 2, 2, 2), num_classes: int = 10, in_channels: int = 3, width: int = 64
+    ) -> None:
+        super().__init__()
+        if len(blocks) != 4 or any(b < 1 for b in blocks):
+            raise ValueError(f"ResNet: blocks must be 4 positive counts, got {tuple(blocks)}")
+        self.conv1 = nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        stages: list[nn.Module] = []
+        in_planes = width
+        for i, count in enumerate(blocks):
+            planes = width * 2**i
+            for j in range(count):
+                stages.append(BasicBlock(in_planes, planes, stride=2 if (i > 0 and j == 0) else 1))
+                in_planes = planes
+        self.layers = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_planes, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.pool(self.layers(out)).flatten(1)
+        return self.fc(out)
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> ResNet:
+    """ResNet-18 for 32x32 images (11.2M parameters at width 64, 10 classes); defined here, no torchvision."""
+    return ResNet((2, 2, 2, 2), num_classes, in_channels, width)
+
+
+MODELS = {"mlp": mlp, "lenet5": lenet5, "row_lstm": row_lstm, "resnet18": resnet18}
 
 
 def make_model(name: str, **kwargs: object) -> nn.Module:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa: E402
 
-__all__ = ["reliability_diagram", "variance_explained_figure", "std_heatmaps"]
+__all__ = ["reliability_diagram", "variance_explained_figure", "std_heatmaps", "trace_figure"]
 
 
 def reliability_diagram(
@@ -101,6 +101,44 @@ def std_heatmaps(matrix: torch.Tensor, path: str | os.PathLike[str], ranks: tupl
     if image is not None:
         fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="posterior std")
     fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def trace_figure(
+    traces: Mapping[str, Sequence[Sequence[Mapping[str, float]]]], path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Validation -ELBO and gradient SNR against the optimizer step, one line per label (mean over seeds, band:
+    min to max over seeds) (Swiatkowski et al. 2020, Figs. 6-7). ``traces``: ``{label: [records of each seed]}``
+    with records ``{"step", "val_nelbo"?, "snr"?}``."""
+    metrics_present = [m for m in ("val_nelbo", "snr") if any(m in r for runs in traces.values() for run in runs for r in run)]
+    if not metrics_present:
+        raise ValueError("trace_figure: the traces hold neither 'val_nelbo' nor 'snr'")
+    names = {"val_nelbo": "validation -ELBO (nats / example)", "snr": "gradient SNR of std parameters"}
+    fig, axes = plt.subplots(1, len(metrics_present), figsize=(5.0 * len(metrics_present), 3.6), squeeze=False)
+    for ax, metric in zip(axes[0], metrics_present):
+        for label, runs in traces.items():
+            steps = sorted({int(r["step"]) for run in runs for r in run if metric in r})
+            if not steps:
+                continue
+            table = [
+                [next((r[metric] for r in run if int(r["step"]) == s and metric in r), float("nan")) for s in steps]
+                for run in runs
+            ]
+            values = torch.tensor(table, dtype=torch.float64)
+            ax.plot(steps, values.nanmean(0).numpy(), label=label)
+            if len(runs) > 1:
+                ax.fill_between(steps, values.min(0).values.numpy(), values.max(0).values.numpy(), alpha=0.2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(names[metric])
+        if metric == "snr":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

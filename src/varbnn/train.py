@@ -16,11 +16,19 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics
-from varbnn.objectives import elbo_loss
+from varbnn.objectives import ELBOTerms, elbo_loss
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import update_adaptive_priors
 
-__all__ = ["fit", "evaluate_classifier", "save_checkpoint", "load_checkpoint", "seed_everything", "resolve_device"]
+__all__ = [
+    "fit",
+    "evaluate_classifier",
+    "evaluate_weight_samples",
+    "save_checkpoint",
+    "load_checkpoint",
+    "seed_everything",
+    "resolve_device",
+]
 
 NLLFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BetaSchedule = Callable[[int], float]
@@ -96,12 +104,17 @@ def fit(
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+    on_step_end: Callable[[int, ELBOTerms], None] | None = None,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (or ``optimizer``).
 
     Adaptive priors are set to their optimum after every step. ``beta`` is a number or a function of the
     global step (e.g. ``lambda s: linear_kl_annealing(s, 1000)``). Returns one dict per epoch with the mean
     loss, NLL (nats), KL (nats) and beta; ``checkpoint`` is rewritten (atomically) after each epoch.
+
+    ``on_step_end(step, terms)`` runs after every optimizer step (``step`` counts from 1; the parameters'
+    ``.grad`` still hold that step's gradients, e.g. for :class:`varbnn.analysis.GradientSNR`). A callback that
+    evaluates the model may switch it to eval mode; training mode is restored after it returns.
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
@@ -129,6 +142,9 @@ def fit(
             optimizer.step()
             if adaptive:
                 update_adaptive_priors(model)
+            if on_step_end is not None:
+                on_step_end(step + 1, terms)
+                model.train()
             totals["loss"] += float(terms.loss.detach())
             totals["nll"] += float(terms.nll)
             totals["kl"] += float(terms.kl)
@@ -170,3 +186,59 @@ def evaluate_classifier(
         "brier": metrics.brier_score(p, y),
     }
     return out, p
+
+
+@torch.no_grad()
+def evaluate_weight_samples(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    n_train: int,
+    samples: int = 100,
+    batch_size: int = 1000,
+    seed: int = 0,
+    nll: NLLFunction = F.cross_entropy,
+    device: str | torch.device | None = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Per-weight-sample evaluation (Swiatkowski et al. 2020, Fig. 6): for each of ``samples`` draws,
+
+    * ``nll`` -- mean negative log-likelihood of ``(x, y)`` under that one draw (nats per example),
+    * ``accuracy`` -- accuracy of that draw's argmax,
+    * ``nelbo`` -- ``nll + KL / n_train``: the -ELBO per training example estimated on ``(x, y)``.
+
+    Returns ``{name: tensor[samples]}`` (float64); report their mean and SEM. One draw is shared by all batches
+    of ``x``: each batch replays the same seeded random stream (``seed`` and the draw index) in a forked RNG, so
+    estimators that draw whole weights (``reparam``) see identical weights in every batch; the global RNG is left
+    untouched. (Local reparameterization and flipout draw per example; their per-draw numbers are then
+    per-example draws, still unbiased for the expected NLL.)
+    """
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
+        raise ValueError(f"n_train must be a positive integer (the training-set size), got {n_train!r}")
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
+    from varbnn.divergence import kl as model_kl
+
+    dev = resolve_device(device)
+    model.to(dev).eval()
+    devices = [dev] if dev.type == "cuda" else []
+    out = {k: torch.empty(samples, dtype=torch.float64) for k in ("nll", "accuracy", "nelbo")}
+    for s in range(samples):
+        draw_seed = (seed * 1_000_003 + s) % 2**63
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(draw_seed)
+            kl_total = float(model_kl(model))  # closed form for Normal families; one Monte Carlo draw otherwise
+        total_nll, correct = 0.0, 0
+        for start in range(0, x.shape[0], batch_size):
+            xb, yb = x[start : start + batch_size].to(dev), y[start : start + batch_size].to(dev)
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(draw_seed)
+                logits = model(xb)
+            total_nll += float(nll(logits, yb)) * xb.shape[0]
+            correct += int((logits.argmax(-1) == yb).sum())
+        out["nll"][s] = total_nll / x.shape[0]
+        out["accuracy"][s] = correct / x.shape[0]
+        out["nelbo"][s] = out["nll"][s] + kl_total / n_train
+    return out

@@ -6,7 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Variant", "ExperimentConfig"]
+__all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES"]
+
+OPTIMIZERS = ("adam", "amsgrad")
+FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps")
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,9 @@ class Variant:
     family_options: dict[str, Any] = field(default_factory=dict)
     prior: str = "normal"
     prior_options: dict[str, Any] = field(default_factory=dict)
+    module_families: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-module overrides ``{qualified module name: {"family": name, **options}}`` (e.g. a mean-field head
+    under a k-tied LSTM); every other layer gets ``family``. All layers share the one prior."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,20 @@ class ExperimentConfig:
     """Everything one ``varbnn reproduce NAME`` run needs.
 
     ``quick`` holds field overrides for ``--quick`` (a CI-sized run of the same code path).
+
+    Training: ``optimizer`` is ``"adam"`` or ``"amsgrad"``; ``kl_annealing_epochs`` > 0 raises the KL weight
+    linearly from 0 to 1 over that many epochs (Sønderby et al. 2016), then keeps it at 1. ``validation_size``
+    holds out the LAST that many training examples (not trained on; N_train excludes them).
+
+    Traces (logged during training, table columns ``name@step``): every ``log_every`` steps and at each of
+    ``log_steps``, the validation -ELBO per training example (beta = 1, ``trace_samples`` weight draws; needs
+    ``validation_size``) and, if ``snr_tensor`` names a random tensor (``"<module>.<tensor>"``), the mean gradient
+    signal-to-noise ratio of its standard-deviation parameters (everything but the mean) over the last ``snr_window`` steps.
+
+    Evaluation: Monte Carlo predictive metrics with ``eval_samples`` draws; if ``eval_weight_samples`` > 0 also
+    per-weight-sample test -ELBO, expected NLL and accuracy (mean and SEM over those draws, Swiatkowski et al.
+    2020 Fig. 6); ``posthoc_ranks`` adds, per rank k, a row for the trained model with every mean-field std
+    matrix replaced by its rank-k approximation (their Table 2).
     """
 
     name: str
@@ -42,7 +62,37 @@ class ExperimentConfig:
     train_limit: int | None = None
     test_limit: int | None = None
     figures: tuple[str, ...] = ("reliability",)
+    optimizer: str = "adam"
+    kl_annealing_epochs: float = 0.0
+    validation_size: int = 0
+    log_every: int = 0
+    log_steps: tuple[int, ...] = ()
+    trace_samples: int = 4
+    snr_tensor: str | None = None
+    snr_window: int = 10
+    eval_weight_samples: int = 0
+    posthoc_ranks: tuple[int, ...] = ()
+    heatmap_module: str | None = None
     quick: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"{self.name}: optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        unknown = set(self.figures) - set(FIGURES)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown figures {sorted(unknown)}; allowed: {FIGURES}")
+        for name in ("epochs", "batch_size", "validation_size", "log_every", "eval_weight_samples"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (1 if name == "batch_size" else 0):
+                raise ValueError(f"{self.name}: {name} must be a non-negative integer, got {value!r}")
+        if self.kl_annealing_epochs < 0:
+            raise ValueError(f"{self.name}: kl_annealing_epochs must be >= 0, got {self.kl_annealing_epochs!r}")
+        if (self.log_every or self.log_steps) and not (self.validation_size or self.snr_tensor):
+            raise ValueError(f"{self.name}: traces need a validation_size (for the -ELBO) or an snr_tensor")
+        if self.trace_samples < 1 or self.snr_window < 2:
+            raise ValueError(f"{self.name}: trace_samples must be >= 1 and snr_window >= 2")
+        if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):
+            raise ValueError(f"{self.name}: posthoc_ranks must be positive integers, got {self.posthoc_ranks!r}")
 
     def quick_variant(self) -> ExperimentConfig:
         """This config with its ``quick`` overrides applied."""

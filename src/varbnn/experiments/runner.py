@@ -22,13 +22,17 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from varbnn import data as datasets
+from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, variance_explained
 from varbnn.convert import bayesianize
-from varbnn.experiments.config import ExperimentConfig, Variant
+from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant
 from varbnn.families import make_family
+from varbnn.families.gaussian import MeanField
 from varbnn.models import make_model
-from varbnn.plots import reliability_diagram
+from varbnn.nn.base import BayesianModule
+from varbnn.objectives import linear_kl_annealing
+from varbnn.plots import reliability_diagram, std_heatmaps, trace_figure, variance_explained_figure
 from varbnn.priors import make_prior
-from varbnn.train import evaluate_classifier, fit, resolve_device, seed_everything
+from varbnn.train import evaluate_classifier, evaluate_weight_samples, fit, resolve_device, seed_everything
 
 __all__ = ["run_experiment", "render_markdown", "load_classification", "build_model", "describe_device", "git_commit"]
 
@@ -50,13 +54,54 @@ def load_classification(name: str, split: str, data_dir: str | None = None) -> t
 
 
 def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
-    """The config's plain model, made Bayesian with the variant's family and prior (unless ``plain``)."""
+    """The config's plain model, made Bayesian with the variant's family and prior (unless ``plain``); modules
+    named in ``variant.module_families`` get their own family (sharing the one prior)."""
     plain = make_model(config.model, **config.model_options)
     if variant.family == "plain":
         return plain
-    family = make_family(variant.family, **variant.family_options)
+    names = dict(plain.named_modules())
+    missing = sorted(set(variant.module_families) - set(names))
+    if missing:
+        raise ValueError(
+            f"{variant.label}: module_families names unknown modules {missing}; modules: {sorted(n for n in names if n)}"
+        )
     prior = make_prior(variant.prior, **variant.prior_options)
-    return bayesianize(plain, family, prior)
+    model = bayesianize(
+        plain, make_family(variant.family, **variant.family_options), prior, exclude=tuple(variant.module_families)
+    )
+    for name, spec in variant.module_families.items():
+        options = dict(spec)
+        family = make_family(options.pop("family", "meanfield"), **options)
+        module = model.get_submodule(name)
+        converted = bayesianize(module, family, prior)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, converted)
+    return model
+
+
+def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimizer:
+    """``"adam"`` or ``"amsgrad"`` (Adam with the AMSGrad correction)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {OPTIMIZERS}")
+    return torch.optim.Adam(parameters, lr=lr, amsgrad=name == "amsgrad")
+
+
+def std_parameters(model: torch.nn.Module, tensor: str) -> list[torch.nn.Parameter]:
+    """The standard-deviation parameters (every parameter but the mean ``loc``) of the posterior of one random
+    tensor, named ``"<module>.<tensor>"`` (e.g. ``"3.weight"``, ``"lstm.weight_hh_l0"``): ``rho`` for MeanField,
+    ``log_u``/``log_v`` for KTied."""
+    module_name, _, tensor_name = tensor.rpartition(".")
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        raise ValueError(f"snr_tensor {tensor!r}: {module_name!r} is not a module of the model") from None
+    if not isinstance(module, BayesianModule) or tensor_name not in module.posteriors:
+        allowed = [f"{n}.{t}" for n, m in model.named_modules() if isinstance(m, BayesianModule) for t in m.posteriors]
+        raise ValueError(f"snr_tensor {tensor!r} is not a random tensor of the model; allowed: {allowed}")
+    params = [p for name, p in module.posteriors[tensor_name].named_parameters() if name != "loc"]
+    if not params:
+        raise ValueError(f"snr_tensor {tensor!r}: its posterior has no standard-deviation parameters")
+    return params
 
 
 def git_commit() -> str:
@@ -95,6 +140,87 @@ def _mean_sem(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
+class _Tracer:
+    """Validation -ELBO and gradient SNR at chosen steps of one training run (an ``on_step_end`` callback)."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        model: torch.nn.Module,
+        validation: tuple[torch.Tensor, torch.Tensor] | None,
+        n_train: int,
+        total_steps: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        self.config, self.model, self.validation, self.n_train, self.seed, self.device = (
+            config,
+            model,
+            validation,
+            n_train,
+            seed,
+            device,
+        )
+        steps = set(config.log_steps)
+        if config.log_every:
+            steps |= set(range(config.log_every, total_steps + 1, config.log_every))
+        self.steps = sorted(s for s in steps if s <= total_steps)
+        self.snr = None
+        if config.snr_tensor is not None:
+            self.snr = GradientSNR({config.snr_tensor: std_parameters(model, config.snr_tensor)}, window=config.snr_window)
+        self.records: list[dict[str, float]] = []
+        self.seconds = 0.0
+        self._next = set(self.steps)
+        self._window = {s - k for s in self.steps for k in range(config.snr_window)}
+
+    def __call__(self, step: int, terms: Any) -> None:
+        t0 = time.perf_counter()
+        if self.snr is not None and step in self._window:  # only the window before each logged step is kept
+            self.snr.update()
+        if step in self._next:
+            record: dict[str, float] = {"step": step, "beta": terms.beta, "train_loss": float(terms.loss.detach())}
+            if self.snr is not None:
+                record["snr"] = self.snr.snr()[self.config.snr_tensor]  # type: ignore[index]
+            if self.validation is not None:
+                scores = evaluate_weight_samples(
+                    self.model, *self.validation, n_train=self.n_train, samples=self.config.trace_samples,
+                    seed=self.seed + 7919 * step, device=self.device,
+                )  # fmt: skip
+                record["val_nelbo"] = float(scores["nelbo"].mean())
+                record["val_nll"] = float(scores["nll"].mean())
+            self.records.append(record)
+        self.seconds += time.perf_counter() - t0
+
+
+def _sem(values: torch.Tensor) -> float:
+    return float(values.std() / math.sqrt(values.numel())) if values.numel() > 1 else float("nan")
+
+
+def _evaluate(
+    config: ExperimentConfig,
+    variant: Variant,
+    model: torch.nn.Module,
+    test: tuple[torch.Tensor, torch.Tensor],
+    n_train: int,
+    seed: int,
+    dev: torch.device,
+) -> tuple[dict[str, float], torch.Tensor]:
+    deterministic = variant.family in ("plain", "delta")
+    scores, probs = evaluate_classifier(model, *test, samples=1 if deterministic else config.eval_samples, device=dev)
+    if config.eval_weight_samples and variant.family != "plain":
+        per_draw = evaluate_weight_samples(
+            model, *test, n_train=n_train, samples=1 if deterministic else config.eval_weight_samples, seed=seed, device=dev
+        )
+        for key, label in (("nelbo", "nelbo"), ("nll", "sample_nll"), ("accuracy", "sample_accuracy")):
+            scores[label] = float(per_draw[key].mean())
+            scores[f"{label}_wsem"] = _sem(per_draw[key])
+    return scores, probs
+
+
+def _parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def run_experiment(
     config: ExperimentConfig,
     *,
@@ -110,46 +236,80 @@ def run_experiment(
     dev = resolve_device(device)
     x_train, y_train = load_classification(config.dataset, "train", data_dir)
     x_test, y_test = load_classification(config.dataset, "test", data_dir)
+    validation = None
+    if config.validation_size:
+        if config.validation_size >= len(x_train):
+            raise ValueError(
+                f"{config.name}: validation_size {config.validation_size} leaves no training data ({len(x_train)} examples)"
+            )
+        validation = (x_train[-config.validation_size :], y_train[-config.validation_size :])
+        x_train, y_train = x_train[: -config.validation_size], y_train[: -config.validation_size]
     if config.train_limit:
         x_train, y_train = x_train[: config.train_limit], y_train[: config.train_limit]
     if config.test_limit:
         x_test, y_test = x_test[: config.test_limit], y_test[: config.test_limit]
+    n_train = len(x_train)
+    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    warmup = round(config.kl_annealing_epochs * steps_per_epoch)
     rows: list[dict[str, Any]] = []
+    traces: dict[str, list[list[dict[str, float]]]] = {}
     first_seed_predictions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    first_seed_models: dict[str, torch.nn.Module] = {}
     for variant in config.variants:
-        per_seed: list[dict[str, float]] = []
+        per_seed: dict[str, list[dict[str, float]]] = {}
         for seed in config.seeds:
             seed_everything(seed)
-            model = build_model(config, variant)
+            model = build_model(config, variant).to(dev)
             loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
+            tracer = None
+            if (config.log_every or config.log_steps) and variant.family != "plain":
+                tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
             t0 = time.perf_counter()
-            history = fit(model, loader, n_data=len(x_train), epochs=config.epochs, lr=config.lr, device=dev, progress=progress)
-            train_seconds = time.perf_counter() - t0
-            samples = 1 if variant.family in ("plain", "delta") else config.eval_samples
-            scores, probs = evaluate_classifier(model, x_test, y_test, samples=samples, device=dev)
-            scores.update(train_seconds=train_seconds, final_train_loss=history[-1]["loss"] if history else float("nan"))
-            per_seed.append(scores)
-            if seed == config.seeds[0]:
-                first_seed_predictions[variant.label] = (probs, y_test)
-            if progress:
-                print(
-                    f"[{config.name}] {variant.label} seed {seed}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()),
-                    file=sys.stderr,
-                )
-        row: dict[str, Any] = {"variant": variant.label, "family": variant.family, "prior": variant.prior, "seeds": len(per_seed)}
-        for key in per_seed[0]:
-            mean, sem = _mean_sem([s[key] for s in per_seed])
-            row[key] = mean
-            row[f"{key}_sem"] = sem
-        rows.append(row)
+            history = fit(
+                model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
+                optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
+                beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
+                on_step_end=tracer,
+            )  # fmt: skip
+            train_seconds = time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
+            results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
+            for rank in config.posthoc_ranks if variant.family != "plain" else ():
+                results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
+            for key, (evaluated, label) in results.items():
+                scores, probs = _evaluate(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
+                if key == "":
+                    scores.update(
+                        parameters=float(_parameter_count(model)),
+                        train_seconds=train_seconds,
+                        final_train_loss=history[-1]["loss"] if history else float("nan"),
+                    )
+                    for record in tracer.records if tracer else []:
+                        if record["step"] in config.log_steps:
+                            for name in ("snr", "val_nelbo"):
+                                if name in record:
+                                    scores[f"{name}@{int(record['step'])}"] = record[name]
+                per_seed.setdefault(label, []).append(scores)
+                if seed == config.seeds[0] and key == "":
+                    first_seed_predictions[label] = (probs, y_test)
+                    first_seed_models[label] = model
+                if progress:
+                    print(
+                        f"[{config.name}] {label} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in scores.items()),
+                        file=sys.stderr,
+                    )
+            if tracer is not None:
+                traces.setdefault(variant.label, []).append(tracer.records)
+        for label, seed_scores in per_seed.items():
+            row: dict[str, Any] = {"variant": label, "family": variant.family, "prior": variant.prior, "seeds": len(seed_scores)}
+            for key in seed_scores[0]:
+                mean, sem = _mean_sem([s[key] for s in seed_scores])
+                row[key] = mean
+                row[f"{key}_sem"] = sem
+            rows.append(row)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    figures = []
-    if "reliability" in config.figures:
-        path = reliability_diagram(
-            first_seed_predictions, out / f"{config.name}_reliability.png", title=f"{config.name} (seed {config.seeds[0]})"
-        )
-        figures.append(path.name)
+    figures = _figures(config, out, first_seed_predictions, first_seed_models, traces)
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
@@ -157,26 +317,105 @@ def run_experiment(
         "device": describe_device(dev),
         "seconds": round(time.perf_counter() - start, 2),
         "config": config.to_dict(),
+        "n_train": n_train,
+        "steps": total_steps,
         "figures": figures,
         "rows": rows,
+        "traces": traces,
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / f"{config.name}.md").write_text(render_markdown(result))
     return result
 
 
+def _figures(
+    config: ExperimentConfig,
+    out: Path,
+    predictions: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    models: dict[str, torch.nn.Module],
+    traces: dict[str, list[list[dict[str, float]]]],
+) -> list[str]:
+    seed = config.seeds[0]
+    paths: list[Path] = []
+    if "reliability" in config.figures:
+        paths.append(
+            reliability_diagram(predictions, out / f"{config.name}_reliability.png", title=f"{config.name} (seed {seed})")
+        )
+    if "traces" in config.figures and traces:
+        paths.append(trace_figure(traces, out / f"{config.name}_traces.png", title=config.name))
+    bayesian = {label: m for label, m in models.items() if any(isinstance(x, BayesianModule) for x in m.modules())}
+    if "variance_explained" in config.figures and bayesian:
+        label, model = next(iter(bayesian.items()))
+        spectra: dict[str, torch.Tensor] = {}
+        for name, module in model.named_modules():
+            if isinstance(module, BayesianModule):
+                for tensor, posterior, _ in module.bayesian_tensors():
+                    if isinstance(posterior, MeanField) and posterior.shape is not None and len(posterior.shape) >= 2:
+                        spectra[f"{name}.{tensor} stds"] = variance_explained(std_matrix(posterior))
+                        spectra[f"{name}.{tensor} means"] = variance_explained(
+                            posterior.mean.detach().reshape(std_matrix(posterior).shape)
+                        )
+        if spectra:
+            paths.append(
+                variance_explained_figure(spectra, out / f"{config.name}_variance_explained.png", title=f"{label} (seed {seed})")
+            )
+    if "std_heatmaps" in config.figures and bayesian and config.heatmap_module:
+        label, model = next(iter(bayesian.items()))
+        module = model.get_submodule(config.heatmap_module)
+        if not isinstance(module, BayesianModule):
+            raise ValueError(f"heatmap_module {config.heatmap_module!r} is not a Bayesian layer")
+        matrix = std_matrix(module.posteriors["weight"])  # type: ignore[arg-type]
+        paths.append(
+            std_heatmaps(matrix, out / f"{config.name}_std_heatmaps.png", title=f"{label}: {config.heatmap_module}.weight stds")
+        )
+    return [p.name for p in paths]
+
+
 def _format(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "–"
+        if value.is_integer() and abs(value) >= 1000:
+            return f"{int(value):,}"
         return f"{value:.4g}"
     return str(value)
 
 
+_LEGEND = {
+    "accuracy": "accuracy of the Monte Carlo predictive (mean of the draws' probabilities)",
+    "nll": "NLL of that predictive, nats per example",
+    "nelbo": "test -ELBO per training example, nats: expected NLL of one weight draw + KL / N_train",
+    "sample_nll": "expected NLL of one weight draw, nats",
+    "sample_accuracy": "accuracy of one weight draw",
+    "parameters": "number of trained parameters (variational parameters for Bayesian models)",
+    "snr": "mean gradient SNR E[g]^2/Var[g] of the named layer's std parameters over the last steps",
+    "val_nelbo": "validation -ELBO per training example (beta = 1), nats",
+}
+
+
+def _table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        cells = []
+        for key in keys:
+            cell = _format(row.get(key, float("nan")))
+            sem = row.get(f"{key}_sem")
+            if not key.endswith("_wsem") and isinstance(sem, float) and not math.isnan(sem):
+                cell += f" ± {_format(sem)}"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(result: dict[str, Any]) -> str:
-    """The results table (metrics as ``mean ± sem`` over seeds) with its provenance."""
+    """The results tables (metrics as ``mean ± sem`` over seeds; ``*_wsem``: SEM over weight draws within a seed,
+    averaged over seeds) with their provenance; traces (``name@step``) in a second table."""
     rows = result["rows"]
-    keys = [k for k in rows[0] if not k.endswith("_sem")] if rows else []
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if not k.endswith("_sem") and k not in keys]
+    main = [k for k in keys if "@" not in k]
+    trace = [k for k in keys if "@" in k]
     lines = [
         f"# {result['name']}",
         "",
@@ -186,19 +425,15 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"- commit: `{result['commit']}`",
         f"- device: {result['device']}",
         f"- wall time: {result['seconds']:.1f} s",
-        "",
-        "| " + " | ".join(keys) + " |",
-        "|" + "---|" * len(keys),
     ]
-    for row in rows:
-        cells = []
-        for key in keys:
-            cell = _format(row[key])
-            sem = row.get(f"{key}_sem")
-            if isinstance(sem, float) and not math.isnan(sem):
-                cell += f" ± {_format(sem)}"
-            cells.append(cell)
-        lines.append("| " + " | ".join(cells) + " |")
+    if "n_train" in result:
+        lines.append(f"- training examples: {result['n_train']}, optimizer steps per run: {result['steps']}")
+    lines += ["", *_table(rows, main)]
+    if trace:
+        lines += ["", "Traces during training (value at the given optimizer step):", "", *_table(rows, ["variant", *trace])]
+    legend = [f"- `{k}`: {text}" for k, text in _LEGEND.items() if k in main or any(t.startswith(k + "@") for t in trace)]
+    if legend:
+        lines += ["", *legend]
     for figure in result.get("figures", []):
         lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"

@@ -221,34 +221,21 @@ class BayesLSTM(BayesianModule):
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             layout = "(batch, time, features)" if self.batch_first else "(time, batch, features)"
             raise ValueError(f"BayesLSTM: input must be {layout} with {self.input_size} features, got {tuple(x.shape)}")
-        seq = x.transpose(0, 1) if self.batch_first else x  # (time, batch, features)
-        batch = seq.shape[1]
+        batch = x.shape[0] if self.batch_first else x.shape[1]
         if hx is None:
-            zeros = seq.new_zeros(self.num_layers, batch, self.hidden_size)
+            zeros = x.new_zeros(self.num_layers, batch, self.hidden_size)
             hx = (zeros, zeros)
-        h_all, c_all = hx
-        h_out, c_out = [], []
-        layer_input = seq
-        for layer in range(self.num_layers):
-            w_ih = self._weight(f"weight_ih_l{layer}")
-            w_hh = self._weight(f"weight_hh_l{layer}")
-            b = self._weight(f"bias_ih_l{layer}") + self._weight(f"bias_hh_l{layer}") if self.bias else None
-            gates_x = torch.nn.functional.linear(layer_input, w_ih, b)  # all time steps at once
-            h, c = h_all[layer], c_all[layer]
-            outputs = []
-            for t in range(gates_x.shape[0]):
-                gates = gates_x[t] + h @ w_hh.T
-                i, f, g, o = gates.chunk(4, dim=-1)
-                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                h = torch.sigmoid(o) * torch.tanh(c)
-                outputs.append(h)
-            layer_input = torch.stack(outputs)
-            h_out.append(h)
-            c_out.append(c)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                layer_input = torch.nn.functional.dropout(layer_input, self.dropout, training=True)
-        output = layer_input.transpose(0, 1) if self.batch_first else layer_input
-        return output, (torch.stack(h_out), torch.stack(c_out))
+        flat: list[torch.Tensor] = []
+        for layer in range(self.num_layers):  # one draw of every weight, shared by all time steps
+            names = [f"weight_ih_l{layer}", f"weight_hh_l{layer}"]
+            if self.bias:
+                names += [f"bias_ih_l{layer}", f"bias_hh_l{layer}"]
+            flat += [self._weight(name) for name in names]
+        # torch's fused LSTM kernel (what nn.LSTM calls), differentiable in the sampled weights
+        output, h_n, c_n = torch._VF.lstm(  # type: ignore[attr-defined]
+            x, hx, flat, self.bias, self.num_layers, self.dropout, self.training, False, self.batch_first
+        )
+        return output, (h_n, c_n)
 
     def extra_repr(self) -> str:
         return (

@@ -1,0 +1,207 @@
+"""Runner features of the k-tied experiments: per-step callbacks, per-weight-draw evaluation, traces (gradient SNR,
+validation -ELBO), per-module families, post-hoc rank-k rows, and the models they use."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from varbnn import Delta, KTied, MeanField, bayesianize
+from varbnn.divergence import kl as model_kl
+from varbnn.experiments import get_config, run_experiment
+from varbnn.experiments.config import ExperimentConfig, Variant
+from varbnn.experiments.runner import build_model, render_markdown, std_parameters
+from varbnn.models import make_model, resnet18, row_lstm
+from varbnn.nn.layers import BayesLSTM
+from varbnn.train import evaluate_weight_samples, fit
+
+
+def toy(n=96):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g)
+    return x, (x[:, 0] - x[:, 1] > 0).long()
+
+
+def test_on_step_end_sees_every_step_with_its_gradients():
+    x, y = toy()
+    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField())
+    seen = []
+
+    def hook(step, terms):
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        model.eval()  # the loop must put the model back into training mode
+        seen.append((step, terms.beta))
+
+    fit(
+        model,
+        DataLoader(TensorDataset(x, y), batch_size=32),
+        n_data=96,
+        epochs=2,
+        beta=lambda s: s / 10,
+        progress=False,
+        on_step_end=hook,
+    )
+    assert [s for s, _ in seen] == list(range(1, 7))
+    assert [b for _, b in seen] == pytest.approx([s / 10 for s in range(6)])  # beta of the step that was taken
+    assert model.training
+
+
+def test_weight_sample_evaluation_shares_one_draw_across_batches():
+    x, y = toy()
+    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=0.3))
+    state = torch.get_rng_state()
+    whole = evaluate_weight_samples(model, x, y, n_train=500, samples=5, batch_size=96, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)  # the global stream is untouched
+    batched = evaluate_weight_samples(model, x, y, n_train=500, samples=5, batch_size=7, seed=3)
+    for key in ("nll", "accuracy", "nelbo"):
+        torch.testing.assert_close(whole[key], batched[key])
+    assert whole["nll"].std() > 0  # the draws differ from each other
+    # each draw's nll is the cross-entropy of one forward pass with that draw's weights
+    with torch.random.fork_rng():
+        torch.manual_seed(3 * 1_000_003 + 2)
+        expected = F.cross_entropy(model(x), y)
+    assert float(whole["nll"][2]) == pytest.approx(float(expected), rel=1e-6)
+    kl = float(model_kl(model))
+    torch.testing.assert_close(whole["nelbo"], whole["nll"] + kl / 500)
+
+
+def test_weight_sample_evaluation_of_delta_is_deterministic_and_validated():
+    x, y = toy()
+    model = bayesianize(nn.Sequential(nn.Linear(6, 2)), Delta())
+    out = evaluate_weight_samples(model, x, y, n_train=10, samples=3)
+    assert float(out["nll"].std()) == 0.0
+    with pytest.raises(ValueError, match="n_train"):
+        evaluate_weight_samples(model, x, y, n_train=0)
+    with pytest.raises(ValueError, match="samples"):
+        evaluate_weight_samples(model, x, y, n_train=10, samples=0)
+    with pytest.raises(ValueError, match="same positive number"):
+        evaluate_weight_samples(model, x, y[:5], n_train=10)
+
+
+def test_module_families_put_a_different_family_on_named_modules():
+    config = get_config("ktied-lstm")
+    model = build_model(config, config.variants[2])  # 2-tied on the LSTM, mean-field head
+    assert isinstance(model.lstm, BayesLSTM)
+    assert type(model.lstm.posteriors["weight_ih_l0"]) is KTied and model.lstm.posteriors["weight_hh_l0"].tied
+    assert type(model.head.posteriors["weight"]) is MeanField
+    # one prior object shared by all layers
+    priors = {id(p) for m in (model.lstm, model.head) for _, _, p in m.bayesian_tensors()}
+    assert len(priors) == 1
+    bad = dataclasses.replace(config.variants[0], module_families={"nope": {"family": "meanfield"}})
+    with pytest.raises(ValueError, match="unknown modules"):
+        build_model(config, bad)
+
+
+def test_std_parameters_names_the_scale_parameters():
+    config = get_config("ktied-mnist")
+    mf = build_model(config, config.variants[0])
+    tied = build_model(config, config.variants[2])
+    assert [p.shape for p in std_parameters(mf, "3.weight")] == [torch.Size([400, 400])]
+    assert [p.shape for p in std_parameters(tied, "3.weight")] == [torch.Size([400, 2]), torch.Size([400, 2])]
+    with pytest.raises(ValueError, match="allowed"):
+        std_parameters(mf, "3.kernel")
+    with pytest.raises(ValueError, match="not a module"):
+        std_parameters(mf, "9.weight")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"optimizer": "sgd"}, "optimizer"),
+        ({"figures": ("nope",)}, "unknown figures"),
+        ({"validation_size": 0, "snr_tensor": None}, "traces need"),
+        ({"posthoc_ranks": (0,)}, "posthoc_ranks"),
+        ({"kl_annealing_epochs": -1.0}, "kl_annealing_epochs"),
+    ],
+)
+def test_config_rejects_bad_fields(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(get_config("ktied-mnist"), **change)
+
+
+def test_ktied_quick_run_logs_traces_and_counts_parameters(data_dir, tmp_path):
+    result = run_experiment(get_config("ktied-mnist", quick=True), out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"mean-field", "1-tied", "2-tied", "3-tied"}
+    assert rows["mean-field"]["parameters"] == 2 * (784 * 400 + 400 + 400 * 400 + 400 + 400 * 10 + 10)
+    ties = (400 + 784) + (400 + 400) + (10 + 400)
+    means_and_bias_stds = 784 * 400 + 400 * 400 + 400 * 10 + 2 * (400 + 400 + 10)
+    assert rows["2-tied"]["parameters"] == means_and_bias_stds + 2 * ties
+    for row in rows.values():
+        assert {"snr@6", "snr@12", "val_nelbo@6", "val_nelbo@12", "nelbo", "sample_nll_wsem"} <= set(row)
+        assert row["snr@12"] > 0 and row["nelbo"] > row["sample_nll"]
+    traces = result["traces"]["2-tied"][0]
+    assert [t["step"] for t in traces] == [6, 12]
+    saved = json.loads((tmp_path / "ktied-mnist.json").read_text())
+    assert saved["steps"] == 12 and saved["n_train"] == 1500
+    markdown = (tmp_path / "ktied-mnist.md").read_text()
+    assert "| variant | snr@6 |" in markdown and "956,820" in markdown
+    assert (tmp_path / "ktied-mnist_traces.png").stat().st_size > 1000
+
+
+def test_posthoc_quick_run_adds_rank_k_rows_and_figures(data_dir, tmp_path):
+    result = run_experiment(get_config("ktied-posthoc", quick=True), out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    labels = [r["variant"] for r in result["rows"]]
+    assert labels == ["mean-field"] + [f"mean-field, stds -> rank-{k}" for k in (1, 2, 3)]
+    assert all(r["nelbo"] > 0 for r in result["rows"])
+    for figure in ("variance_explained", "std_heatmaps"):
+        assert (tmp_path / f"ktied-posthoc_{figure}.png").stat().st_size > 1000
+
+
+def test_render_markdown_puts_traces_in_their_own_table():
+    result = {
+        "name": "x",
+        "command": "c",
+        "commit": "h",
+        "device": "cpu",
+        "seconds": 1.0,
+        "config": {"description": "d"},
+        "rows": [{"variant": "a", "accuracy": 0.5, "accuracy_sem": 0.1, "snr@10": 3.0, "snr@10_sem": float("nan")}],
+    }
+    text = render_markdown(result)
+    assert "| variant | accuracy |" in text and "0.5 ± 0.1" in text
+    assert "| variant | snr@10 |" in text
+
+
+def test_kl_annealing_reaches_one_at_the_configured_epoch(tmp_path):
+    config = ExperimentConfig(
+        name="anneal",
+        description="",
+        dataset="digits",
+        model="mlp",
+        model_options={"in_features": 64, "hidden": (8,), "out_features": 10},
+        variants=(Variant("mf", family_options={"init_std": 1e-2}),),
+        epochs=2,
+        batch_size=512,
+        seeds=(0,),
+        eval_samples=2,
+        kl_annealing_epochs=2,
+        log_steps=(1, 2, 3, 4),
+        snr_tensor="1.weight",
+        snr_window=2,
+        figures=(),
+    )
+    result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    # 1,347 training digits at batch 512: 3 steps per epoch, so beta rises over 6 steps; step s used beta (s-1)/6
+    assert result["steps"] == 6
+    assert [t["beta"] for t in result["traces"]["mf"][0]] == pytest.approx([0.0, 1 / 6, 2 / 6, 3 / 6])
+
+
+def test_row_lstm_and_resnet18():
+    lstm = row_lstm()
+    assert lstm(torch.rand(3, 1, 28, 28)).shape == (3, 10)
+    with pytest.raises(ValueError, match="28 rows of 28 features"):
+        lstm(torch.rand(3, 1, 27, 28))
+    net = resnet18()
+    assert sum(p.numel() for p in net.parameters()) == 11_173_962  # He et al.'s CIFAR ResNet-18
+    assert net(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+    assert make_model("resnet18", num_classes=100).fc.out_features == 100
+    bayes = bayesianize(net, KTied(rank=2))
+    assert bayes(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="4 positive counts"):
+        make_model("resnet18").__class__((2, 2))
