@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributions import Distribution, Laplace, Normal, register_kl
+from torch.distributions import Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, register_kl
 from torch.distributions import kl_divergence as _torch_kl
 
 from varbnn.distributions import Delta, ImproperUniform
@@ -49,6 +49,36 @@ def _kl_delta_uniform(q: Delta, p: ImproperUniform) -> torch.Tensor:
 def _kl_any_uniform(q: Distribution, p: ImproperUniform) -> torch.Tensor:
     # Up to an infinite constant that carries no gradient.
     return -q.entropy()
+
+
+@register_kl(LogNormal, Gamma)
+def _kl_lognormal_gamma(q: LogNormal, p: Gamma) -> torch.Tensor:
+    """KL(LN(m, s^2) || Gamma(shape a, rate b)) = -a log b + lgamma(a) - a m + b exp(m + s^2/2) - (log(2 pi s^2) + 1)/2
+    (Louizos et al. 2017; derived from E[log x] = m, E[x] = exp(m + s^2/2), H = m + (log(2 pi e s^2))/2)."""
+    m, s = q.loc, q.scale
+    a, b = p.concentration, p.rate
+    return (
+        -a * b.log()
+        + torch.lgamma(a)
+        - a * m
+        + b * torch.exp(m + 0.5 * s.square())
+        - 0.5 * (math.log(2 * math.pi) + 2 * s.log() + 1)
+    )
+
+
+@register_kl(LogNormal, InverseGamma)
+def _kl_lognormal_inverse_gamma(q: LogNormal, p: InverseGamma) -> torch.Tensor:
+    """KL(LN(m, s^2) || InvGamma(shape a, scale b)) = -a log b + lgamma(a) + a m + b exp(-m + s^2/2) - (log(2 pi s^2) + 1)/2
+    (E[1/x] = exp(-m + s^2/2))."""
+    m, s = q.loc, q.scale
+    a, b = p.concentration, p.rate
+    return (
+        -a * b.log()
+        + torch.lgamma(a)
+        + a * m
+        + b * torch.exp(-m + 0.5 * s.square())
+        - 0.5 * (math.log(2 * math.pi) + 2 * s.log() + 1)
+    )
 
 
 @register_kl(Normal, Laplace)

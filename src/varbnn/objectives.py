@@ -17,7 +17,7 @@ from torch import nn
 
 from varbnn.divergence import kl as model_kl
 
-__all__ = ["ELBOTerms", "elbo_loss", "linear_kl_annealing", "NATS_PER_BIT"]
+__all__ = ["ELBOTerms", "elbo_loss", "score_correction", "linear_kl_annealing", "NATS_PER_BIT"]
 
 NATS_PER_BIT = math.log(2.0)
 
@@ -82,7 +82,23 @@ def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     kl_total = model_kl(model)
     loss = nll + (beta / n_data) * kl_total if beta else nll + 0.0 * kl_total
+    score = score_correction(model)
+    if score is not None:  # value 0: only the gradient changes (rejection-sampling correction, RDP / vMF)
+        loss = loss + nll.detach() * score
     return ELBOTerms(loss=loss, nll=nll.detach(), kl=kl_total.detach(), beta=float(beta), n_data=n_data)
+
+
+def score_correction(model: nn.Module) -> torch.Tensor | None:
+    """Sum of the pending score terms of the model's families (see ``VariationalFamily.take_score``), or None."""
+    from varbnn.families.base import VariationalFamily
+
+    total: torch.Tensor | None = None
+    for module in model.modules():
+        if isinstance(module, VariationalFamily):
+            score = module.take_score()
+            if score is not None:
+                total = score if total is None else total + score
+    return total
 
 
 def linear_kl_annealing(step: int, warmup_steps: int) -> float:

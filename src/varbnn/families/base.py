@@ -130,6 +130,11 @@ class VariationalFamily(nn.Module):
         self._require_built()
         return family_kl(self, prior)
 
+    def take_score(self) -> torch.Tensor | None:
+        """A score-function term of the last draw (value 0) whose gradient, times the loss, corrects a biased
+        pathwise gradient (e.g. vMF rejection sampling); cleared once taken. ``None`` for exact estimators."""
+        return None
+
     @property
     def num_variational_parameters(self) -> int:
         """Number of variational parameters this tensor's posterior owns."""

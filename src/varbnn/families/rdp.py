@@ -1,0 +1,317 @@
+"""Radial-and-directional posterior (RDP; Oh, Adamczewski, Park 2020).
+
+Each group g (a row, or a column) of the weight matrix is ``w_g = r_g * u_g``:
+
+* direction ``u_g ~ vMF(mu_g, kappa)`` on S^{d-1}, one concentration per layer and grouping (eq. 5-6);
+* radius ``r_g = s * z_g`` with ``s = sqrt(s_a s_b)`` (one per layer and grouping) and ``z_g = sqrt(a_g b_g)``, every
+  factor log-normal, approximating the Gamma(1/2) x InvGamma(1/2) halves of the half-Cauchy priors (eq. 7-10).
+  ``log r_g`` is therefore Normal with mean ``(m_a + m_b + m_sa + m_sb) / 2`` and variance ``(v_a + v_b + v_sa +
+  v_sb) / 4``; the LOCAL part ``log z_g ~ N((m_a + m_b) / 2, (v_a + v_b) / 4)`` scores a group for pruning.
+
+Row grouping: rows of the (out, in*kh*kw) matrix (output units / channels). Column grouping: columns, i.e. input
+units / channels, as rows of the (in, out*kh*kw) matrix. Double grouping: the elementwise product of a row-grouped
+and a column-grouped matrix (eq. 16-18). Tensors that cannot be grouped (biases; weights with one input or one
+output) fall back to :class:`~varbnn.families.MeanField`, with a warning for weights.
+
+Gradients: the direction is drawn by rejection sampling (Wood 1994); its pathwise gradient in kappa misses the
+rejection correction. Each forward pass with gradients enabled therefore records the score term of
+:meth:`varbnn.distributions.VonMisesFisher.rsample_with_score`; :func:`varbnn.objectives.elbo_loss` adds
+``nll.detach() * score`` (value 0) so the kappa gradient is unbiased (Naesseth et al. 2017; Oh et al. supp. eq. 20).
+This assumes one forward pass per loss, as in an ordinary training step.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Distribution, Gamma, InverseGamma, LogNormal
+from torch.distributions import kl_divergence as torch_kl
+
+from varbnn.distributions.vmf import RATIO_METHODS, HypersphericalUniform, VonMisesFisher
+from varbnn.divergence import family_kl, register_family_kl
+from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
+from varbnn.families.gaussian import MeanField, inverse_softplus
+from varbnn.priors import Prior, RadialDirectionalPrior, banerjee_concentration
+
+__all__ = ["RadialDirectional", "GROUPINGS"]
+
+GROUPINGS = ("row", "column", "double")
+_PREFIX = {"row": "row", "column": "col"}
+
+
+def _group_matrix_shape(shape: torch.Size, grouping: str) -> tuple[int, int]:
+    """(number of groups, group dimension) of a weight tensor under ``grouping`` ("row" or "column")."""
+    out, inp, rest = shape[0], shape[1], math.prod(shape[2:])
+    return (out, inp * rest) if grouping == "row" else (inp, out * rest)
+
+
+def _to_groups(weight: torch.Tensor, grouping: str) -> torch.Tensor:
+    """A weight tensor as its (groups, dim) matrix."""
+    if grouping == "row":
+        return weight.reshape(weight.shape[0], -1)
+    return weight.transpose(0, 1).reshape(weight.shape[1], -1)
+
+
+def _from_groups(matrix: torch.Tensor, shape: torch.Size, grouping: str) -> torch.Tensor:
+    """Inverse of :func:`_to_groups`; leading batch dimensions of ``matrix`` (``[..., groups, dim]``) are kept."""
+    batch = matrix.shape[:-2]
+    if grouping == "row":
+        return matrix.reshape(*batch, *shape)
+    swapped = matrix.reshape(*batch, shape[1], shape[0], *shape[2:])
+    return swapped.transpose(len(batch), len(batch) + 1)
+
+
+@register_family("rdp")
+class RadialDirectional(VariationalFamily):
+    """Radial-and-directional posterior over a weight tensor (Oh et al. 2020); use with
+    :class:`varbnn.priors.RadialDirectionalPrior`.
+
+    Args:
+        grouping: ``"row"`` (output units), ``"column"`` (input units) or ``"double"`` (default, both; the paper's
+            experiments).
+        init_log_std: initial standard deviation of each log-normal factor's log (default 1e-2, the published
+            code's variance 1e-4).
+        init_resultant: initial mean resultant length A_d(kappa) of the directions, via Banerjee's concentration
+            (default 0.95, the published code's 1 - 0.05).
+        ratio_method: Bessel-ratio method of the vMF (``"accurate"``, default, or the paper's ``"bounds"``).
+        score_correction: record the rejection-sampling score term for :func:`varbnn.objectives.elbo_loss`
+            (default True; False keeps only the biased pathwise kappa gradient).
+        fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2).
+
+    Initialisation: at the posterior mode the weight equals the initial (He-normal or pretrained) tensor: row
+    directions are its normalised rows and row radii their norms; a column factor (double grouping) starts with
+    equal-entry directions and radii sqrt(dim), i.e. as the all-ones matrix (column grouping alone: the tensor's
+    normalised columns and their norms).
+    """
+
+    estimators = ("reparam",)
+    estimator_layers = {"reparam": LAYER_KINDS}
+
+    def __init__(
+        self,
+        grouping: str = "double",
+        init_log_std: float = 1e-2,
+        init_resultant: float = 0.95,
+        ratio_method: str = "accurate",
+        score_correction: bool = True,
+        fallback_init_std: float = 1e-2,
+    ) -> None:
+        if grouping not in GROUPINGS:
+            raise ValueError(f"RadialDirectional: grouping must be one of {GROUPINGS}, got {grouping!r}")
+        if not (isinstance(init_log_std, (int, float)) and math.isfinite(init_log_std) and init_log_std > 0):
+            raise ValueError(f"RadialDirectional: init_log_std must be a finite number > 0, got {init_log_std!r}")
+        if not 0.0 < init_resultant < 1.0:
+            raise ValueError(f"RadialDirectional: init_resultant must be in (0, 1), got {init_resultant!r}")
+        if ratio_method not in RATIO_METHODS:
+            raise ValueError(f"RadialDirectional: ratio_method must be one of {RATIO_METHODS}, got {ratio_method!r}")
+        super().__init__(
+            grouping=grouping,
+            init_log_std=float(init_log_std),
+            init_resultant=float(init_resultant),
+            ratio_method=ratio_method,
+            score_correction=bool(score_correction),
+            fallback_init_std=float(fallback_init_std),
+        )
+        self.grouping = grouping
+        self.init_log_std = float(init_log_std)
+        self.init_resultant = float(init_resultant)
+        self.ratio_method = ratio_method
+        self.score_correction = bool(score_correction)
+        self.fallback_init_std = float(fallback_init_std)
+        self.pending_score: torch.Tensor | None = None
+
+    # -- construction ---------------------------------------------------------------------------------
+    @property
+    def groupings(self) -> tuple[str, ...]:
+        return ("row", "column") if self.grouping == "double" else (self.grouping,)
+
+    def build(self, shape: torch.Size | tuple[int, ...], init: torch.Tensor | None = None) -> Any:  # type: ignore[override]
+        """As :meth:`VariationalFamily.build`; biases, dense weights with one input or one output, and any weight whose
+        groups would have dimension 1 get a MeanField (a convolution with one input channel keeps RDP: its single
+        column group has dimension out*kh*kw)."""
+        shape = torch.Size(shape)
+        ungroupable = len(shape) < 2 or any(_group_matrix_shape(shape, g)[1] < 2 for g in self.groupings)
+        if ungroupable or (len(shape) == 2 and min(shape) == 1):
+            if len(shape) >= 2:
+                warnings.warn(
+                    f"RadialDirectional: a weight of shape {tuple(shape)} has one input or one output and cannot be "
+                    f"grouped; it falls back to MeanField(init_std={self.fallback_init_std})",
+                    stacklevel=2,
+                )
+            return MeanField(init_std=self.fallback_init_std).build(shape, init)
+        return super().build(shape, init)
+
+    def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
+        dtype = init.dtype
+        for grouping in self.groupings:
+            prefix = _PREFIX[grouping]
+            groups, dim = _group_matrix_shape(shape, grouping)
+            if grouping == "column" and self.grouping == "double":
+                direction = torch.full((groups, dim), 1.0 / math.sqrt(dim), dtype=dtype)
+                radius = torch.full((groups,), math.sqrt(dim), dtype=dtype)
+            else:
+                matrix = _to_groups(init, grouping)
+                radius = torch.linalg.vector_norm(matrix, dim=-1).clamp_min(1e-8)
+                direction = matrix / radius[:, None]
+            kappa = banerjee_concentration(dim, self.init_resultant)
+            rho = inverse_softplus(self.init_log_std)
+            setattr(self, f"{prefix}_direction", nn.Parameter(direction))
+            setattr(self, f"{prefix}_concentration_rho", nn.Parameter(torch.tensor(inverse_softplus(kappa), dtype=dtype)))
+            # log r = (m_a + m_b + m_sa + m_sb) / 2: the local pair carries log(radius), the global pair starts at 0
+            setattr(self, f"{prefix}_local_loc", nn.Parameter(radius.log()[:, None].expand(groups, 2).clone()))
+            setattr(self, f"{prefix}_local_rho", nn.Parameter(torch.full((groups, 2), rho, dtype=dtype)))
+            setattr(self, f"{prefix}_global_loc", nn.Parameter(torch.zeros(2, dtype=dtype)))
+            setattr(self, f"{prefix}_global_rho", nn.Parameter(torch.full((2,), rho, dtype=dtype)))
+
+    # -- per-grouping pieces ------------------------------------------------------------------------------
+    def _param(self, grouping: str, name: str) -> torch.Tensor:
+        return getattr(self, f"{_PREFIX[grouping]}_{name}")
+
+    def mean_direction(self, grouping: str) -> torch.Tensor:
+        """The vMF mean directions of one grouping, ``[groups, dim]`` unit rows."""
+        return F.normalize(self._param(grouping, "direction"), dim=-1)
+
+    def concentration(self, grouping: str) -> torch.Tensor:
+        """The layer's shared vMF concentration for one grouping (a scalar)."""
+        return F.softplus(self._param(grouping, "concentration_rho"))
+
+    def log_radius_moments(self, grouping: str, local_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of log r_g (``local_only``: of log z_g, the part that ranks groups), ``[groups]``."""
+        loc = self._param(grouping, "local_loc")
+        var = F.softplus(self._param(grouping, "local_rho")).square()
+        mean, variance = 0.5 * loc.sum(-1), 0.25 * var.sum(-1)
+        if not local_only:
+            g_var = F.softplus(self._param(grouping, "global_rho")).square()
+            mean = mean + 0.5 * self._param(grouping, "global_loc").sum()
+            variance = variance + 0.25 * g_var.sum()
+        return mean, variance
+
+    def log_radius_mode(self, grouping: str) -> torch.Tensor:
+        """Log of the mode of each group's LOCAL radius log-normal, ``m - v`` (the pruning score, paper section 3.3)."""
+        mean, variance = self.log_radius_moments(grouping, local_only=True)
+        return mean - variance
+
+    def _vmf(self, grouping: str) -> VonMisesFisher:
+        direction = self.mean_direction(grouping)
+        kappa = self.concentration(grouping).expand(direction.shape[0])
+        return VonMisesFisher(direction, kappa, ratio_method=self.ratio_method, validate_args=False)  # type: ignore[arg-type]
+
+    def _sample_group(self, grouping: str, sample_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor | None]:
+        vmf = self._vmf(grouping)
+        score = None
+        if self.score_correction and torch.is_grad_enabled():
+            direction, score_terms = vmf.rsample_with_score(sample_shape)
+            score = score_terms.sum() / max(1, math.prod(sample_shape))  # the score of the average over draws
+        else:
+            direction = vmf.rsample(sample_shape)
+        mean, variance = self.log_radius_moments(grouping)
+        log_radius = mean + variance.sqrt() * torch.randn(sample_shape + mean.shape, dtype=mean.dtype, device=mean.device)
+        matrix = direction * log_radius.exp().unsqueeze(-1)
+        return _from_groups(matrix, self._require_built(), grouping), score
+
+    def _point(self, grouping: str, kind: str) -> torch.Tensor:
+        mean, variance = self.log_radius_moments(grouping)
+        direction = self.mean_direction(grouping)
+        if kind == "mean":
+            radius = torch.exp(mean + 0.5 * variance)
+            direction = direction * self._vmf(grouping).mean_resultant_length[:, None]
+        else:
+            radius = torch.exp(mean - variance)
+        return _from_groups(direction * radius[:, None], self._require_built(), grouping)
+
+    # -- the distribution -------------------------------------------------------------------------------
+    def distribution(self) -> Distribution:
+        raise NotImplementedError(
+            "RadialDirectional has no torch distribution over the whole tensor; use rsample(), mean, mode and its "
+            "closed-form KL against RadialDirectionalPrior"
+        )
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """E[W]: the product over groupings of E[r] A_d(kappa) mu (the factors are independent)."""
+        out = self._point(self.groupings[0], "mean")
+        for grouping in self.groupings[1:]:
+            out = out * self._point(grouping, "mean")
+        return out
+
+    @property
+    def mode(self) -> torch.Tensor:
+        """The product over groupings of each factor's mode (radius mode exp(m - v) times the mean direction)."""
+        out = self._point(self.groupings[0], "mode")
+        for grouping in self.groupings[1:]:
+            out = out * self._point(grouping, "mode")
+        return out
+
+    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+        """Reparameterised weight samples ``sample_shape + shape``; records the vMF score term (see module doc)."""
+        self._require_built()
+        sample_shape = torch.Size(sample_shape)
+        weight, score = self._sample_group(self.groupings[0], sample_shape)
+        for grouping in self.groupings[1:]:
+            other, other_score = self._sample_group(grouping, sample_shape)
+            weight = weight * other
+            if other_score is not None:
+                score = other_score if score is None else score + other_score
+        self.pending_score = score
+        return weight
+
+    def take_score(self) -> torch.Tensor | None:
+        """The score term of the last draw (value 0; gradient = the rejection correction), cleared once taken."""
+        score, self.pending_score = self.pending_score, None
+        return score
+
+
+def _kl_grouping(family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior) -> torch.Tensor:
+    direction = family.mean_direction(grouping)
+    groups, dim = direction.shape
+    kappa_q = family.concentration(grouping)
+    # the direction KL depends on the concentrations only (tied prior mean, or the uniform prior): one per group
+    unit = torch.zeros(1, dim, dtype=direction.dtype, device=direction.device)
+    unit[0, 0] = 1.0
+    q = VonMisesFisher(unit, kappa_q.reshape(1), ratio_method=family.ratio_method, validate_args=False)  # type: ignore[arg-type]
+    kappa_p = prior.direction_concentration(dim)
+    if kappa_p == 0.0:
+        p_dir: Distribution = HypersphericalUniform(dim, torch.Size([1]), device=direction.device, dtype=direction.dtype)
+    else:
+        p_dir = VonMisesFisher(
+            unit, torch.full((1,), kappa_p, dtype=direction.dtype, device=direction.device), validate_args=False
+        )
+    kl = groups * torch_kl(q, p_dir).sum()
+    half = torch.tensor(0.5, dtype=direction.dtype, device=direction.device)
+    one = torch.ones((), dtype=direction.dtype, device=direction.device)
+    for part, scale in (("local", prior.local_scale), ("global", prior.global_scale)):
+        loc = family._param(grouping, f"{part}_loc")
+        sigma = F.softplus(family._param(grouping, f"{part}_rho"))
+        gamma = Gamma(half, one / scale**2)  # z^2 = a b with a ~ Gamma(1/2, rate 1/scale^2), b ~ InvGamma(1/2, 1)
+        inverse_gamma = InverseGamma(half, one)
+        kl = kl + torch_kl(LogNormal(loc[..., 0], sigma[..., 0]), gamma).sum()
+        kl = kl + torch_kl(LogNormal(loc[..., 1], sigma[..., 1]), inverse_gamma).sum()
+    return kl
+
+
+@register_family_kl(RadialDirectional, RadialDirectionalPrior)
+def _rdp_kl(family: RadialDirectional, prior: RadialDirectionalPrior) -> torch.Tensor:
+    """Direction (vMF) + local and global radius (log-normal vs Gamma / InvGamma) KLs of every grouping (eq. 12)."""
+    total = _kl_grouping(family, family.groupings[0], prior)
+    for grouping in family.groupings[1:]:
+        total = total + _kl_grouping(family, grouping, prior)
+    return total
+
+
+@register_family_kl(RadialDirectional, Prior)
+def _rdp_other_prior(family: RadialDirectional, prior: Prior) -> torch.Tensor:
+    raise ValueError(
+        f"RadialDirectional needs a RadialDirectionalPrior (half-Cauchy radii, vMF directions), got {type(prior).__name__}; "
+        "e.g. bayesianize(model, RadialDirectional(), RadialDirectionalPrior())"
+    )
+
+
+@register_family_kl(VariationalFamily, RadialDirectionalPrior)
+def _fallback_kl(family: VariationalFamily, prior: RadialDirectionalPrior) -> torch.Tensor:
+    """Biases and ungroupable weights: KL against the prior's ``fallback``."""
+    return family_kl(family, prior.fallback)

@@ -1,0 +1,211 @@
+"""Radial-and-directional posterior (Oh et al. 2020): KL closed forms, the half-Cauchy decomposition, radius
+formulas, weight assembly per grouping, gradients, float32 stability, fallbacks and errors."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from torch import nn
+from torch.distributions import Gamma, InverseGamma, LogNormal, kl_divergence
+
+from varbnn import BayesConv2d, BayesLinear, RadialDirectional, RadialDirectionalPrior, bayesianize, elbo_loss, kl
+from varbnn.distributions import HypersphericalUniform, VonMisesFisher
+from varbnn.families import MeanField
+from varbnn.families.rdp import _from_groups, _to_groups
+from varbnn.priors import Normal, banerjee_concentration
+
+
+def rdp(shape, grouping="row", **kwargs):
+    return RadialDirectional(grouping=grouping, **kwargs).build(shape)
+
+
+@pytest.mark.parametrize("m, s", [(0.3, 0.4), (-2.0, 0.05), (1.5, 1.2)])
+@pytest.mark.parametrize(
+    "prior",
+    [
+        lambda: Gamma(torch.tensor(0.5, dtype=torch.float64), torch.tensor(3.0, dtype=torch.float64)),
+        lambda: Gamma(torch.tensor(0.5, dtype=torch.float64), torch.tensor(1e4, dtype=torch.float64)),
+        lambda: InverseGamma(torch.tensor(0.5, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)),
+        lambda: InverseGamma(torch.tensor(2.0, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64)),
+    ],
+)
+def test_lognormal_kls_match_monte_carlo(m, s, prior):
+    q = LogNormal(torch.tensor(m, dtype=torch.float64), torch.tensor(s, dtype=torch.float64))
+    p = prior()
+    torch.manual_seed(0)
+    x = q.sample((400_000,))
+    log_ratio = q.log_prob(x) - p.log_prob(x)
+    estimate, stderr = float(log_ratio.mean()), float(log_ratio.std()) / math.sqrt(x.numel())
+    assert float(kl_divergence(q, p)) == pytest.approx(estimate, abs=5 * stderr + 1e-9)
+
+
+@pytest.mark.parametrize("scale", [1.0, 5e-3])
+def test_gamma_times_inverse_gamma_is_a_squared_half_cauchy(scale):
+    """The prior's decomposition (eq. 7): sqrt(Gamma(1/2, rate 1/scale^2) * InvGamma(1/2, 1)) ~ C+(scale)."""
+    torch.manual_seed(0)
+    a = Gamma(torch.tensor(0.5, dtype=torch.float64), torch.tensor(1 / scale**2, dtype=torch.float64)).sample((20000,))
+    b = InverseGamma(torch.tensor(0.5, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)).sample((20000,))
+    samples = (a * b).sqrt().numpy()
+    assert stats.kstest(samples, stats.halfcauchy(scale=scale).cdf).pvalue > 1e-3
+
+
+def test_radius_formulas_match_samples_and_torch_lognormal():
+    family = rdp((6, 30), "row", init_log_std=0.3)
+    with torch.no_grad():
+        family.row_local_loc.uniform_(-1, 1)
+    mean, var = family.log_radius_moments("row")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        norms = torch.linalg.vector_norm(family.rsample((4000,)), dim=-1)
+    log_norms = norms.log().double()
+    torch.testing.assert_close(log_norms.mean(0), mean.double(), atol=0.04, rtol=0)
+    torch.testing.assert_close(log_norms.var(0), var.double(), atol=0.02, rtol=0.1)
+    for g in range(6):  # each row's norm is the radius: log-normal with those moments
+        z = ((log_norms[:, g] - float(mean[g])) / math.sqrt(float(var[g]))).numpy()
+        assert stats.kstest(z, "norm").pvalue > 1e-4
+    local_mean, local_var = family.log_radius_moments("row", local_only=True)
+    expected_mode = LogNormal(local_mean, local_var.sqrt()).mode.log()
+    torch.testing.assert_close(family.log_radius_mode("row"), expected_mode)
+
+
+@pytest.mark.parametrize("grouping", ["row", "column", "double"])
+def test_mean_formula_matches_the_sample_average(grouping):
+    family = rdp((5, 8), grouping, init_log_std=0.2, init_resultant=0.6)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        samples = family.rsample((20000,))
+        mean = family.mean
+    stderr = samples.std(0) / math.sqrt(samples.shape[0])
+    assert bool(((samples.mean(0) - mean).abs() < 5 * stderr + 1e-4).all())
+
+
+def test_groups_round_trip_and_conv_grouping_follows_the_paper():
+    w = torch.randn(4, 3, 2, 5)
+    for grouping in ("row", "column"):
+        assert torch.equal(_from_groups(_to_groups(w, grouping), w.shape, grouping), w)
+    assert torch.equal(_to_groups(w, "row")[1], w[1].reshape(-1))  # row = output channel, dim in*kh*kw
+    assert torch.equal(_to_groups(w, "column")[2], w[:, 2].reshape(-1))  # column = input channel, dim out*kh*kw
+    family = rdp((4, 3, 2, 5), "column")
+    with torch.no_grad():
+        sample = family.rsample()
+    assert sample.shape == (4, 3, 2, 5)
+    norms = torch.linalg.vector_norm(sample.transpose(0, 1).reshape(3, -1), dim=1)
+    mean, var = family.log_radius_moments("column")
+    assert bool(((norms.log() - mean).abs() < 6 * var.sqrt()).all())  # one radius per input channel
+
+
+def test_row_and_double_posteriors_start_at_the_initial_weight():
+    init = torch.randn(7, 9)
+    row = RadialDirectional(grouping="row").build((7, 9), init)
+    double = RadialDirectional(grouping="double").build((7, 9), init)
+    torch.testing.assert_close(row.mode, init, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(double.mode, init, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("grouping", ["row", "column", "double"])
+def test_gradients_reach_every_parameter_and_the_score_term_is_added(grouping):
+    torch.manual_seed(0)
+    layer = BayesLinear(6, 5, family=RadialDirectional(grouping=grouping), prior=RadialDirectionalPrior())
+    x, y = torch.randn(16, 6), torch.randn(16, 5)
+    terms = elbo_loss(F.mse_loss(layer(x), y), layer, n_data=100)
+    assert layer.posteriors["weight"].pending_score is None  # taken by elbo_loss
+    terms.loss.backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    # the score term changes the concentration gradient but not the loss value
+    grads = {}
+    for correction in (True, False):
+        torch.manual_seed(3)
+        layer.posteriors["weight"].score_correction = correction
+        layer.zero_grad()
+        terms = elbo_loss(F.mse_loss(layer(x), y), layer, n_data=100)
+        terms.loss.backward()
+        family = layer.posteriors["weight"]
+        grads[correction] = (float(terms.loss), float(family._param(family.groupings[0], "concentration_rho").grad))
+    assert grads[True][0] == pytest.approx(grads[False][0], rel=1e-6)
+    assert grads[True][1] != pytest.approx(grads[False][1], rel=1e-6)
+
+
+def test_no_nan_in_float32_for_rows_of_dimension_4096():
+    torch.manual_seed(0)
+    layer = BayesLinear(4096, 16, family=RadialDirectional(grouping="double"), prior=RadialDirectionalPrior())
+    x = torch.randn(8, 4096)
+    terms = elbo_loss(layer(x).square().mean(), layer, n_data=1000)
+    terms.loss.backward()
+    assert torch.isfinite(terms.loss) and torch.isfinite(terms.kl)
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_kl_is_the_sum_of_direction_and_radius_parts():
+    family = rdp((4, 10), "row", init_resultant=0.7)
+    uniform = RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, direction="uniform")
+    tied = RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, concentration=7.0)
+    kappa = family.concentration("row")
+    e1 = torch.zeros(1, 10)
+    e1[0, 0] = 1
+    q = VonMisesFisher(e1, kappa.reshape(1))
+    radius = 0.0
+    for part, scale in (("local", 2.0), ("global", 0.5)):
+        loc, sigma = getattr(family, f"row_{part}_loc"), F.softplus(getattr(family, f"row_{part}_rho"))
+        radius += kl_divergence(LogNormal(loc[..., 0], sigma[..., 0]), Gamma(torch.tensor(0.5), torch.tensor(scale**-2))).sum()
+        radius += kl_divergence(LogNormal(loc[..., 1], sigma[..., 1]), InverseGamma(torch.tensor(0.5), torch.tensor(1.0))).sum()
+    direction_uniform = 4 * kl_divergence(q, HypersphericalUniform(10, torch.Size([1]))).sum()
+    direction_tied = 4 * kl_divergence(q, VonMisesFisher(e1, torch.tensor([7.0]))).sum()
+    torch.testing.assert_close(family.kl(uniform), direction_uniform + radius)
+    torch.testing.assert_close(family.kl(tied), direction_tied + radius)
+    # the tied direction KL vanishes when the concentrations agree
+    matched = RadialDirectionalPrior(concentration=float(kappa))
+    zero_dir = family.kl(matched) - family.kl(RadialDirectionalPrior(direction="uniform")) + direction_uniform
+    assert float(zero_dir) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_fallbacks_and_prior_errors():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = bayesianize(
+            nn.Sequential(nn.Linear(13, 50), nn.ReLU(), nn.Linear(50, 1)), RadialDirectional(), RadialDirectionalPrior()
+        )
+    assert any("falls back to MeanField" in str(w.message) for w in caught)
+    assert type(model[0].posteriors["weight"]) is RadialDirectional
+    assert type(model[0].posteriors["bias"]) is MeanField and type(model[2].posteriors["weight"]) is MeanField
+    # fallback tensors are scored against the prior's fallback Normal(0, 1)
+    fallback = model[2].posteriors["weight"].kl(Normal(0.0, 1.0))
+    torch.testing.assert_close(model[2].posteriors["weight"].kl(RadialDirectionalPrior()), fallback)
+    assert torch.isfinite(kl(model))
+    # a conv with one input channel keeps RDP (one column group of dimension out*kh*kw)
+    conv = BayesConv2d(1, 6, 3, family=RadialDirectional(), prior=RadialDirectionalPrior())
+    assert type(conv.posteriors["weight"]) is RadialDirectional
+    wrong = BayesLinear(5, 4, family=RadialDirectional(), prior=Normal(0.0, 1.0))
+    with pytest.raises(ValueError, match="needs a RadialDirectionalPrior"):
+        kl(wrong)
+    with pytest.raises(NotImplementedError, match="no density"):
+        RadialDirectionalPrior().distribution((3, 3))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: RadialDirectional(grouping="diagonal"), "grouping must be one of"),
+        (lambda: RadialDirectional(init_log_std=0.0), "init_log_std"),
+        (lambda: RadialDirectional(init_resultant=1.0), "init_resultant"),
+        (lambda: RadialDirectional(ratio_method="fast"), "ratio_method"),
+        (lambda: RadialDirectionalPrior(global_scale=-1.0), "global_scale"),
+        (lambda: RadialDirectionalPrior(direction="north"), "direction must be one of"),
+        (lambda: RadialDirectionalPrior(concentration=0.0), "concentration"),
+    ],
+)
+def test_bad_arguments_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_banerjee_concentration_gives_roughly_the_requested_resultant():
+    for dim in (10, 100, 1000):
+        kappa = banerjee_concentration(dim, 0.9)
+        a = float(VonMisesFisher(torch.eye(dim)[:1].double(), torch.tensor([kappa], dtype=torch.float64)).mean_resultant_length)
+        assert a == pytest.approx(0.9, abs=0.01)
+    assert np.isclose(banerjee_concentration(3, 0.5), 0.5 * (3 - 0.25) / 0.75)
