@@ -26,12 +26,19 @@ from varbnn.models import mlp
 N_TRAIN = 60000
 
 
-def make_step(model: nn.Module, kl_fn: Callable[[], torch.Tensor] | None) -> Callable[[torch.Tensor, torch.Tensor], None]:
+def make_step(
+    model: nn.Module, kl_fn: Callable[[], torch.Tensor] | None, elbo: bool = False
+) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One Adam step on ``nll + kl / N``: varbnn models through ``varbnn.elbo_loss`` (``elbo``; it also adds the
+    RDP rejection-score term), peers with their own KL function."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         nll = F.cross_entropy(model(x), y)
-        loss = nll + kl_fn() / N_TRAIN if kl_fn is not None else nll
+        if elbo:
+            loss = varbnn.elbo_loss(nll, model, N_TRAIN).loss
+        else:
+            loss = nll + kl_fn() / N_TRAIN if kl_fn is not None else nll
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -57,10 +64,12 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
     def plain() -> Callable[[torch.Tensor, torch.Tensor], None]:
         return make_step(mlp(784, (400, 400), 10), None)
 
-    def family(spec: Callable[[], varbnn.VariationalFamily]) -> Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]:
+    def family(
+        spec: Callable[[], varbnn.VariationalFamily], prior: Callable[[], varbnn.priors.Prior] | None = None
+    ) -> Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]:
         def build() -> Callable[[torch.Tensor, torch.Tensor], None]:
-            model = varbnn.bayesianize(mlp(784, (400, 400), 10), spec())
-            return make_step(model, lambda: varbnn.kl(model))
+            model = varbnn.bayesianize(mlp(784, (400, 400), 10), spec(), prior() if prior else None)
+            return make_step(model, None, elbo=True)
 
         return build
 
@@ -72,6 +81,10 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
         table[f"varbnn MeanField-{estimator}"] = family(lambda e=estimator: varbnn.MeanField(estimator=e))
     for estimator in ("reparam", "local"):
         table[f"varbnn KTied(rank=2)-{estimator}"] = family(lambda e=estimator: varbnn.KTied(rank=2, estimator=e))
+    for grouping in ("row", "double"):
+        table[f"varbnn RadialDirectional({grouping})"] = family(
+            lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior
+        )
     try:  # optional peers
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 

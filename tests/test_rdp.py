@@ -209,3 +209,36 @@ def test_banerjee_concentration_gives_roughly_the_requested_resultant():
         a = float(VonMisesFisher(torch.eye(dim)[:1].double(), torch.tensor([kappa], dtype=torch.float64)).mean_resultant_length)
         assert a == pytest.approx(0.9, abs=0.01)
     assert np.isclose(banerjee_concentration(3, 0.5), 0.5 * (3 - 0.25) / 0.75)
+
+
+def test_gap_threshold_rule():
+    from varbnn.prune import gap_threshold
+
+    scores = torch.tensor([-20.0, -19.5, -19.0, -3.0, -2.5, -2.0])
+    assert gap_threshold(scores) == pytest.approx(-11.0)
+    assert gap_threshold(torch.tensor([-2.0, -1.8, -1.5, -1.1])) == float("-inf")  # no gap >= 1 nat: keep all
+    assert gap_threshold(torch.tensor([1.0])) == float("-inf")
+    with pytest.raises(ValueError, match="NaN"):
+        gap_threshold(torch.tensor([0.0, float("nan")]))
+
+
+def test_unit_scores_masks_and_histograms(tmp_path):
+    from varbnn.prune import score_histograms, select_units, unit_scores
+
+    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior())
+    family = model[0].posteriors["weight"]
+    with torch.no_grad():
+        family.row_local_loc[:3] = -15.0  # three dead output units
+    scores = unit_scores(model)
+    assert set(scores) == {("0", "row"), ("0", "column"), ("2", "row"), ("2", "column")}
+    torch.testing.assert_close(scores[("0", "row")], family.log_radius_mode("row").detach())
+    keep = select_units(model)
+    assert keep[("0", "row")].tolist() == [False] * 3 + [True] * 5
+    assert bool(keep[("0", "column")].all())
+    assert select_units(model, threshold=-100.0)[("0", "row")].all()
+    with pytest.raises(ValueError, match="'gap'"):
+        select_units(model, threshold="largest")
+    path = score_histograms(model, tmp_path / "hist.png")
+    assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="no RadialDirectional"):
+        unit_scores(nn.Sequential(nn.Linear(2, 2)))
