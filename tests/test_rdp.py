@@ -242,3 +242,55 @@ def test_unit_scores_masks_and_histograms(tmp_path):
     assert path.stat().st_size > 1000
     with pytest.raises(ValueError, match="no RadialDirectional"):
         unit_scores(nn.Sequential(nn.Linear(2, 2)))
+
+
+def _kill(family, grouping, units):
+    with torch.no_grad():
+        family._param(grouping, "local_loc")[units] = -15.0
+
+
+def test_export_removes_units_physically_and_matches_the_masked_model():
+    from varbnn.models import lenet5
+    from varbnn.prune import count_parameters_and_flops, export, masked_model
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = bayesianize(lenet5(), RadialDirectional(), RadialDirectionalPrior())
+    _kill(model[0].posteriors["weight"], "row", [0, 1, 2])  # conv1: 3 of 20 channels
+    _kill(model[3].posteriors["weight"], "row", list(range(10, 50)))  # conv2: keep 10 of 50 channels
+    _kill(model[3].posteriors["weight"], "column", [5])  # conv2 stops reading conv1 channel 5
+    fc1_cols = [c * 16 + s for c in range(10) for s in range(0, 16, 2)]  # half the positions of the kept channels
+    _kill(model[7].posteriors["weight"], "column", fc1_cols)
+    _kill(model[7].posteriors["weight"], "row", list(range(100, 500)))  # fc1: keep 100 of 500
+    x = torch.rand(6, 1, 28, 28)
+    exported, report = export(model, x)
+    assert not any(isinstance(m, nn.Module) and hasattr(m, "posteriors") for m in exported.modules())
+    assert report["architecture"] == "16-10-80-100"
+    convs = [m for m in exported if isinstance(m, nn.Conv2d)]
+    linears = [m for m in exported if isinstance(m, nn.Linear)]
+    assert [c.out_channels for c in convs] == [16, 10] and convs[1].in_channels == 16
+    assert (linears[0].in_features, linears[0].out_features, linears[1].out_features) == (80, 100, 10)
+    reference = masked_model(model, report)
+    torch.testing.assert_close(exported(x), reference(x), rtol=1e-5, atol=1e-5)
+    params, flops = count_parameters_and_flops(exported, x)
+    assert (params, flops) == (report["parameters"], report["flops"])
+    expected_params = (16 * 25 + 16) + (10 * 16 * 25 + 10) + (80 * 100 + 100) + (100 * 10 + 10)
+    expected_flops = (25 + 1) * 24 * 24 * 16 + (25 * 16 + 1) * 8 * 8 * 10 + 81 * 100 + 101 * 10
+    assert (params, flops) == (expected_params, expected_flops)
+    assert report["dense_parameters"] == 431080  # LeNet-5-Caffe
+
+
+def test_export_of_an_mlp_selects_input_features_and_rejects_unsupported_models():
+    from varbnn.models import mlp, row_lstm
+    from varbnn.prune import SelectFeatures, export, masked_model
+
+    model = bayesianize(mlp(20, (12,), 4), RadialDirectional(), RadialDirectionalPrior())
+    _kill(model[1].posteriors["weight"], "column", list(range(0, 20, 3)))
+    x = torch.rand(5, 20)
+    exported, report = export(model, x)
+    assert report["architecture"] == "13-12"
+    assert isinstance(exported[1], SelectFeatures) and exported[1].index.numel() == 13
+    torch.testing.assert_close(exported(x), masked_model(model, report)(x))
+    with pytest.raises(NotImplementedError, match="nn.Sequential"):
+        export(bayesianize(row_lstm(), RadialDirectional(), RadialDirectionalPrior()), torch.rand(2, 28, 28), keep={})
