@@ -205,3 +205,20 @@ def test_row_lstm_and_resnet18():
     assert bayes(torch.rand(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="4 positive counts"):
         make_model("resnet18").__class__((2, 2))
+
+
+def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = get_config("lenet5-prune", quick=True)
+        first = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+        checkpoints = list((tmp_path / ".checkpoints").glob("lenet5-prune-*/RDP-double-seed0.pt"))
+        assert len(checkpoints) == 1
+        again = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)  # resumes: nothing to train
+    row, row_again = first["rows"][0], again["rows"][0]
+    assert row["pruned_architecture"].count("-") == 3 and row["pruned_parameters"] <= row["dense_parameters"] == 431080
+    for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
+        assert row[key] == row_again[key]
+    assert (tmp_path / "lenet5-prune_prune_histograms.png").stat().st_size > 1000

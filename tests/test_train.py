@@ -101,3 +101,27 @@ def test_cli_list_and_unknown_name(capsys):
 def test_mnist_quick_config_runs(data_dir, tmp_path):
     result = run_experiment(get_config("mnist-mlp", quick=True), out_dir=tmp_path, data_dir=str(data_dir), progress=False)
     assert len(result["rows"]) == 5 and all(r["accuracy"] > 0.5 for r in result["rows"])
+
+
+def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
+    x, y = toy()
+
+    def run(epochs, path, resume):
+        torch.manual_seed(7)
+        model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField())
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+        history = fit(model, loader, n_data=120, epochs=epochs, optimizer=opt, progress=False, checkpoint=path, resume=resume)
+        return model, history
+
+    straight, straight_history = run(6, tmp_path / "a.pt", resume=False)
+    run(3, tmp_path / "b.pt", resume=False)  # "killed" after 3 epochs
+    resumed, resumed_history = run(6, tmp_path / "b.pt", resume=True)
+    assert [h["epoch"] for h in resumed_history] == list(range(1, 7))
+    assert resumed_history == straight_history
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    _, again = run(6, tmp_path / "b.pt", resume=True)  # finished: nothing more to do
+    assert again == straight_history
+    with pytest.raises(ValueError, match="beyond epochs"):
+        run(4, tmp_path / "b.pt", resume=True)

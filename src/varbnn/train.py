@@ -103,6 +103,7 @@ def fit(
     device: str | torch.device | None = "cpu",
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     on_step_end: Callable[[int, ELBOTerms], None] | None = None,
 ) -> list[dict[str, float]]:
@@ -111,6 +112,9 @@ def fit(
     Adaptive priors are set to their optimum after every step. ``beta`` is a number or a function of the
     global step (e.g. ``lambda s: linear_kl_annealing(s, 1000)``). Returns one dict per epoch with the mean
     loss, NLL (nats), KL (nats) and beta; ``checkpoint`` is rewritten (atomically) after each epoch.
+    With ``resume`` and an existing ``checkpoint``, training continues after the last completed epoch (model,
+    optimizer, step count, history and RNG states restored), so a killed run loses at most one epoch; a finished
+    checkpoint returns its history at once.
 
     ``on_step_end(step, terms)`` runs after every optimizer step (``step`` counts from 1; the parameters'
     ``.grad`` still hold that step's gradients, e.g. for :class:`varbnn.analysis.GradientSNR`). A callback that
@@ -127,7 +131,15 @@ def fit(
     schedule: BetaSchedule = beta if callable(beta) else (lambda _step: float(beta))  # type: ignore[misc, assignment]
     history: list[dict[str, float]] = []
     step = 0
-    bar = tqdm(range(epochs), desc="epochs", disable=not progress, leave=False)
+    first_epoch = 0
+    if resume and checkpoint is not None and Path(checkpoint).exists():
+        state = load_checkpoint(checkpoint, model, optimizer, map_location=dev)
+        first_epoch, history, step = int(state["epoch"]), list(state["history"]), int(state.get("step", 0))
+        if "rng" in state:
+            torch.set_rng_state(state["rng"])
+        if first_epoch > epochs:
+            raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
+    bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=not progress, leave=False, initial=first_epoch, total=epochs)
     for epoch in bar:
         model.train()
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
@@ -155,7 +167,7 @@ def fit(
         history.append(record)
         bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}")
         if checkpoint is not None:
-            save_checkpoint(checkpoint, model, optimizer, epoch=epoch + 1, history=history)
+            save_checkpoint(checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=torch.get_rng_state())
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
     return history

@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES"]
 
 OPTIMIZERS = ("adam", "amsgrad")
-FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps")
+FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ class ExperimentConfig:
     per-weight-sample test -ELBO, expected NLL and accuracy (mean and SEM over those draws, Swiatkowski et al.
     2020 Fig. 6); ``posthoc_ranks`` adds, per rank k, a row for the trained model with every mean-field std
     matrix replaced by its rank-k approximation (their Table 2).
+
+    ``resumable``: each (variant, seed) checkpoints after every epoch under ``OUT/.checkpoints/`` and a rerun of the
+    same command continues where a killed one stopped. ``prune``: after training, :func:`varbnn.prune.export` the
+    model with ``prune_threshold`` (``"gap"``: :func:`varbnn.prune.gap_threshold` with ``prune_min_gap``) and report
+    the exported plain model's architecture, parameters, FLOPs and test error.
     """
 
     name: str
@@ -73,6 +78,10 @@ class ExperimentConfig:
     eval_weight_samples: int = 0
     posthoc_ranks: tuple[int, ...] = ()
     heatmap_module: str | None = None
+    resumable: bool = False
+    prune: bool = False
+    prune_threshold: float | str = "gap"
+    prune_min_gap: float = 1.0
     quick: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

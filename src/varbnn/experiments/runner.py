@@ -6,6 +6,7 @@ and ``OUT/NAME.md`` (the table rendered from the JSON), plus figures named ``OUT
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -217,6 +218,34 @@ def _evaluate(
     return scores, probs
 
 
+def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
+    """``OUT/.checkpoints/NAME-<config hash>/<variant>-seed<seed>.pt``: a changed config never resumes a stale run."""
+    digest = hashlib.sha1(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
+    return Path(out_dir) / ".checkpoints" / f"{config.name}-{digest}" / f"{slug}-seed{seed}.pt"
+
+
+def _prune_scores(
+    config: ExperimentConfig, model: torch.nn.Module, x_test: torch.Tensor, y_test: torch.Tensor, dev: torch.device
+) -> dict[str, Any]:
+    from varbnn.prune import export
+
+    exported, report = export(model, x_test[:2].to(dev), threshold=config.prune_threshold, min_gap=config.prune_min_gap)
+    exported.eval()
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(x_test), 1000):
+            logits = exported(x_test[start : start + 1000].to(dev))
+            correct += int((logits.argmax(-1).cpu() == y_test[start : start + 1000]).sum())
+    return {
+        "pruned_architecture": str(report["architecture"]),
+        "pruned_parameters": float(report["parameters"]),  # type: ignore[arg-type]
+        "pruned_flops": float(report["flops"]),  # type: ignore[arg-type]
+        "dense_parameters": float(report["dense_parameters"]),  # type: ignore[arg-type]
+        "pruned_test_error": 1.0 - correct / len(x_test),
+    }
+
+
 def _parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -266,11 +295,12 @@ def run_experiment(
             if (config.log_every or config.log_steps) and variant.family != "plain":
                 tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
             t0 = time.perf_counter()
+            checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
             history = fit(
                 model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
                 optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
                 beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
-                on_step_end=tracer,
+                on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
             )  # fmt: skip
             train_seconds = time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
@@ -284,6 +314,8 @@ def run_experiment(
                         train_seconds=train_seconds,
                         final_train_loss=history[-1]["loss"] if history else float("nan"),
                     )
+                    if config.prune and variant.family != "plain":
+                        scores.update(_prune_scores(config, model, x_test, y_test, dev))
                     for record in tracer.records if tracer else []:
                         if record["step"] in config.log_steps:
                             for name in ("snr", "val_nelbo"):
@@ -294,16 +326,18 @@ def run_experiment(
                     first_seed_predictions[label] = (probs, y_test)
                     first_seed_models[label] = model
                 if progress:
-                    print(
-                        f"[{config.name}] {label} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in scores.items()),
-                        file=sys.stderr,
-                    )
+                    summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
+                    print(f"[{config.name}] {label} seed {seed}: {summary}", file=sys.stderr)
             if tracer is not None:
                 traces.setdefault(variant.label, []).append(tracer.records)
         for label, seed_scores in per_seed.items():
             row: dict[str, Any] = {"variant": label, "family": variant.family, "prior": variant.prior, "seeds": len(seed_scores)}
             for key in seed_scores[0]:
-                mean, sem = _mean_sem([s[key] for s in seed_scores])
+                values = [s[key] for s in seed_scores]
+                if all(isinstance(v, str) for v in values):  # e.g. the pruned architecture, one per seed
+                    row[key] = " / ".join(values)  # type: ignore[arg-type]
+                    continue
+                mean, sem = _mean_sem(values)
                 row[key] = mean
                 row[f"{key}_sem"] = sem
             rows.append(row)
@@ -359,6 +393,12 @@ def _figures(
             paths.append(
                 variance_explained_figure(spectra, out / f"{config.name}_variance_explained.png", title=f"{label} (seed {seed})")
             )
+    if "prune_histograms" in config.figures and bayesian:
+        from varbnn.prune import score_histograms
+
+        label, model = next(iter(bayesian.items()))
+        path = out / f"{config.name}_prune_histograms.png"
+        paths.append(score_histograms(model, path, config.prune_threshold, config.prune_min_gap, title=f"{label} (seed {seed})"))
     if "std_heatmaps" in config.figures and bayesian and config.heatmap_module:
         label, model = next(iter(bayesian.items()))
         module = model.get_submodule(config.heatmap_module)
@@ -390,6 +430,10 @@ _LEGEND = {
     "parameters": "number of trained parameters (variational parameters for Bayesian models)",
     "snr": "mean gradient SNR E[g]^2/Var[g] of the named layer's std parameters over the last steps",
     "val_nelbo": "validation -ELBO per training example (beta = 1), nats",
+    "pruned_architecture": "units kept per layer by varbnn.prune.export (conv channels, dense inputs, dense outputs)",
+    "pruned_parameters": "weights + biases of the exported plain model",
+    "pruned_flops": "FLOPs of the exported model, Oh et al.'s formulas",
+    "pruned_test_error": "test error of the exported plain model (posterior-mode weights, pruned units removed)",
 }
 
 
