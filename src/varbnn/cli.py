@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = sub.add_parser("reproduce", help="run a named experiment config and write NAME.json / NAME.md")
     rep.add_argument("name", help="experiment name (see `varbnn list`)")
     rep.add_argument("--quick", action="store_true", help="CI-sized variant of the same experiment")
+    rep.add_argument("--datasets", default=None, help="uci only: comma-separated subset of the UCI datasets")
     common(rep, "benchmarks/results")
     sub.add_parser("list", help="list the experiment names")
     args = parser.parse_args(argv)
@@ -47,13 +48,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "list":
         for name, config in sorted(CONFIGS.items()):
             print(f"{name:20s} {config.description}")
+        print(f"{'uci':20s} UCI regression, 9 sets x standard splits, every family (Oh et al. 2020 Table 1 protocol)")
         return 0
     name = "demo" if args.command == "demo" else args.name
+    command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
+    if name == "uci":
+        from varbnn.experiments.uci import run_uci, uci_config
+
+        try:
+            uci = uci_config(args.quick, tuple(args.datasets.split(",")) if args.datasets else None)
+        except ValueError as error:
+            parser.error(str(error))
+        uci_result = run_uci(
+            uci, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command
+        )
+        print(f"wrote {args.out}/{uci.name}.json, {args.out}/{uci.name}.md, {args.out}/{uci.name}_runs.jsonl")
+        return 0 if uci_result["rows"] else 1
     try:
         config = get_config(name, quick=args.quick)
     except ValueError as error:
         parser.error(str(error))
-    command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     result = run_experiment(
         config, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command
     )

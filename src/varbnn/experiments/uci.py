@@ -1,0 +1,322 @@
+"""``varbnn reproduce uci``: the UCI regression benchmark (Hernandez-Lobato & Adams 2015 protocol; Oh et al. 2020,
+section 5.1) with the same protocol for every family.
+
+Per dataset and standard split: a network in-50-1 (100 hidden units for protein), inputs and targets standardised
+with the training statistics, Gaussian likelihood with a Gamma(6, 6) prior and a Gamma variational posterior on the
+noise precision (:class:`varbnn.likelihoods.GammaPrecisionGaussian`), the variant's family on the first layer and
+MeanField on the output layer (Delta/MAP: Delta on both), Adam, batch 32, KL annealed linearly over the first quarter
+of the steps. Epochs: 40 (the splits' ``n_epochs.txt``) but at least ``min_steps`` optimizer steps, so that the
+small sets are not stopped after a few hundred steps.
+
+Test metrics in the ORIGINAL target units, from S joint draws of (weights, tau):
+RMSE of the predictive mean, and the per-point log-likelihood ``mean_n [logsumexp_s log N(y_n | f_s(x_n), y_std^2 /
+tau_s) - log S]``. (The published RDP code's log-sum-exp runs over test points instead of draws, which inflates its
+table; its numbers are not compared here.)
+
+Every finished (dataset, variant, split) is appended to ``OUT/uci_runs.jsonl`` with a hash of the protocol, so a
+killed run continues where it stopped and a rerun only fills in what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from varbnn.convert import bayesianize
+from varbnn.data import load_uci
+from varbnn.data.loaders import UCI_DATASETS
+from varbnn.families import make_family
+from varbnn.likelihoods import GammaPrecisionGaussian
+from varbnn.objectives import linear_kl_annealing
+from varbnn.predict import predict
+from varbnn.priors import make_prior
+from varbnn.train import fit, resolve_device, seed_everything
+
+__all__ = [
+    "UCIVariant",
+    "UCIConfig",
+    "UCI_VARIANTS",
+    "REFERENCE_LL",
+    "run_uci",
+    "render_uci_markdown",
+    "uci_config",
+    "predictive_log_likelihood",
+]
+
+# Best test log-likelihood of VI / PBP / Dropout / VMG per dataset (as listed in the issue; the comparison Oh et al.
+# make in their Table 1).
+REFERENCE_LL = {
+    "bostonHousing": -2.46,
+    "concrete": -3.01,
+    "energy": -1.06,
+    "kin8nm": 1.10,
+    "naval-propulsion-plant": 3.80,
+    "power-plant": -2.80,
+    "protein-tertiary-structure": -2.84,
+    "wine-quality-red": -0.93,
+    "yacht": -1.30,
+}
+N_SPLITS = {name: 5 if name.startswith("protein") else 20 for name in UCI_DATASETS}
+
+
+@dataclass(frozen=True)
+class UCIVariant:
+    """One column of the table: ``family`` on the first layer, ``output_family`` on the output layer."""
+
+    label: str
+    family: str
+    family_options: dict[str, Any] = field(default_factory=dict)
+    output_family: str = "meanfield"
+    output_options: dict[str, Any] = field(default_factory=dict)
+    prior: str = "normal"
+    prior_options: dict[str, Any] = field(default_factory=dict)
+
+
+UCI_VARIANTS = (
+    UCIVariant(
+        "RDP (double)",
+        "rdp",
+        {"grouping": "double"},
+        prior="radial_directional",
+        prior_options={"global_scale": 1.0, "local_scale": 1.0},
+    ),
+    UCIVariant("mean-field", "meanfield", {"init_std": 1e-2}, output_options={"init_std": 1e-2}),
+    UCIVariant("2-tied", "ktied", {"rank": 2, "init_std": 1e-2}, output_options={"init_std": 1e-2}),
+    UCIVariant("MAP (Delta)", "delta", output_family="delta"),
+)
+
+
+@dataclass(frozen=True)
+class UCIConfig:
+    datasets: tuple[str, ...] = UCI_DATASETS
+    variants: tuple[UCIVariant, ...] = UCI_VARIANTS
+    max_splits: int | None = None
+    epochs: int = 40
+    min_steps: int = 5000
+    batch_size: int = 32
+    lr: float = 1e-3
+    anneal_fraction: float = 0.25
+    samples: int = 100
+    prior_shape: float = 6.0
+    prior_rate: float = 6.0
+    name: str = "uci"
+
+    def protocol_hash(self) -> str:
+        data = dataclasses.asdict(self)
+        data.pop("datasets")
+        data.pop("max_splits")
+        data.pop("name")
+        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def uci_config(quick: bool = False, datasets: tuple[str, ...] | None = None) -> UCIConfig:
+    """The full protocol, or its ``--quick`` form (yacht, 2 splits, a few hundred steps, 8 draws)."""
+    config = UCIConfig()
+    if quick:
+        config = dataclasses.replace(
+            config, datasets=("yacht",), max_splits=2, epochs=2, min_steps=60, samples=8, name="uci-quick"
+        )
+    if datasets:
+        unknown = sorted(set(datasets) - set(UCI_DATASETS))
+        if unknown:
+            raise ValueError(f"unknown UCI datasets {unknown}; allowed: {list(UCI_DATASETS)}")
+        config = dataclasses.replace(config, datasets=tuple(datasets))
+    return config
+
+
+def build_regressor(variant: UCIVariant, in_features: int, hidden: int) -> nn.Module:
+    plain = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    prior = make_prior(variant.prior, **variant.prior_options)
+    first = bayesianize(plain[0], make_family(variant.family, **variant.family_options), prior)
+    output = bayesianize(plain[2], make_family(variant.output_family, **variant.output_options), prior)
+    return nn.Sequential(first, nn.ReLU(), output)
+
+
+def _run_split(
+    config: UCIConfig, variant: UCIVariant, dataset: str, split: int, data_dir: str | None, dev: torch.device, progress: bool
+) -> dict[str, Any]:
+    seed_everything(split)
+    data = load_uci(dataset, split, data_dir)
+    hidden = 100 if dataset.startswith("protein") else 50
+    model = build_regressor(variant, data.x_train.shape[1], hidden).to(dev)
+    likelihood = GammaPrecisionGaussian(config.prior_shape, config.prior_rate).to(dev)
+    n = data.x_train.shape[0]
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    epochs = max(config.epochs, math.ceil(config.min_steps / steps_per_epoch))
+    warmup = round(config.anneal_fraction * epochs * steps_per_epoch)
+    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=config.batch_size, shuffle=True)
+
+    def nll(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return -likelihood.expected_log_likelihood(y, out.squeeze(-1)).mean() + likelihood.kl() / n
+
+    optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=config.lr)
+    t0 = time.perf_counter()
+    fit(
+        model, loader, n_data=n, epochs=epochs, optimizer=optimizer, nll=nll, device=dev, progress=progress,
+        beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    model.eval()
+    x_test = data.x_test.to(dev)
+    with torch.no_grad():
+        f = predict(model, x_test, samples=config.samples).squeeze(-1).cpu().double()  # [S, N], standardised units
+        tau = likelihood.sample_precision(config.samples).cpu().double()  # [S]
+    y_std, y_mean = float(data.y_std), float(data.y_mean)
+    pred = f * y_std + y_mean
+    y = data.y_test.double() * y_std + y_mean
+    ll = predictive_log_likelihood(pred, y, y_std**2 / tau)
+    rmse = float((pred.mean(0) - y).square().mean().sqrt())
+    return {"dataset": dataset, "variant": variant.label, "split": split, "rmse": rmse, "ll": ll, "epochs": epochs,
+            "steps": epochs * steps_per_epoch, "seconds": round(seconds, 2)}  # fmt: skip
+
+
+def predictive_log_likelihood(pred: torch.Tensor, y: torch.Tensor, noise_var: torch.Tensor) -> float:
+    """``mean_n [logsumexp_s log N(y_n | pred[s, n], noise_var[s]) - log S]``: the Monte Carlo predictive density of
+    each test point (log-sum-exp over the S draws, not over the points), averaged over points."""
+    if pred.dim() != 2 or y.shape != pred.shape[1:] or noise_var.shape != pred.shape[:1]:
+        raise ValueError(
+            f"need pred [S, N], y [N], noise_var [S]; got {tuple(pred.shape)}, {tuple(y.shape)}, {tuple(noise_var.shape)}"
+        )
+    var = noise_var[:, None]
+    log_density = -0.5 * (math.log(2 * math.pi) + var.log() + (y[None] - pred).square() / var)
+    return float((torch.logsumexp(log_density, dim=0) - math.log(pred.shape[0])).mean())
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def run_uci(
+    config: UCIConfig,
+    *,
+    device: str | torch.device | None = "cpu",
+    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    data_dir: str | None = None,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json`` / ``.md``."""
+    from varbnn.experiments.runner import describe_device, git_commit
+
+    start = time.perf_counter()
+    commit = git_commit()
+    dev = resolve_device(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / f"{config.name}_runs.jsonl"
+    protocol = config.protocol_hash()
+    done: dict[tuple[str, str, int], dict[str, Any]] = {}
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("protocol") == protocol:
+                done[(record["dataset"], record["variant"], record["split"])] = record
+    for dataset in config.datasets:
+        splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
+        for variant in config.variants:
+            for split in range(splits):
+                key = (dataset, variant.label, split)
+                if key in done:
+                    continue
+                record = _run_split(config, variant, dataset, split, data_dir, dev, progress)
+                record.update(protocol=protocol, commit=commit, device=describe_device(dev))
+                done[key] = record
+                with cache.open("a") as handle:
+                    handle.write(json.dumps(record) + "\n")
+                if progress:
+                    print(
+                        f"[uci] {dataset} {variant.label} split {split}: rmse={record['rmse']:.4g} ll={record['ll']:.4g}",
+                        file=sys.stderr,
+                    )
+    rows = []
+    for dataset in config.datasets:
+        row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
+        for variant in config.variants:
+            records = [r for (d, v, _), r in sorted(done.items()) if d == dataset and v == variant.label]
+            if not records:
+                continue
+            row[variant.label] = {
+                "splits": len(records),
+                "rmse": _mean_se([r["rmse"] for r in records]),
+                "ll": _mean_se([r["ll"] for r in records]),
+                "seconds": sum(r["seconds"] for r in records),
+            }
+        rows.append(row)
+    result = {
+        "name": config.name,
+        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "commit": commit,
+        "device": describe_device(dev),
+        "seconds": round(time.perf_counter() - start, 2),
+        "config": dataclasses.asdict(config),
+        "protocol": protocol,
+        "rows": rows,
+    }
+    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / f"{config.name}.md").write_text(render_uci_markdown(result))
+    return result
+
+
+def render_uci_markdown(result: dict[str, Any]) -> str:
+    labels = [v["label"] for v in result["config"]["variants"]]
+    lines = [
+        f"# {result['name']}",
+        "",
+        "UCI regression, test log-likelihood (nats per point, original units) and RMSE, mean ± standard error over the "
+        "splits run (count in brackets). Reference: best of VI / PBP / Dropout / VMG as listed by Oh et al.",
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}` (each split's own commit and device are in the `_runs.jsonl` file)",
+        f"- device: {result['device']}",
+        f"- wall time of this invocation: {result['seconds']:.1f} s",
+        "",
+        "| dataset | reference LL | " + " | ".join(f"{label} LL" for label in labels) + " | best varbnn beats reference |",
+        "|" + "---|" * (len(labels) + 3),
+    ]
+    wins = compared = 0
+    for row in result["rows"]:
+        cells, best = [], -math.inf
+        for label in labels:
+            entry = row.get(label)
+            if entry is None:
+                cells.append("–")
+                continue
+            (ll, ll_se), splits = entry["ll"], entry["splits"]
+            se = f" ± {ll_se:.2f}" if not math.isnan(ll_se) else ""
+            cells.append(f"{ll:.2f}{se} [{splits}]")
+            best = max(best, ll)
+        verdict = "–"
+        if best > -math.inf:
+            compared += 1
+            wins += best > row["reference_ll"]
+            verdict = "yes" if best > row["reference_ll"] else "no"
+        lines.append(f"| {row['dataset']} | {row['reference_ll']:.2f} | " + " | ".join(cells) + f" | {verdict} |")
+    lines += ["", f"Best varbnn family above the reference on {wins} of {compared} datasets run.", ""]
+    lines += ["| dataset | " + " | ".join(f"{label} RMSE" for label in labels) + " |", "|" + "---|" * (len(labels) + 1)]
+    for row in result["rows"]:
+        cells = []
+        for label in labels:
+            entry = row.get(label)
+            if entry is None:
+                cells.append("–")
+                continue
+            rmse, rmse_se = entry["rmse"]
+            cells.append(f"{rmse:.3f}" + (f" ± {rmse_se:.3f}" if not math.isnan(rmse_se) else ""))
+        lines.append(f"| {row['dataset']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

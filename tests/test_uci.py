@@ -1,0 +1,75 @@
+"""UCI regression protocol: the Gamma-precision likelihood, the per-point predictive log-likelihood, the runner."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from scipy.special import logsumexp
+
+from varbnn.experiments.uci import REFERENCE_LL, UCI_VARIANTS, build_regressor, predictive_log_likelihood, run_uci, uci_config
+from varbnn.families import KTied, MeanField, RadialDirectional
+from varbnn.likelihoods import GammaPrecisionGaussian
+
+
+def test_expected_log_likelihood_matches_monte_carlo_over_the_precision():
+    lik = GammaPrecisionGaussian(6.0, 6.0, init_shape=3.0, init_rate=2.0)
+    y, f = torch.tensor([0.3, -1.0, 2.0]), torch.tensor([0.0, -0.5, 1.0])
+    torch.manual_seed(0)
+    tau = torch.distributions.Gamma(torch.tensor(3.0), torch.tensor(2.0)).sample((400_000,)).double()
+    tau = tau[:, None]
+    mc = (0.5 * tau.log() - 0.5 * math.log(2 * math.pi) - 0.5 * tau * (y - f).double().square()).mean(0)
+    torch.testing.assert_close(lik.expected_log_likelihood(y, f).double(), mc, atol=5e-3, rtol=0)
+    expected_kl = torch.distributions.kl_divergence(torch.distributions.Gamma(3.0, 2.0), torch.distributions.Gamma(6.0, 6.0))
+    assert float(lik.kl()) == pytest.approx(float(expected_kl), rel=1e-5)
+    with pytest.raises(ValueError, match="prior_shape"):
+        GammaPrecisionGaussian(prior_shape=0.0)
+    with pytest.raises(ValueError, match="same shape"):
+        lik.expected_log_likelihood(y, f[:2])
+
+
+def test_predictive_log_likelihood_is_a_logsumexp_over_draws_per_point():
+    rng = np.random.default_rng(0)
+    pred, y, var = rng.normal(size=(7, 5)), rng.normal(size=5), rng.uniform(0.5, 2.0, size=7)
+    dens = stats.norm.logpdf(y[None], loc=pred, scale=np.sqrt(var)[:, None])
+    expected = np.mean(logsumexp(dens, axis=0) - np.log(7))
+    got = predictive_log_likelihood(torch.tensor(pred), torch.tensor(y), torch.tensor(var))
+    assert got == pytest.approx(expected, rel=1e-10)
+    buggy = np.mean(logsumexp(dens, axis=1) - np.log(7))  # the published evaluation: log-sum-exp over points
+    assert abs(got - buggy) > 0.1
+    with pytest.raises(ValueError, match="need pred"):
+        predictive_log_likelihood(torch.tensor(pred), torch.tensor(y[:3]), torch.tensor(var))
+
+
+def test_regressor_puts_the_family_on_the_first_layer_only():
+    models = {v.label: build_regressor(v, 8, 50) for v in UCI_VARIANTS}
+    assert type(models["RDP (double)"][0].posteriors["weight"]) is RadialDirectional
+    assert type(models["2-tied"][0].posteriors["weight"]) is KTied
+    for label, model in models.items():
+        assert model(torch.randn(4, 8)).shape == (4, 1)
+        if label != "MAP (Delta)":
+            assert type(model[2].posteriors["weight"]) is MeanField
+    assert set(REFERENCE_LL) == set(uci_config().datasets)
+    with pytest.raises(ValueError, match="unknown UCI datasets"):
+        uci_config(datasets=("boston",))
+
+
+def test_uci_quick_run_writes_results_and_resumes(data_dir, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = uci_config(quick=True)
+        first = run_uci(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="test")
+        lines = (tmp_path / "uci-quick_runs.jsonl").read_text().splitlines()
+        assert len(lines) == 2 * len(config.variants)
+        again = run_uci(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="test")
+    assert len((tmp_path / "uci-quick_runs.jsonl").read_text().splitlines()) == len(lines)  # nothing recomputed
+    assert first["rows"] == again["rows"]
+    row = first["rows"][0]
+    assert row["dataset"] == "yacht" and all(row[v.label]["splits"] == 2 for v in config.variants)
+    assert all(math.isfinite(row[v.label]["ll"][0]) and row[v.label]["rmse"][0] > 0 for v in config.variants)
+    assert "| yacht | -1.30 |" in (tmp_path / "uci-quick.md").read_text()
+    assert json.loads(lines[0])["protocol"] == config.protocol_hash()
