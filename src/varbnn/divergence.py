@@ -28,7 +28,16 @@ from torch.distributions import kl_divergence as _torch_kl
 
 from varbnn.distributions import Delta, ImproperUniform
 
-__all__ = ["kl", "kl_divergence", "monte_carlo_kl", "register_family_kl", "family_kl", "DEFAULT_KL_SAMPLES"]
+__all__ = [
+    "kl",
+    "kl_divergence",
+    "monte_carlo_kl",
+    "register_family_kl",
+    "family_kl",
+    "lognormal_gamma_kl",
+    "lognormal_inverse_gamma_kl",
+    "DEFAULT_KL_SAMPLES",
+]
 
 DEFAULT_KL_SAMPLES = 1
 """Monte Carlo samples for KLs without a closed form (one per step is the usual unbiased estimator)."""
@@ -51,34 +60,33 @@ def _kl_any_uniform(q: Distribution, p: ImproperUniform) -> torch.Tensor:
     return -q.entropy()
 
 
+def lognormal_gamma_kl(m: torch.Tensor, s: torch.Tensor, shape: float | torch.Tensor, rate: float | torch.Tensor) -> torch.Tensor:
+    """KL(LN(m, s^2) || Gamma(shape a, rate b)) = -a log b + lgamma(a) - a m + b exp(m + s^2/2) - (log(2 pi s^2) + 1)/2
+    (Louizos et al. 2017; from E[log x] = m, E[x] = exp(m + s^2/2) and H = m + log(2 pi e s^2)/2), elementwise."""
+    a, b = torch.as_tensor(shape, dtype=m.dtype, device=m.device), torch.as_tensor(rate, dtype=m.dtype, device=m.device)
+    return -a * b.log() + torch.lgamma(a) - a * m + b * torch.exp(m + 0.5 * s.square()) - 0.5 * (_LOG_2PI + 2 * s.log() + 1)
+
+
+def lognormal_inverse_gamma_kl(
+    m: torch.Tensor, s: torch.Tensor, shape: float | torch.Tensor, scale: float | torch.Tensor
+) -> torch.Tensor:
+    """KL(LN(m, s^2) || InvGamma(shape a, scale b)) = -a log b + lgamma(a) + a m + b exp(-m + s^2/2) - (log(2 pi s^2) + 1)/2
+    (E[1/x] = exp(-m + s^2/2)), elementwise."""
+    a, b = torch.as_tensor(shape, dtype=m.dtype, device=m.device), torch.as_tensor(scale, dtype=m.dtype, device=m.device)
+    return -a * b.log() + torch.lgamma(a) + a * m + b * torch.exp(-m + 0.5 * s.square()) - 0.5 * (_LOG_2PI + 2 * s.log() + 1)
+
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
 @register_kl(LogNormal, Gamma)
 def _kl_lognormal_gamma(q: LogNormal, p: Gamma) -> torch.Tensor:
-    """KL(LN(m, s^2) || Gamma(shape a, rate b)) = -a log b + lgamma(a) - a m + b exp(m + s^2/2) - (log(2 pi s^2) + 1)/2
-    (Louizos et al. 2017; derived from E[log x] = m, E[x] = exp(m + s^2/2), H = m + (log(2 pi e s^2))/2)."""
-    m, s = q.loc, q.scale
-    a, b = p.concentration, p.rate
-    return (
-        -a * b.log()
-        + torch.lgamma(a)
-        - a * m
-        + b * torch.exp(m + 0.5 * s.square())
-        - 0.5 * (math.log(2 * math.pi) + 2 * s.log() + 1)
-    )
+    return lognormal_gamma_kl(q.loc, q.scale, p.concentration, p.rate)
 
 
 @register_kl(LogNormal, InverseGamma)
 def _kl_lognormal_inverse_gamma(q: LogNormal, p: InverseGamma) -> torch.Tensor:
-    """KL(LN(m, s^2) || InvGamma(shape a, scale b)) = -a log b + lgamma(a) + a m + b exp(-m + s^2/2) - (log(2 pi s^2) + 1)/2
-    (E[1/x] = exp(-m + s^2/2))."""
-    m, s = q.loc, q.scale
-    a, b = p.concentration, p.rate
-    return (
-        -a * b.log()
-        + torch.lgamma(a)
-        + a * m
-        + b * torch.exp(-m + 0.5 * s.square())
-        - 0.5 * (math.log(2 * math.pi) + 2 * s.log() + 1)
-    )
+    return lognormal_inverse_gamma_kl(q.loc, q.scale, p.concentration, p.rate)  # torch's InverseGamma.rate is the scale
 
 
 @register_kl(Normal, Laplace)

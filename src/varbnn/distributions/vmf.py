@@ -288,8 +288,11 @@ class VonMisesFisher(Distribution):
         b, _ = self._wood_constants(kappa)
         omega, one_minus, one_plus = self._omega(eps, kappa)
         d = self.dim
-        # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const
-        log_q = -log_bessel_iv_over_power(d / 2 - 1, kappa, validate=False) + kappa * omega
+        # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const. Only
+        # the score's first derivative matters (its value is 0): d/dkappa -log(I_nu/kappa^nu) = -A_d(kappa), so the
+        # normaliser enters as -(kappa - kappa.detach()) * A_d, one Bessel ratio instead of a log-Bessel and its ratio.
+        a_d = bessel_ratio(d / 2, kappa.detach(), method=self.ratio_method, validate=False)
+        log_q = -(kappa - kappa.detach()) * a_d + kappa * omega
         log_q = log_q + 0.5 * (d - 3) * torch.log(one_minus * one_plus)
         log_jac = torch.log(2 * b) - 2 * torch.log(1 - (1 - b) * eps)
         log_pi = log_q + log_jac

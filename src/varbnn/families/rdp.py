@@ -22,6 +22,7 @@ This assumes one forward pass per loss, as in an ordinary training step.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -29,14 +30,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Distribution, Gamma, InverseGamma, LogNormal
-from torch.distributions import kl_divergence as torch_kl
+from torch.distributions import Distribution
 
-from varbnn.distributions.vmf import RATIO_METHODS, HypersphericalUniform, VonMisesFisher
-from varbnn.divergence import family_kl, register_family_kl
+from varbnn.distributions.vmf import RATIO_METHODS, VonMisesFisher, _log_sphere_area
+from varbnn.divergence import family_kl, lognormal_gamma_kl, lognormal_inverse_gamma_kl, register_family_kl
 from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
 from varbnn.families.gaussian import MeanField, inverse_softplus
 from varbnn.priors import Prior, RadialDirectionalPrior, banerjee_concentration
+from varbnn.special import bessel_ratio, log_bessel_iv_over_power
 
 __all__ = ["RadialDirectional", "GROUPINGS"]
 
@@ -266,31 +267,36 @@ class RadialDirectional(VariationalFamily):
         return score
 
 
-def _kl_grouping(family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior) -> torch.Tensor:
+@functools.lru_cache(maxsize=256)
+def _log_normalizer_constant(dim: int, kappa: float) -> float:
+    """log C_d(kappa) of a fixed prior concentration, computed once (float64)."""
+    log_i = float(log_bessel_iv_over_power(dim / 2 - 1, torch.tensor(kappa, dtype=torch.float64), validate=False))
+    return -0.5 * dim * math.log(2 * math.pi) - log_i
+
+
+def _direction_kl(family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior) -> torch.Tensor:
+    """Sum over the groups of KL(vMF(mu_g, kappa_q) || vMF(mu_g, kappa_p)) (tied prior mean) or of KL(vMF || uniform):
+    ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)``, the same for every group; with
+    kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. One Bessel ratio and one log-Bessel per grouping and step."""
     direction = family.mean_direction(grouping)
     groups, dim = direction.shape
-    kappa_q = family.concentration(grouping)
-    # the direction KL depends on the concentrations only (tied prior mean, or the uniform prior): one per group
-    unit = torch.zeros(1, dim, dtype=direction.dtype, device=direction.device)
-    unit[0, 0] = 1.0
-    q = VonMisesFisher(unit, kappa_q.reshape(1), ratio_method=family.ratio_method, validate_args=False)  # type: ignore[arg-type]
+    kappa_q = family.concentration(grouping).to(torch.float64)
     kappa_p = prior.direction_concentration(dim)
-    if kappa_p == 0.0:
-        p_dir: Distribution = HypersphericalUniform(dim, torch.Size([1]), device=direction.device, dtype=direction.dtype)
-    else:
-        p_dir = VonMisesFisher(
-            unit, torch.full((1,), kappa_p, dtype=direction.dtype, device=direction.device), validate_args=False
-        )
-    kl = groups * torch_kl(q, p_dir).sum()
-    half = torch.tensor(0.5, dtype=direction.dtype, device=direction.device)
-    one = torch.ones((), dtype=direction.dtype, device=direction.device)
+    ratio = bessel_ratio(dim / 2, kappa_q, method=family.ratio_method, validate=False)  # type: ignore[arg-type]
+    log_c_q = -0.5 * dim * math.log(2 * math.pi) - log_bessel_iv_over_power(dim / 2 - 1, kappa_q, validate=False)
+    log_c_p = -_log_sphere_area(dim) if kappa_p == 0.0 else _log_normalizer_constant(dim, float(kappa_p))
+    kl = (kappa_q - kappa_p) * ratio + log_c_q - log_c_p
+    return (groups * kl).to(direction.dtype)
+
+
+def _kl_grouping(family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior) -> torch.Tensor:
+    kl = _direction_kl(family, grouping, prior)
     for part, scale in (("local", prior.local_scale), ("global", prior.global_scale)):
         loc = family._param(grouping, f"{part}_loc")
         sigma = F.softplus(family._param(grouping, f"{part}_rho"))
-        gamma = Gamma(half, one / scale**2)  # z^2 = a b with a ~ Gamma(1/2, rate 1/scale^2), b ~ InvGamma(1/2, 1)
-        inverse_gamma = InverseGamma(half, one)
-        kl = kl + torch_kl(LogNormal(loc[..., 0], sigma[..., 0]), gamma).sum()
-        kl = kl + torch_kl(LogNormal(loc[..., 1], sigma[..., 1]), inverse_gamma).sum()
+        # z^2 = a b with a ~ Gamma(1/2, rate 1/scale^2) and b ~ InvGamma(1/2, scale 1)
+        kl = kl + lognormal_gamma_kl(loc[..., 0], sigma[..., 0], 0.5, scale**-2).sum()
+        kl = kl + lognormal_inverse_gamma_kl(loc[..., 1], sigma[..., 1], 0.5, 1.0).sum()
     return kl
 
 
