@@ -222,3 +222,31 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
         assert row[key] == row_again[key]
     assert (tmp_path / "lenet5-prune_prune_histograms.png").stat().st_size > 1000
+
+
+def test_resumable_runs_keep_their_traces_across_invocations(tmp_path):
+    config = ExperimentConfig(
+        name="resume-traces",
+        description="",
+        dataset="digits",
+        model="mlp",
+        model_options={"in_features": 64, "hidden": (8,), "out_features": 10},
+        variants=(Variant("mf", family_options={"init_std": 1e-2}),),
+        epochs=2,
+        batch_size=512,
+        seeds=(0,),
+        eval_samples=2,
+        log_steps=(2, 5),
+        snr_tensor="1.weight",
+        snr_window=2,
+        resumable=True,
+        figures=("traces",),
+    )
+    first = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    sidecars = list((tmp_path / ".checkpoints").glob("resume-traces-*/mf-seed0.traces.json"))
+    assert len(sidecars) == 1 and json.loads(sidecars[0].read_text())["epoch"] == 2
+    again = run_experiment(config, out_dir=tmp_path, progress=False, command="test")  # finished: only re-evaluated
+    assert again["traces"] == first["traces"] and [r["step"] for r in again["traces"]["mf"][0]] == [2, 5]
+    for key in ("snr@2", "snr@5", "accuracy"):
+        assert again["rows"][0][key] == first["rows"][0][key]
+    assert again["rows"][0]["train_seconds"] == pytest.approx(first["rows"][0]["train_seconds"], rel=0.5)

@@ -180,6 +180,7 @@ register_config(
         log_steps=(1000, 5000, 9000),
         trace_samples=4,
         snr_tensor="lstm.weight_hh_l0",
+        resumable=True,
         figures=("traces", "reliability"),
         quick=_KTIED_QUICK,
     )

@@ -193,6 +193,30 @@ class _Tracer:
         self.seconds += time.perf_counter() - t0
 
 
+class _Sidecar:
+    """For resumable runs: the traces and training time so far, written next to the checkpoint after every epoch
+    (``<checkpoint>.traces.json``) and read back on resume, so a continued run reports the whole run. (The SNR
+    window is not saved: a logged step within ``snr_window`` steps after a resume sees a shorter window.)"""
+
+    def __init__(self, checkpoint: Path | None, tracer: _Tracer | None, t0: float) -> None:
+        self.path = checkpoint.with_suffix(".traces.json") if checkpoint is not None else None
+        self.tracer, self.t0, self.previous_seconds = tracer, t0, 0.0
+        if self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
+            saved = json.loads(self.path.read_text())
+            self.previous_seconds = float(saved.get("train_seconds", 0.0))
+            if tracer is not None:
+                tracer.records = list(saved.get("records", []))
+
+    def __call__(self, epoch: int, record: dict[str, float]) -> None:
+        if self.path is None:
+            return
+        seconds = self.previous_seconds + time.perf_counter() - self.t0 - (self.tracer.seconds if self.tracer else 0.0)
+        state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path)
+
+
 def _sem(values: torch.Tensor) -> float:
     return float(values.std() / math.sqrt(values.numel())) if values.numel() > 1 else float("nan")
 
@@ -296,13 +320,15 @@ def run_experiment(
                 tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
             t0 = time.perf_counter()
             checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
+            sidecar = _Sidecar(checkpoint, tracer, t0)
             history = fit(
                 model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
                 optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
                 beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
                 on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
+                on_epoch_end=sidecar if checkpoint is not None else None,
             )  # fmt: skip
-            train_seconds = time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
+            train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
             for rank in config.posthoc_ranks if variant.family != "plain" else ():
                 results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
