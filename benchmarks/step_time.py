@@ -81,6 +81,9 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
         table[f"varbnn MeanField-{estimator}"] = family(lambda e=estimator: varbnn.MeanField(estimator=e))
     for estimator in ("reparam", "local"):
         table[f"varbnn KTied(rank=2)-{estimator}"] = family(lambda e=estimator: varbnn.KTied(rank=2, estimator=e))
+    table["varbnn Radial-reparam (MC cross-entropy)"] = family(lambda: varbnn.Radial())
+    table["varbnn Radial-reparam (closed-form cross-entropy)"] = family(lambda: varbnn.Radial(cross_entropy="closed_form"))
+    table["varbnn Radial-flipout (MC cross-entropy)"] = family(lambda: varbnn.Radial(estimator="flipout"))
     for grouping in ("row", "double"):
         table[f"varbnn RadialDirectional({grouping})"] = family(
             lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior

@@ -6,11 +6,11 @@ The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the b
 from varbnn import distributions, families, metrics, nn, priors
 from varbnn.convert import bayesianize, register_converter, register_deterministic, to_deterministic
 from varbnn.divergence import kl, kl_divergence
-from varbnn.families import Delta, KTied, MeanField, RadialDirectional, VariationalFamily
+from varbnn.families import Delta, KTied, MeanField, Radial, RadialDirectional, VariationalFamily
 from varbnn.nn import BayesConv2d, BayesianModule, BayesLinear, BayesLSTM, sample_mode, set_sample_mode
 from varbnn.objectives import ELBOTerms, elbo_loss, linear_kl_annealing
 from varbnn.predict import classification_summary, predict, regression_summary
-from varbnn.priors import RadialDirectionalPrior, update_adaptive_priors
+from varbnn.priors import RadialDirectionalPrior, RadialPrior, update_adaptive_priors
 
 __version__ = "0.1.0"
 
@@ -29,8 +29,10 @@ __all__ = [
     "Delta",
     "MeanField",
     "KTied",
+    "Radial",
     "RadialDirectional",
     "RadialDirectionalPrior",
+    "RadialPrior",
     "VariationalFamily",
     "BayesLinear",
     "BayesConv2d",

@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, config in sorted(CONFIGS.items()):
             print(f"{name:20s} {config.description}")
         print(f"{'uci':20s} UCI regression, 9 sets x standard splits, every family (Oh et al. 2020 Table 1 protocol)")
+        print(f"{'vcl-split-fmnist':20s} VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)")
         return 0
     name = "demo" if args.command == "demo" else args.name
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -64,6 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"wrote {args.out}/{uci.name}.json, {args.out}/{uci.name}.md, {args.out}/{uci.name}_runs.jsonl")
         return 0 if uci_result["rows"] else 1
+    if name == "vcl-split-fmnist":
+        from varbnn.experiments.continual import run_vcl, vcl_config
+
+        vcl = vcl_config(args.quick)
+        vcl_result = run_vcl(vcl, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
+                             command=command)  # fmt: skip
+        final = [r for r in vcl_result["rows"] if r["after_task"] == len(vcl.tasks)]
+        print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
+        print(f"wrote {args.out}/{vcl.name}.json, {args.out}/{vcl.name}.md, {args.out}/{vcl.name}.png")
+        return 0
     try:
         config = get_config(name, quick=args.quick)
     except ValueError as error:

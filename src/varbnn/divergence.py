@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributions import Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, register_kl
 from torch.distributions import kl_divergence as _torch_kl
 
-from varbnn.distributions import Delta, ImproperUniform
+from varbnn.distributions import Delta, ImproperUniform, Radial
 
 __all__ = [
     "kl",
@@ -57,6 +57,11 @@ def _kl_delta_uniform(q: Delta, p: ImproperUniform) -> torch.Tensor:
 @register_kl(Distribution, ImproperUniform)
 def _kl_any_uniform(q: Distribution, p: ImproperUniform) -> torch.Tensor:
     # Up to an infinite constant that carries no gradient.
+    return -q.entropy()
+
+
+@register_kl(Radial, ImproperUniform)
+def _kl_radial_uniform(q: Radial, p: ImproperUniform) -> torch.Tensor:
     return -q.entropy()
 
 

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa: E402
 
-__all__ = ["reliability_diagram", "variance_explained_figure", "std_heatmaps", "trace_figure"]
+__all__ = ["reliability_diagram", "variance_explained_figure", "std_heatmaps", "trace_figure", "continual_figure"]
 
 
 def reliability_diagram(
@@ -138,6 +138,40 @@ def trace_figure(
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str]) -> Path:
+    """Continual learning (Farquhar et al. 2020, Fig. 5): one panel per task head, its test accuracy against the
+    number of tasks trained so far, one line per variant (mean over seeds, band: mean ± standard error); a last
+    panel with the mean over the heads seen so far. ``result``: what :func:`varbnn.experiments.continual.run_vcl`
+    writes (rows ``{"variant", "after_task", "head<j>": (mean, se), "mean": (mean, se)}``)."""
+    rows = list(result["rows"])  # type: ignore[call-overload]
+    n_tasks = max(int(r["after_task"]) for r in rows)
+    variants = list(dict.fromkeys(str(r["variant"]) for r in rows))
+    fig, axes = plt.subplots(1, n_tasks + 1, figsize=(2.6 * (n_tasks + 1), 3.0), sharey=True)
+    for panel, ax in enumerate(axes):
+        key = f"head{panel + 1}" if panel < n_tasks else "mean"
+        for variant in variants:
+            points = [(int(r["after_task"]), r[key]) for r in rows if r["variant"] == variant and r.get(key) is not None]
+            if not points:
+                continue
+            x = [p[0] for p in points]
+            mean = torch.tensor([float(p[1][0]) for p in points])
+            se = torch.tensor([float(p[1][1]) for p in points]).nan_to_num(0.0)
+            ax.plot(x, mean.numpy(), marker="o", markersize=3, label=variant)
+            ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), alpha=0.2)
+        ax.set_title(f"task {panel + 1} head" if panel < n_tasks else "mean over heads seen", fontsize=9)
+        ax.set_xlabel("tasks trained")
+        ax.set_xticks(range(1, n_tasks + 1))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(str(result.get("name", "")))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

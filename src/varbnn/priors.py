@@ -30,7 +30,7 @@ from torch.distributions import Distribution, Independent
 from torch.distributions import Laplace as _TorchLaplace
 from torch.distributions import Normal as _TorchNormal
 
-from varbnn.distributions import ImproperUniform, ScaleMixtureNormal
+from varbnn.distributions import ImproperUniform, Radial, ScaleMixtureNormal
 
 if TYPE_CHECKING:
     from varbnn.families.base import VariationalFamily
@@ -42,6 +42,7 @@ __all__ = [
     "ScaleMixture",
     "Uniform",
     "RadialDirectionalPrior",
+    "RadialPrior",
     "banerjee_concentration",
     "PriorSpec",
     "update_adaptive_priors",
@@ -322,12 +323,43 @@ class RadialDirectionalPrior(Prior):
         )
 
 
+class RadialPrior(Prior):
+    """A radial distribution used as a prior (Farquhar et al. 2020, Appendix B): ``Radial(loc, scale)`` over the
+    tensor, with the cross-entropy of a posterior estimated by Monte Carlo (``-mean_s log p(w_s)``). Used by
+    variational continual learning to turn a trained Radial posterior into the next task's prior.
+
+    Args:
+        loc: the prior mode, a number or a tensor of the weight's shape (default 0).
+        scale: per-element scale sigma > 0, a number or a tensor of the weight's shape (default 1).
+    """
+
+    loc: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, loc: float | torch.Tensor = 0.0, scale: float | torch.Tensor = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("loc", _as_tensor(loc, "loc", "RadialPrior"))
+        self.register_buffer("scale", _as_tensor(scale, "scale", "RadialPrior", positive=True))
+
+    def distribution(self, shape: torch.Size | Sequence[int]) -> Distribution:
+        shape = torch.Size(shape)
+        for name in ("loc", "scale"):
+            value = getattr(self, name)
+            if value.dim() and value.shape != shape:
+                raise ValueError(f"RadialPrior: {name} has shape {tuple(value.shape)}, the weight has {tuple(shape)}")
+        return Radial(self.loc.expand(shape), self.scale.expand(shape), validate_args=False)
+
+    def extra_repr(self) -> str:
+        return _repr_params(self, ("loc", "scale"))
+
+
 PRIORS: dict[str, type[Prior]] = {
     "normal": Normal,
     "laplace": Laplace,
     "scale_mixture": ScaleMixture,
     "uniform": Uniform,
     "radial_directional": RadialDirectionalPrior,
+    "radial": RadialPrior,
 }
 
 

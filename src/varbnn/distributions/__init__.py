@@ -8,7 +8,16 @@ one vector (``event_shape == (d,)``), as in scipy and TFP.
 
 from varbnn.distributions.delta import Delta
 from varbnn.distributions.improper import ImproperUniform
+from varbnn.distributions.radial import Radial
 from varbnn.distributions.scale_mixture import ScaleMixtureNormal
 from varbnn.distributions.vmf import HypersphericalUniform, RejectionSamplingError, VonMisesFisher
 
-__all__ = ["Delta", "HypersphericalUniform", "ImproperUniform", "RejectionSamplingError", "ScaleMixtureNormal", "VonMisesFisher"]
+__all__ = [
+    "Delta",
+    "HypersphericalUniform",
+    "ImproperUniform",
+    "Radial",
+    "RejectionSamplingError",
+    "ScaleMixtureNormal",
+    "VonMisesFisher",
+]

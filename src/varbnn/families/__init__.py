@@ -11,6 +11,17 @@ from varbnn.families.base import FAMILIES, SampleMode, VariationalFamily, make_f
 from varbnn.families.delta import Delta
 from varbnn.families.gaussian import MeanField
 from varbnn.families.ktied import KTied
+from varbnn.families.radial import Radial
 from varbnn.families.rdp import RadialDirectional
 
-__all__ = ["VariationalFamily", "Delta", "MeanField", "KTied", "RadialDirectional", "FAMILIES", "make_family", "SampleMode"]
+__all__ = [
+    "VariationalFamily",
+    "Delta",
+    "MeanField",
+    "KTied",
+    "Radial",
+    "RadialDirectional",
+    "FAMILIES",
+    "make_family",
+    "SampleMode",
+]

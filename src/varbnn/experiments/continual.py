@@ -1,0 +1,307 @@
+"""``varbnn reproduce vcl-split-fmnist``: variational continual learning on Split Fashion-MNIST (Farquhar et al. 2020,
+section 3.1 and Appendix C.1-C.2).
+
+Five tasks of two classes in the conventional order ({0,1}, {2,3}, ..., {8,9}); an MLP with four hidden layers of 200
+units; prior N(0, 1) on the first task, then each task's posterior as the next task's prior
+(:func:`varbnn.continual.set_posterior_as_prior`); AMSGrad, learning rate 1e-3, batch 1024 with the final incomplete
+batch dropped; 90% of the training set to train on, 10% held out for validation; means He-initialised, rho = -6
+(sigma = softplus(-6) = 2.5e-3) for both families; no coresets. Multi-head: one two-class head per task, trained with
+the trunk on its task; single-head: one ten-class head for every task. Inputs standardised with the training set's
+mean and standard deviation. Loss per task: mean NLL + KL / N_task (the task's training examples).
+
+After each task, the test accuracy of every head seen so far (the Monte Carlo predictive, ``eval_samples`` draws) is
+recorded; each finished (variant, seed) is appended to ``OUT/<name>_runs.jsonl`` so that a rerun fills in only what is
+missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from varbnn.continual import MultiHeadNet, set_posterior_as_prior
+from varbnn.convert import bayesianize
+from varbnn.data import load_fashion_mnist
+from varbnn.families import make_family
+from varbnn.models import mlp
+from varbnn.predict import classification_summary, predict
+from varbnn.priors import Normal
+from varbnn.train import fit, resolve_device, seed_everything
+
+__all__ = ["VCLVariant", "VCLConfig", "vcl_config", "run_vcl", "render_vcl_markdown", "TensorBatches", "SPLIT_TASKS"]
+
+SPLIT_TASKS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
+SIGMA_RHO_MINUS_6 = math.log1p(math.exp(-6.0))
+
+
+@dataclass(frozen=True)
+class VCLVariant:
+    """One curve of the figure: ``family`` ("radial" or "meanfield", or any family with a prior form) trained
+    ``epochs`` per task, multi-head or single-head."""
+
+    label: str
+    family: str
+    epochs: int
+    multi_head: bool = True
+    family_options: dict[str, Any] = field(default_factory=dict)
+
+
+VCL_VARIANTS = (
+    VCLVariant("radial, multi-head", "radial", 20, True, {"init_std": SIGMA_RHO_MINUS_6}),
+    VCLVariant("mean-field, multi-head", "meanfield", 60, True, {"init_std": SIGMA_RHO_MINUS_6}),
+    VCLVariant("radial, single-head", "radial", 20, False, {"init_std": SIGMA_RHO_MINUS_6}),
+    VCLVariant("mean-field, single-head", "meanfield", 60, False, {"init_std": SIGMA_RHO_MINUS_6}),
+)
+
+
+@dataclass(frozen=True)
+class VCLConfig:
+    name: str = "vcl-split-fmnist"
+    variants: tuple[VCLVariant, ...] = VCL_VARIANTS
+    tasks: tuple[tuple[int, ...], ...] = SPLIT_TASKS
+    hidden: tuple[int, ...] = (200, 200, 200, 200)
+    batch_size: int = 1024
+    lr: float = 1e-3
+    amsgrad: bool = True
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    validation_fraction: float = 0.1
+    eval_samples: int = 32
+    train_limit: int | None = None
+    test_limit: int | None = None
+    epochs_override: int | None = None
+
+    def protocol_hash(self, variant: VCLVariant) -> str:
+        data = dataclasses.asdict(self)
+        for key in ("name", "variants", "seeds"):
+            data.pop(key)
+        data["variant"] = dataclasses.asdict(variant)
+        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def vcl_config(quick: bool = False) -> VCLConfig:
+    """The paper's protocol, or ``--quick`` (one seed, 300 training and 200 test images per task, 1 epoch)."""
+    if quick:
+        return VCLConfig(
+            name="vcl-split-fmnist-quick", seeds=(0,), train_limit=300, test_limit=200, epochs_override=1, eval_samples=4,
+            batch_size=128,
+        )  # fmt: skip
+    return VCLConfig()
+
+
+class TensorBatches:
+    """Shuffled mini-batches of in-memory tensors, re-iterable (one pass per epoch), optionally dropping the final
+    incomplete batch; one ``randperm`` per epoch instead of per-example indexing."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = True, drop_last: bool = False):
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"x and y hold different numbers of examples: {x.shape[0]} and {y.shape[0]}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.x, self.y, self.batch_size, self.shuffle, self.drop_last = x, y, batch_size, shuffle, drop_last
+
+    def __len__(self) -> int:
+        n = self.x.shape[0]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        n = self.x.shape[0]
+        order = torch.randperm(n) if self.shuffle else torch.arange(n)
+        for i in range(len(self)):
+            index = order[i * self.batch_size : (i + 1) * self.batch_size]
+            yield self.x[index], self.y[index]
+
+
+def _task_data(
+    x: torch.Tensor, y: torch.Tensor, classes: tuple[int, ...], multi_head: bool, limit: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    keep = torch.isin(y, torch.tensor(classes))
+    xs, ys = x[keep], y[keep]
+    if limit is not None:
+        xs, ys = xs[:limit], ys[:limit]
+    if multi_head:  # labels become the index within the task's classes
+        ys = torch.searchsorted(torch.tensor(classes), ys)
+    return xs, ys
+
+
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, samples: int, dev: torch.device) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, x.shape[0], 2000):
+            logits = predict(model, x[start : start + 2000].to(dev), samples=samples)
+            correct += int((classification_summary(logits).probs.argmax(-1).cpu() == y[start : start + 2000]).sum())
+    return correct / max(x.shape[0], 1)
+
+
+def _run_one(
+    config: VCLConfig, variant: VCLVariant, seed: int, data_dir: str | None, dev: torch.device, progress: bool
+) -> dict[str, Any]:
+    x_all, y_all = load_fashion_mnist("train", data_dir)
+    x_test, y_test = load_fashion_mnist("test", data_dir)
+    split = torch.randperm(x_all.shape[0], generator=torch.Generator().manual_seed(12345))  # one split for every run
+    n_val = int(round(config.validation_fraction * x_all.shape[0]))
+    train_idx, val_idx = split[n_val:], split[:n_val]
+    mean, std = x_all[train_idx].mean(), x_all[train_idx].std()
+    flat = lambda t: ((t - mean) / std).reshape(t.shape[0], -1)  # noqa: E731
+    x_train, y_train = flat(x_all[train_idx]), y_all[train_idx]
+    x_val, y_val = flat(x_all[val_idx]), y_all[val_idx]
+    x_te = flat(x_test)
+
+    seed_everything(seed)
+    prior = Normal(0.0, 1.0)
+    family = make_family(variant.family, **variant.family_options)
+    width = config.hidden[-1]
+    trunk = bayesianize(mlp(x_train.shape[1], config.hidden[:-1], width), family, prior)
+    trunk = nn.Sequential(trunk, nn.ReLU())
+    n_heads = len(config.tasks) if variant.multi_head else 1
+    n_out = len(config.tasks[0]) if variant.multi_head else int(y_all.max()) + 1
+    heads = [bayesianize(nn.Linear(width, n_out), family, prior) for _ in range(n_heads)]
+    model = MultiHeadNet(trunk, heads).to(dev)
+    epochs = config.epochs_override or variant.epochs
+
+    accuracy: list[list[float]] = []
+    val_accuracy: list[list[float]] = []
+    t0 = time.perf_counter()
+    for t, classes in enumerate(config.tasks):
+        task_model = model.task_model(t if variant.multi_head else 0)
+        xs, ys = _task_data(x_train, y_train, classes, variant.multi_head, config.train_limit)
+        loader = TensorBatches(xs, ys, config.batch_size, shuffle=True, drop_last=xs.shape[0] >= config.batch_size)
+        optimizer = torch.optim.Adam(task_model.parameters(), lr=config.lr, amsgrad=config.amsgrad)
+        fit(task_model, loader, n_data=xs.shape[0], epochs=epochs, optimizer=optimizer, device=dev, progress=progress)
+        row, val_row = [], []
+        for j, seen in enumerate(config.tasks[: t + 1]):
+            head_model = model.task_model(j if variant.multi_head else 0)
+            xe, ye = _task_data(x_te, y_test, seen, variant.multi_head, config.test_limit)
+            row.append(_accuracy(head_model, xe, ye, config.eval_samples, dev))
+            xv, yv = _task_data(x_val, y_val, seen, variant.multi_head, config.test_limit)
+            val_row.append(_accuracy(head_model, xv, yv, config.eval_samples, dev))
+        accuracy.append(row)
+        val_accuracy.append(val_row)
+        if progress:
+            print(f"[vcl] {variant.label} seed {seed} after task {t + 1}: " + " ".join(f"{a:.3f}" for a in row), file=sys.stderr)
+        set_posterior_as_prior(task_model)  # trunk and this task's head; later heads keep N(0, 1)
+    return {"variant": variant.label, "seed": seed, "accuracy": accuracy, "val_accuracy": val_accuracy,
+            "epochs_per_task": epochs, "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def run_vcl(
+    config: VCLConfig,
+    *,
+    device: str | torch.device | None = "cpu",
+    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    data_dir: str | None = None,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Run every (variant, seed) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``, ``.md`` and the figure."""
+    from varbnn.experiments.runner import describe_device, git_commit
+
+    start = time.perf_counter()
+    commit = git_commit()
+    dev = resolve_device(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / f"{config.name}_runs.jsonl"
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    hashes = {v.label: config.protocol_hash(v) for v in config.variants}
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            record = json.loads(line)
+            if hashes.get(record["variant"]) == record.get("protocol"):
+                done[(record["variant"], record["seed"])] = record
+    for variant in config.variants:
+        for seed in config.seeds:
+            if (variant.label, seed) in done:
+                continue
+            record = _run_one(config, variant, seed, data_dir, dev, progress)
+            record.update(protocol=hashes[variant.label], commit=commit, device=describe_device(dev))
+            done[(variant.label, seed)] = record
+            with cache.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+    rows = []
+    for variant in config.variants:
+        records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
+        for t in range(len(config.tasks)):
+            row: dict[str, Any] = {"variant": variant.label, "after_task": t + 1, "seeds": len(records)}
+            for j in range(t + 1):
+                row[f"head{j + 1}"] = _mean_se([r["accuracy"][t][j] for r in records])
+            row["mean"] = _mean_se([sum(r["accuracy"][t]) / (t + 1) for r in records])
+            row["val_mean"] = _mean_se([sum(r["val_accuracy"][t]) / (t + 1) for r in records])
+            rows.append(row)
+    result = {
+        "name": config.name,
+        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "commit": commit,
+        "device": describe_device(dev),
+        "seconds": round(time.perf_counter() - start, 2),
+        "train_seconds": {v.label: [done[(v.label, s)]["seconds"] for s in config.seeds if (v.label, s) in done]
+                          for v in config.variants},  # fmt: skip
+        "config": dataclasses.asdict(config),
+        "rows": rows,
+    }
+    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    figure = out / f"{config.name}.png"
+    from varbnn.plots import continual_figure
+
+    continual_figure(result, figure)
+    (out / f"{config.name}.md").write_text(render_vcl_markdown(result, figure.name))
+    return result
+
+
+def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+    n_tasks = len(result["config"]["tasks"])
+    lines = [
+        f"# {result['name']}",
+        "",
+        "Variational continual learning on Split Fashion-MNIST (Farquhar et al. 2020, Fig. 5 and Appendix C.1-C.2): test "
+        "accuracy of each head after each task (Monte Carlo predictive), mean ± standard error over seeds; `mean` is the "
+        "average over the heads seen so far, `val mean` the same on the held-out 10% of the training set.",
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}` (each run's own commit and device are in the `_runs.jsonl` file)",
+        f"- device: {result['device']}",
+        f"- wall time of this invocation: {result['seconds']:.1f} s; training seconds per run: "
+        + "; ".join(f"{k}: {sum(v) / max(len(v), 1):.0f}" for k, v in result["train_seconds"].items()),
+        "",
+        "| variant | after task | seeds | " + " | ".join(f"head {j + 1}" for j in range(n_tasks)) + " | mean | val mean |",
+        "|" + "---|" * (n_tasks + 5),
+    ]
+
+    def cell(entry: Any) -> str:
+        if entry is None:
+            return ""
+        mean, se = entry
+        return f"{mean:.4f}" + (f" ± {se:.4f}" if not math.isnan(se) else "")
+
+    for row in result["rows"]:
+        heads = [cell(row.get(f"head{j + 1}")) for j in range(n_tasks)]
+        lines.append(
+            f"| {row['variant']} | {row['after_task']} | {row['seeds']} | " + " | ".join(heads)
+            + f" | {cell(row['mean'])} | {cell(row['val_mean'])} |"
+        )  # fmt: skip
+    final = [r for r in result["rows"] if r["after_task"] == n_tasks]
+    if final:
+        lines += ["", "Mean accuracy over the 5 heads after the last task: "
+                  + "; ".join(f"{r['variant']} {cell(r['mean'])}" for r in final) + "."]  # fmt: skip
+    if figure:
+        lines += ["", f"![{figure}]({figure})"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,97 @@
+"""Variational continual learning: posterior -> prior, multi-head views, the Split Fashion-MNIST runner."""
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import varbnn
+from varbnn.continual import MultiHeadNet, posterior_as_prior, set_posterior_as_prior
+from varbnn.priors import Normal, RadialPrior
+
+
+def _net(family):
+    torch.manual_seed(0)
+    return varbnn.bayesianize(
+        torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3)), family, Normal(0, 1)
+    )
+
+
+def test_meanfield_posterior_as_prior_gives_zero_kl_exactly():
+    net = _net(varbnn.MeanField(init_std=0.2))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    assert float(varbnn.kl(net)) > 1.0
+    assert set_posterior_as_prior(net) == 4
+    assert abs(float(varbnn.kl(net))) < 1e-4
+    # the prior is a frozen copy: moving the posterior makes the KL positive again
+    with torch.no_grad():
+        net[0].posteriors["weight"].loc.add_(0.1)
+    assert float(varbnn.kl(net)) > 0.01
+    assert not any(p.requires_grad for m in net.modules() if isinstance(m, varbnn.priors.Prior) for p in m.buffers())
+
+
+def test_radial_posterior_becomes_a_radial_prior_with_zero_kl_in_expectation():
+    net = _net(varbnn.Radial(init_std=0.3))
+    set_posterior_as_prior(net)
+    assert isinstance(net[0].priors["weight"], RadialPrior)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        estimates = torch.stack([varbnn.kl(net) for _ in range(3000)]).double()
+    se = float(estimates.std()) / math.sqrt(estimates.numel())
+    assert abs(float(estimates.mean())) < 5 * se
+
+
+def test_families_without_a_prior_form_are_refused_by_name():
+    family = varbnn.Delta().build((2, 2))
+    with pytest.raises(ValueError, match="supported posteriors: MeanField, KTied, Radial"):
+        posterior_as_prior(family)
+
+
+def test_multi_head_task_model_shares_modules_and_counts_trunk_and_one_head():
+    torch.manual_seed(2)
+    family, prior = varbnn.MeanField(init_std=0.1), Normal(0, 1)
+    trunk = varbnn.bayesianize(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()), family, prior)
+    heads = [varbnn.bayesianize(torch.nn.Linear(3, 2), family, prior) for _ in range(3)]
+    model = MultiHeadNet(trunk, heads)
+    view = model.task_model(1)
+    assert view[0] is trunk and view[1] is heads[1]
+    torch.testing.assert_close(varbnn.kl(view), varbnn.kl(trunk) + varbnn.kl(heads[1]))
+    with varbnn.sample_mode(model, "mean"):
+        x = torch.randn(5, 4)
+        torch.testing.assert_close(model(x, 1), view(x))
+    with pytest.raises(ValueError, match="task must be in"):
+        model(x, 3)
+
+
+def test_tensor_batches_cover_every_example_once_and_drop_last():
+    from varbnn.experiments.continual import TensorBatches
+
+    x, y = torch.arange(10.0)[:, None], torch.arange(10)
+    seen = torch.cat([b for _, b in TensorBatches(x, y, 3)])
+    assert sorted(seen.tolist()) == list(range(10))
+    assert len(TensorBatches(x, y, 3, drop_last=True)) == 3 and len(list(TensorBatches(x, y, 3, drop_last=True))) == 3
+
+
+def test_vcl_quick_run_writes_results_and_resumes(tmp_path):
+    if not (Path(os.environ.get("VARBNN_DATA", "../shared/data")) / "fashion-mnist").exists():
+        pytest.skip("Fashion-MNIST not available")
+    from varbnn.experiments.continual import run_vcl, vcl_config
+
+    config = vcl_config(quick=True)
+    result = run_vcl(config, out_dir=tmp_path, progress=False, command="test")
+    rows = result["rows"]
+    assert len(rows) == len(config.variants) * 5
+    last = [r for r in rows if r["after_task"] == 5]
+    assert all(0.0 <= r["mean"][0] <= 1.0 for r in last)
+    assert all(f"head{j}" in last[0] for j in range(1, 6))
+    for suffix in (".json", ".md", ".png", "_runs.jsonl"):
+        assert (tmp_path / f"{config.name}{suffix}").exists()
+    # a rerun trains nothing new: the cached runs are reused
+    lines = (tmp_path / f"{config.name}_runs.jsonl").read_text().splitlines()
+    again = run_vcl(config, out_dir=tmp_path, progress=False, command="test")
+    assert (tmp_path / f"{config.name}_runs.jsonl").read_text().splitlines() == lines
+    assert [r["mean"][0] for r in again["rows"]] == [r["mean"][0] for r in rows]

@@ -1,0 +1,209 @@
+"""The Radial distribution and family (Farquhar et al. 2020) against independent oracles.
+
+Tolerances: Monte Carlo means are compared within 5 standard errors (estimated from the same draws), fixed seeds.
+"""
+
+import math
+
+import pytest
+import scipy.special
+import scipy.stats
+import torch
+
+import varbnn
+from varbnn.distributions import Radial
+from varbnn.distributions.radial import radial_entropy_constant, radial_kl, radial_normal_cross_entropy
+from varbnn.families import Radial as RadialFamily
+from varbnn.priors import Laplace, Normal, RadialPrior
+
+SHAPE = (4, 3)
+
+
+def _q(seed=0, shape=SHAPE, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    loc = torch.randn(shape, generator=g, dtype=dtype)
+    scale = torch.rand(shape, generator=g, dtype=dtype) * 0.8 + 0.2
+    return Radial(loc, scale)
+
+
+def test_entropy_matches_monte_carlo_of_negative_log_prob():
+    torch.manual_seed(0)
+    q = _q()
+    lp = q.log_prob(q.sample((200_000,)))
+    mc, se = float(-lp.mean()), float(lp.std() / math.sqrt(lp.numel()))
+    assert abs(float(q.entropy()) - mc) < 5 * se, (float(q.entropy()), mc, se)
+
+
+def test_one_dimensional_radial_is_the_normal():
+    q = Radial(torch.tensor([0.3], dtype=torch.float64), torch.tensor([0.7], dtype=torch.float64))
+    w = torch.linspace(-2, 2, 7, dtype=torch.float64)[:, None]
+    expected = scipy.stats.norm(0.3, 0.7).logpdf(w.numpy()[:, 0])
+    torch.testing.assert_close(q.log_prob(w), torch.as_tensor(expected))
+    assert float(q.entropy()) == pytest.approx(float(scipy.stats.norm(0.3, 0.7).entropy()), rel=1e-12)
+
+
+def test_log_prob_matches_the_polar_density_in_three_dimensions():
+    # Independent construction: direction uniform on S^2 (area 4 pi), radius half-normal; Jacobian rho^2.
+    loc = torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64)
+    scale = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+    q = Radial(loc, scale)
+    w = torch.randn(5, 3, dtype=torch.float64)
+    z = ((w - loc) / scale).numpy()
+    rho = (z**2).sum(-1) ** 0.5
+    expected = (
+        scipy.stats.halfnorm.logpdf(rho) - math.log(4 * math.pi) - 2 * scipy.special.log1p(rho - 1) - float(scale.log().sum())
+    )
+    torch.testing.assert_close(q.log_prob(w), torch.as_tensor(expected))
+
+
+def test_entropy_constant_matches_mpmath_digamma_form():
+    # -(D - 1) E[log |r|] uses E[log|r|] = (digamma(1/2) + log 2) / 2 = -(gamma + log 2) / 2.
+    mpmath = pytest.importorskip("mpmath")
+    for d in (1, 2, 10, 1000, 10**6):
+        e_log_r = (mpmath.digamma(0.5) + mpmath.log(2)) / 2
+        log_area = mpmath.log(2) + d / 2 * mpmath.log(mpmath.pi) - mpmath.loggamma(d / 2)
+        h = -(mpmath.log(2) - mpmath.log(2 * mpmath.pi) / 2 - mpmath.mpf(1) / 2) + (d - 1) * e_log_r + log_area
+        assert radial_entropy_constant(d) == pytest.approx(float(h), rel=1e-12, abs=1e-9)
+
+
+def test_samples_have_half_normal_radius_and_uniform_direction():
+    torch.manual_seed(1)
+    q = _q(shape=(20, 10))
+    w = q.sample((4000,))
+    rho = q.radius(w)
+    assert scipy.stats.kstest(rho.numpy(), scipy.stats.halfnorm.cdf).pvalue > 1e-3
+    z = (w - q.loc) / q.scale
+    u = z / rho[:, None, None]
+    # E[u] = 0 and E[u_i^2] = 1/D for a uniform direction.
+    d = q.dim
+    assert (u.mean(0).abs() < 5 * math.sqrt(1 / d / 4000)).all()
+    var_ratio = (u.square().mean(0) * d).flatten()
+    assert abs(float(var_ratio.mean()) - 1) < 0.05
+
+
+def test_variance_property_matches_samples():
+    torch.manual_seed(2)
+    q = _q()
+    w = q.sample((100_000,))
+    torch.testing.assert_close(w.var(0), q.variance, rtol=0.05, atol=0)
+
+
+def test_closed_form_normal_cross_entropy_matches_monte_carlo():
+    torch.manual_seed(3)
+    q = _q()
+    p = Normal(0.2, 0.6).to(torch.float64).distribution(SHAPE)
+    terms = -p.log_prob(q.sample((200_000,)))
+    exact = float(radial_normal_cross_entropy(q.loc, q.scale, torch.tensor(0.2), torch.tensor(0.6)))
+    assert abs(float(terms.mean()) - exact) < 5 * float(terms.std()) / math.sqrt(terms.numel())
+
+
+def test_kl_is_averaged_not_summed_over_samples():
+    # With more Monte Carlo samples the KL estimate keeps its expectation (summing would multiply it).
+    torch.manual_seed(4)
+    q = _q()
+    p = Normal(0.0, 1.0).to(torch.float64).distribution(SHAPE)
+    exact = float(radial_normal_cross_entropy(q.loc, q.scale, torch.tensor(0.0), torch.tensor(1.0)) - q.entropy())
+    for samples in (1, 8):
+        estimates = torch.stack([radial_kl(q, p, samples) for _ in range(3000)])
+        se = float(estimates.std()) / math.sqrt(estimates.numel())
+        assert abs(float(estimates.mean()) - exact) < 5 * se, (samples, float(estimates.mean()), exact, se)
+
+
+def test_kl_against_itself_as_a_radial_prior_is_zero_in_expectation():
+    torch.manual_seed(5)
+    q = _q()
+    prior = RadialPrior(q.loc, q.scale)
+    estimates = torch.stack([varbnn.kl(q, prior.distribution(SHAPE)) for _ in range(4000)])
+    se = float(estimates.std()) / math.sqrt(estimates.numel())
+    assert abs(float(estimates.mean())) < 5 * se
+    # and positive against a different radial prior (Jensen: KL > 0)
+    other = RadialPrior(q.loc + 0.5, q.scale * 2).distribution(SHAPE)
+    assert float(torch.stack([varbnn.kl(q, other) for _ in range(500)]).mean()) > 0
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="scale"):
+        Radial(torch.zeros(3), torch.ones(2))
+    with pytest.raises(ValueError, match="init_std"):
+        RadialFamily(init_std=-1)
+    with pytest.raises(ValueError, match="estimator.*allowed"):
+        RadialFamily(estimator="local")
+    with pytest.raises(ValueError, match="cross_entropy"):
+        RadialFamily(cross_entropy="exact")
+    with pytest.raises(ValueError, match="kl_samples"):
+        RadialFamily(kl_samples=0)
+    with pytest.raises(ValueError, match="scale"):
+        Radial(torch.zeros(3), -torch.ones(3), validate_args=True)  # torch's own argument validation
+    family = RadialFamily(cross_entropy="closed_form").build(SHAPE)
+    with pytest.raises(ValueError, match="needs a Normal prior"):
+        family.kl(Laplace(0.0, 1.0))
+    with pytest.raises(ValueError, match="local"):
+        varbnn.bayesianize(torch.nn.LSTM(3, 4), family=RadialFamily(estimator="flipout"), prior=Normal(0, 1))
+
+
+def test_family_kl_estimators_agree_in_expectation_and_gradients_reach_parameters():
+    torch.manual_seed(6)
+    mc = RadialFamily(init_std=0.3).build(SHAPE, torch.randn(SHAPE))
+    exact = RadialFamily(init_std=0.3, cross_entropy="closed_form").build(SHAPE)
+    exact.load_state_dict(mc.state_dict())
+    prior = Normal(0.1, 0.8)
+    target = float(exact.kl(prior))
+    with torch.no_grad():
+        estimates = torch.stack([mc.kl(prior) for _ in range(5000)])
+    se = float(estimates.std()) / math.sqrt(estimates.numel())
+    assert abs(float(estimates.mean()) - target) < 5 * se
+    for family in (mc, exact):
+        (family.kl(prior) + family.rsample().square().sum()).backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0 for p in family.parameters())
+
+
+@pytest.mark.parametrize("estimator", ["reparam", "flipout"])
+def test_linear_layer_output_has_the_exact_mean_and_variance(estimator):
+    # y = x W^T: E[y] = x loc^T, Var[y_j] = sum_i x_i^2 sigma_ji^2 / D (directions are uncorrelated, E[u_i^2] = 1/D).
+    torch.manual_seed(7)
+    layer = varbnn.BayesLinear(5, 3, bias=False, family=RadialFamily(init_std=0.5, estimator=estimator), prior=Normal(0, 1))
+    with torch.no_grad():
+        layer.posteriors["weight"].rho.add_(torch.randn(3, 5) * 0.3)
+    n = 10000
+    x = torch.randn(1, 5)
+    with torch.no_grad():  # one pass per draw (examples of one batch share the direction and radius draw)
+        y = torch.cat([layer(x) for _ in range(n)])
+    family = layer.posteriors["weight"]
+    mean = x[0] @ family.loc.detach().T
+    var = (x[0] ** 2) @ (family.scale.detach() ** 2).T / family.loc.numel()
+    se_mean = (var / y.shape[0]).sqrt()
+    assert ((y.mean(0) - mean).abs() < 5 * se_mean).all()
+    torch.testing.assert_close(y.var(0), var, rtol=5 * math.sqrt(2 / n), atol=0)
+
+
+def test_flipout_draws_differ_between_examples_reparam_does_not():
+    torch.manual_seed(8)
+    x = torch.randn(1, 6).expand(4, 6)
+    for estimator, same in (("reparam", True), ("flipout", False)):
+        layer = varbnn.BayesLinear(6, 2, family=RadialFamily(init_std=0.5, estimator=estimator), prior=Normal(0, 1))
+        y = layer(x)
+        assert torch.allclose(y[0], y[1]) == same
+
+
+def test_radial_works_in_conv_lstm_and_bayesianize():
+    torch.manual_seed(9)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+    bnn = varbnn.bayesianize(net, family=RadialFamily(init_std=0.1), prior=Normal(0, 1))
+    out = bnn(torch.randn(2, 1, 8, 8))
+    assert out.shape == (2, 3)
+    loss = varbnn.elbo_loss(out.square().mean(), bnn, n_data=100).loss
+    loss.backward()
+    assert all(p.grad is not None for p in bnn.parameters())
+    lstm = varbnn.BayesLSTM(3, 5, family=RadialFamily(init_std=0.1), prior=Normal(0, 1))
+    seq, _ = lstm(torch.randn(2, 7, 3))
+    assert seq.shape == (2, 7, 5) and torch.isfinite(varbnn.kl(lstm))
+
+
+def test_moments_drive_an_adaptive_normal_prior_to_its_optimum():
+    # Graves eq. 15 with the radial posterior's exact moments (loc, sigma^2 / D).
+    family = RadialFamily(init_std=0.4).build(SHAPE, torch.randn(SHAPE))
+    prior = Normal(0.0, 1.0, adaptive=True)
+    prior.update_([family])
+    loc, var = family.moments()
+    assert float(prior.loc) == pytest.approx(float(loc.mean()), rel=1e-6)
+    assert float(prior.scale) ** 2 == pytest.approx(float((var + (loc - loc.mean()) ** 2).mean()), rel=1e-5)
