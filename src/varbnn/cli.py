@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("name", help="experiment name (see `varbnn list`)")
     rep.add_argument("--quick", action="store_true", help="CI-sized variant of the same experiment")
     rep.add_argument("--datasets", default=None, help="uci only: comma-separated subset of the UCI datasets")
+    rep.add_argument(
+        "--shard", default=None, help="retina-* only: K/N runs every N-th job from the K-th (0-based), for parallel processes"
+    )
     common(rep, "benchmarks/results")
     sub.add_parser("list", help="list the experiment names")
     args = parser.parse_args(argv)
@@ -49,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, config in sorted(CONFIGS.items()):
             print(f"{name:20s} {config.description}")
         print(f"{'uci':20s} UCI regression, 9 sets x standard splits, every family (Oh et al. 2020 Table 1 protocol)")
+        print(f"{'retina-referral':20s} Referral by mutual information on RetinaMNIST, radial vs mean-field, 5 seeds")
+        print(f"{'retina-robustness':20s} Random hyperparameter search, radial vs mean-field (Farquhar et al. 2020 Fig. 7)")
+        print(f"{'soap-bubble':20s} Distance of samples from the mode: analytic/sampled densities and during training")
         print(f"{'vcl-split-fmnist':20s} VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)")
         return 0
     name = "demo" if args.command == "demo" else args.name
@@ -65,6 +71,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"wrote {args.out}/{uci.name}.json, {args.out}/{uci.name}.md, {args.out}/{uci.name}_runs.jsonl")
         return 0 if uci_result["rows"] else 1
+    if name in ("retina-referral", "retina-robustness"):
+        from varbnn.experiments.retina import retina_config, run_retina
+
+        shard = None
+        if args.shard:
+            try:
+                k, n = (int(v) for v in args.shard.split("/"))
+                if not 0 <= k < n:
+                    raise ValueError
+            except ValueError:
+                parser.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
+            shard = (k, n)
+        retina = retina_config(name, args.quick)
+        run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                   progress=not args.no_progress, command=command, shard=shard)  # fmt: skip
+        if shard is None:
+            print(f"wrote {args.out}/{retina.name}.json, {args.out}/{retina.name}.md, {args.out}/{retina.name}.png")
+        return 0
+    if name == "soap-bubble":
+        from varbnn.experiments.soap_bubble import run_soap_bubble, soap_bubble_config
+
+        soap = soap_bubble_config(args.quick)
+        run_soap_bubble(soap, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
+                        command=command)  # fmt: skip
+        print(f"wrote {args.out}/{soap.name}.json, {args.out}/{soap.name}.md and figures")
+        return 0
     if name == "vcl-split-fmnist":
         from varbnn.experiments.continual import run_vcl, vcl_config
 

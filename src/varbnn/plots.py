@@ -14,7 +14,16 @@ import torch  # noqa: E402
 
 from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa: E402
 
-__all__ = ["reliability_diagram", "variance_explained_figure", "std_heatmaps", "trace_figure", "continual_figure"]
+__all__ = [
+    "reliability_diagram",
+    "variance_explained_figure",
+    "std_heatmaps",
+    "trace_figure",
+    "continual_figure",
+    "referral_figure",
+    "robustness_figure",
+    "soap_bubble_figures",
+]
 
 
 def reliability_diagram(
@@ -177,3 +186,116 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def referral_figure(records: Sequence[Mapping[str, object]], path: str | os.PathLike[str], fractions: Sequence[float]) -> Path:
+    """AUROC and accuracy on the retained test points against the fraction referred (ranked by mutual information),
+    one line per family: mean over seeds, band mean ± standard error (Farquhar et al. 2020, Fig. 7 left)."""
+    families = list(dict.fromkeys(str(r["family"]) for r in records))
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.4))
+    for ax, metric in zip(axes, ("auroc", "accuracy")):
+        for family in families:
+            runs = [r["referral"] for r in records if r["family"] == family and r["referral"]]
+            if not runs:
+                continue
+            values = torch.tensor([[float(row[metric]) for row in run] for run in runs], dtype=torch.float64)  # type: ignore[index]
+            mean = values.nanmean(0)
+            se = values.std(0) / max(len(runs), 1) ** 0.5 if len(runs) > 1 else torch.zeros_like(mean)
+            x = [100 * f for f in fractions]
+            ax.plot(x, mean.numpy(), marker="o", markersize=3, label=f"{family} ({len(runs)} seeds)")
+            ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), alpha=0.25)
+        ax.set_xlabel("test points referred (%)")
+        ax.set_ylabel("AUROC" if metric == "auroc" else "accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def robustness_figure(records: Sequence[Mapping[str, object]], path: str | os.PathLike[str], chance: float, good: float) -> Path:
+    """Histogram of test AUROC over hyperparameter configurations, one per family, with the 'chance' and 'good'
+    thresholds (Farquhar et al. 2020, Fig. 7 right); diverged runs are counted at AUROC 0.5."""
+    families = list(dict.fromkeys(str(r["family"]) for r in records))
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
+    bins = torch.linspace(0.3, 1.0, 29).tolist()
+    for family in families:
+        values = [float(r["auroc"]) for r in records if r["family"] == family]  # type: ignore[arg-type]
+        values = [0.5 if v != v else v for v in values]
+        ax.hist(values, bins=bins, alpha=0.5, label=f"{family} ({len(values)} configs)")
+    ax.axvline(chance, color="grey", linestyle="--", label=f"chance threshold {chance:g}")
+    if good == good:
+        ax.axvline(good, color="black", linestyle=":", label=f"good threshold {good:.3f}")
+    ax.set_xlabel("test AUROC")
+    ax.set_ylabel("configurations")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def soap_bubble_figures(
+    kernel: Mapping[str, object], training: Sequence[Mapping[str, object]], out_dir: str | os.PathLike[str], name: str
+) -> list[str]:
+    """Farquhar et al. (2020) Fig. 3 (distance-from-mode histograms vs analytic densities, per sigma), Fig. 8 (distance
+    during training) and Fig. 1 (training accuracy vs loss). Returns the file names written into ``out_dir``."""
+    import math
+
+    out = Path(out_dir)
+    dim = int(kernel["dim"])  # type: ignore[call-overload]
+    sigmas = list(kernel["sigmas"])  # type: ignore[call-overload]
+    samples = kernel["samples"]
+    fig, axes = plt.subplots(1, len(sigmas), figsize=(3.6 * len(sigmas), 3.2))
+    for ax, sigma in zip(axes if len(sigmas) > 1 else [axes], sigmas):
+        for family, color in (("meanfield", "C0"), ("radial", "C1")):
+            values = torch.tensor(samples[f"{family}@{sigma:g}"], dtype=torch.float64)  # type: ignore[index]
+            edges = torch.logspace(math.log10(sigma * 1e-3), math.log10(sigma * math.sqrt(dim) * 2), 80, dtype=torch.float64)
+            ax.hist(values.numpy(), bins=edges.numpy(), density=True, alpha=0.4, color=color, label=f"{family} samples")
+            grid = edges
+            if family == "meanfield":
+                from varbnn.experiments.soap_bubble import chi_log_density
+
+                density = (chi_log_density(grid / sigma, dim) - math.log(sigma)).exp()
+            else:
+                density = 2 * torch.exp(-0.5 * (grid / sigma) ** 2) / math.sqrt(2 * math.pi) / sigma
+            ax.plot(grid.numpy(), density.numpy(), color=color, label=f"{family} analytic")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=1e-4 / sigma)
+        ax.set_xlabel("||w - mu||")
+        ax.set_title(f"sigma = {sigma:g}, D = {dim:,}", fontsize=9)
+    (axes[0] if len(sigmas) > 1 else axes).set_ylabel("density")
+    (axes[-1] if len(sigmas) > 1 else axes).legend(fontsize=7)
+    fig.tight_layout()
+    files = [f"{name}_kernel.png"]
+    fig.savefig(out / files[0], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.4))
+    for run in training:
+        history = list(run["history"])  # type: ignore[call-overload]
+        label = str(run["family"])
+        axes[0].plot([h["epoch"] for h in history], [h["distance"] for h in history], marker="o", markersize=2, label=label)
+        trained = [h for h in history if "train_loss" in h]
+        axes[1].plot([h["train_loss"] for h in trained], [h["train_accuracy"] for h in trained], marker="o", markersize=2,
+                     label=label)  # fmt: skip
+        if trained:
+            axes[1].annotate("start", (trained[0]["train_loss"], trained[0]["train_accuracy"]), fontsize=7)
+    axes[0].set_xlabel("epoch")
+    axes[0].set_ylabel("mean distance of samples from mode")
+    axes[0].set_yscale("log")
+    axes[1].set_xlabel("training loss (-ELBO / N)")
+    axes[1].set_xscale("log")
+    axes[1].set_ylabel("training accuracy (one draw)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    files.append(f"{name}_training.png")
+    fig.savefig(out / files[1], dpi=110)
+    plt.close(fig)
+    return files

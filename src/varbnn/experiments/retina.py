@@ -1,0 +1,438 @@
+"""``varbnn reproduce retina-referral`` and ``retina-robustness``: referral under uncertainty and robustness to
+hyperparameters (Farquhar et al. 2020, section 3.2, Fig. 6-7, Appendix C.3), on the RetinaMNIST stand-in.
+
+The paper's Kaggle diabetic-retinopathy images (256x256, ~11k training images) cannot be had here; RetinaMNIST
+(MedMNIST v2: 28x28 colour fundus images, 1080/120/400 train/validation/test, grades 0-4) stands in, with the
+binary target "referable" = grade >= 2 (43% of the training set). Inputs are standardised per channel with the
+training set's statistics; no augmentation.
+
+Model: a VGG-style Bayesian CNN without dropout (three blocks of two 3x3 convolutions and a max-pool, channels
+``width``, 2x, 4x), then the concatenated global mean and max pool and one dense layer (the paper's head), every
+layer made Bayesian with the variant's family and a N(0, 1) prior. Training uses the full ELBO (beta = 1, no KL
+down-weighting); the first epoch trains only the means on the NLL (posterior means as weights), as the paper does.
+``samples`` weight draws per step average the NLL. The model state with the best validation accuracy (checked every
+epoch) is the one evaluated.
+
+Evaluation: 64-draw Monte Carlo predictive on the test set; AUROC of p(referable); test points ranked by mutual
+information (most certain first) and AUROC / accuracy on the retained points when 0-50% are referred.
+
+Robustness: ``configs`` random hyperparameter configurations from the paper's ranges (SGD with Nesterov momentum 0.9,
+lr in {1e-2, 1e-3, 1e-4}, per-epoch decay in {1, 0.98, 0.96}; or AMSGrad, lr in {1e-3, 1e-4, 1e-5}; batch size in
+{16, 32, 64, 128, 256}; training samples in {1, 2, 4}; initial rho in {-6, -4, -2, 0}), the SAME configurations for
+both families. Reported: the share of configurations no better than chance (test AUROC < ``chance_auroc``) and the
+share reaching a good AUROC (>= the best test AUROC of any run minus ``good_margin``; an absolute threshold means
+little on a stand-in dataset), plus the histogram.
+
+Every finished run is appended to ``OUT/<name>_runs*.jsonl``; reruns fill in what is missing, and ``--shard k/n``
+splits the runs between processes (each writes its own ``_runs.shard<k>.jsonl``; every file is read back).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from varbnn.convert import bayesianize
+from varbnn.data import load_retinamnist
+from varbnn.divergence import kl as model_kl
+from varbnn.experiments.continual import TensorBatches
+from varbnn.families import make_family
+from varbnn.metrics import auroc
+from varbnn.nn.base import sample_mode
+from varbnn.predict import classification_summary, predict
+from varbnn.priors import Normal
+from varbnn.train import resolve_device, seed_everything
+
+__all__ = [
+    "RetinaRun",
+    "RetinaConfig",
+    "retina_config",
+    "run_retina",
+    "vgg_small",
+    "sample_hyperparameters",
+    "render_retina_markdown",
+    "REFERRAL_FRACTIONS",
+]
+
+REFERRAL_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+FAMILIES = ("radial", "meanfield")
+
+
+@dataclass(frozen=True)
+class RetinaRun:
+    """Hyperparameters of one training run (family aside)."""
+
+    optimizer: str = "amsgrad"  # "amsgrad" or "sgd" (Nesterov, momentum 0.9)
+    lr: float = 1e-3
+    decay: float = 1.0  # per-epoch learning-rate factor (SGD only)
+    batch_size: int = 64
+    samples: int = 1
+    init_rho: float = -6.0
+
+    def key(self) -> str:
+        return f"{self.optimizer}-lr{self.lr:g}-d{self.decay:g}-b{self.batch_size}-s{self.samples}-rho{self.init_rho:g}"
+
+
+@dataclass(frozen=True)
+class RetinaConfig:
+    name: str
+    kind: str  # "referral" (one configuration, many seeds) or "robustness" (many configurations, one seed)
+    runs: tuple[RetinaRun, ...]
+    seeds: tuple[int, ...]
+    families: tuple[str, ...] = FAMILIES
+    epochs: int = 100
+    width: int = 16
+    eval_samples: int = 64
+    chance_auroc: float = 0.6
+    good_margin: float = 0.05
+    train_limit: int | None = None
+
+    def protocol_hash(self) -> str:
+        data = dataclasses.asdict(self)
+        for key in ("name", "runs", "seeds", "families"):
+            data.pop(key)
+        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def sample_hyperparameters(count: int, seed: int = 0) -> tuple[RetinaRun, ...]:
+    """``count`` configurations drawn uniformly from the paper's ranges (Appendix C.3)."""
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(count):
+        if rng.random() < 0.5:
+            optimizer, lr, decay = "sgd", rng.choice((1e-2, 1e-3, 1e-4)), rng.choice((1.0, 0.98, 0.96))
+        else:
+            optimizer, lr, decay = "amsgrad", rng.choice((1e-3, 1e-4, 1e-5)), 1.0
+        runs.append(
+            RetinaRun(
+                optimizer,
+                lr,
+                decay,
+                rng.choice((16, 32, 64, 128, 256)),
+                rng.choice((1, 2, 4)),
+                rng.choice((-6.0, -4.0, -2.0, 0.0)),
+            )
+        )
+    return tuple(runs)
+
+
+def retina_config(name: str, quick: bool = False) -> RetinaConfig:
+    """``retina-referral``: AMSGrad 1e-3, batch 64, 1 sample, rho -6 (close to the paper's radial choice), 5 seeds;
+    ``retina-robustness``: 30 sampled configurations, seed 0, 60 epochs. ``quick``: a CI-sized run of the same code."""
+    if name == "retina-referral":
+        config = RetinaConfig(name, "referral", (RetinaRun(),), seeds=(0, 1, 2, 3, 4), epochs=100)
+    elif name == "retina-robustness":
+        config = RetinaConfig(name, "robustness", sample_hyperparameters(30), seeds=(0,), epochs=60)
+    else:
+        raise ValueError(f"unknown retina experiment {name!r}; allowed: ['retina-referral', 'retina-robustness']")
+    if quick:
+        config = dataclasses.replace(
+            config, name=f"{name}-quick", runs=config.runs[:2], seeds=config.seeds[:1], epochs=2, width=4, eval_samples=4,
+            train_limit=256,
+        )  # fmt: skip
+    return config
+
+
+def vgg_small(in_channels: int = 3, width: int = 16, num_classes: int = 2) -> nn.Module:
+    """Three VGG blocks (two 3x3 convolutions + ReLU each, then 2x2 max-pool; ``width``, 2x, 4x channels), the
+    concatenated global mean and max pool, one dense layer."""
+    layers: list[nn.Module] = []
+    channels = in_channels
+    for out in (width, 2 * width, 4 * width):
+        layers += [
+            nn.Conv2d(channels, out, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(out, out, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
+        channels = out
+    return nn.Sequential(*layers, _MeanMaxPool(), nn.Linear(2 * channels, num_classes))
+
+
+class _MeanMaxPool(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1)
+
+
+def _data(data_dir: str | None, limit: int | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    splits = {s: load_retinamnist(s, data_dir) for s in ("train", "val", "test")}
+    x_train = splits["train"][0]
+    mean, std = x_train.mean(dim=(0, 2, 3), keepdim=True), x_train.std(dim=(0, 2, 3), keepdim=True)
+    out = {s: ((x - mean) / std, (y >= 2).long()) for s, (x, y) in splits.items()}
+    if limit is not None:
+        out["train"] = (out["train"][0][:limit], out["train"][1][:limit])
+    return out
+
+
+def _predictive(model: nn.Module, x: torch.Tensor, samples: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    model.eval()
+    with torch.no_grad():
+        summary = classification_summary(predict(model, x.to(dev), samples=samples))
+    return summary.probs.cpu(), summary.mutual_information.cpu()
+
+
+def referral_metrics(probs: torch.Tensor, labels: torch.Tensor, uncertainty: torch.Tensor) -> list[dict[str, float]]:
+    """AUROC and accuracy on the points kept after referring the most uncertain fraction (``REFERRAL_FRACTIONS``)."""
+    order = torch.argsort(uncertainty)
+    rows = []
+    for fraction in REFERRAL_FRACTIONS:
+        kept = order[: max(2, labels.numel() - int(math.floor(fraction * labels.numel())))]
+        p, y = probs[kept], labels[kept]
+        try:
+            area = auroc(p[:, 1], y)
+        except ValueError:  # one class left
+            area = float("nan")
+        rows.append({"referred": fraction, "auroc": area, "accuracy": float((p.argmax(-1) == y).double().mean())})
+    return rows
+
+
+def _train_one(
+    config: RetinaConfig, run: RetinaRun, family_name: str, seed: int, data: dict[str, Any], dev: torch.device
+) -> dict[str, Any]:
+    seed_everything(seed)
+    init_std = math.log1p(math.exp(run.init_rho))
+    model = bayesianize(vgg_small(width=config.width), make_family(family_name, init_std=init_std), Normal(0.0, 1.0)).to(dev)
+    x_train, y_train = (t.to(dev) for t in data["train"])
+    n = x_train.shape[0]
+    loader = TensorBatches(x_train, y_train, run.batch_size, shuffle=True)
+    means = [p for name, p in model.named_parameters() if name.endswith(".loc")]
+
+    def make_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if run.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=run.lr, momentum=0.9, nesterov=True)
+        return torch.optim.Adam(params, lr=run.lr, amsgrad=True)
+
+    best = {"val_accuracy": -1.0, "epoch": 0, "state": None}
+    t0 = time.perf_counter()
+    diverged = False
+    optimizer = make_optimizer(means)  # epoch 1: means only, NLL only, weights at their means
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    for epoch in range(1, config.epochs + 1):
+        if epoch == 2:
+            optimizer = make_optimizer(list(model.parameters()))
+            scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, run.decay) if run.decay != 1.0 else None
+        model.train()
+        for x, y in loader:
+            if epoch == 1:
+                with sample_mode(model, "mean"):
+                    loss = F.cross_entropy(model(x), y)
+            else:
+                nll = torch.stack([F.cross_entropy(model(x), y) for _ in range(run.samples)]).mean()
+                loss = nll + model_kl(model) / n
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        if not torch.isfinite(loss):
+            diverged = True
+            break
+        if scheduler is not None:
+            scheduler.step()
+        probs, _ = _predictive(model, data["val"][0], 8, dev)
+        val_accuracy = float((probs.argmax(-1) == data["val"][1]).double().mean())
+        if val_accuracy > best["val_accuracy"]:
+            best = {"val_accuracy": val_accuracy, "epoch": epoch, "state": copy.deepcopy(model.state_dict())}
+    seconds = time.perf_counter() - t0
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
+    probs, mi = _predictive(model, data["test"][0], config.eval_samples, dev)
+    labels = data["test"][1]
+    try:
+        test_auroc = auroc(probs[:, 1], labels) if torch.isfinite(probs).all() else float("nan")
+    except ValueError:
+        test_auroc = float("nan")
+    return {
+        "family": family_name,
+        "run": dataclasses.asdict(run),
+        "key": run.key(),
+        "seed": seed,
+        "auroc": test_auroc,
+        "accuracy": float((probs.argmax(-1) == labels).double().mean()),
+        "best_epoch": best["epoch"],
+        "val_accuracy": best["val_accuracy"],
+        "diverged": diverged,
+        "referral": referral_metrics(probs, labels, mi) if torch.isfinite(probs).all() else [],
+        "seconds": round(seconds, 2),
+    }
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def run_retina(
+    config: RetinaConfig,
+    *,
+    device: str | torch.device | None = "cpu",
+    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    data_dir: str | None = None,
+    progress: bool = True,
+    command: str | None = None,
+    shard: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
+    ``(k, n)`` if given), then write ``<name>.json``, ``.md`` and the figure from every run found."""
+    from tqdm.auto import tqdm
+
+    from varbnn.experiments.runner import describe_device, git_commit
+
+    start = time.perf_counter()
+    commit = git_commit()
+    dev = resolve_device(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    protocol = config.protocol_hash()
+
+    def read_done() -> dict[tuple[str, str, int], dict[str, Any]]:
+        done = {}
+        for path in sorted(out.glob(f"{config.name}_runs*.jsonl")):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("protocol") == protocol:
+                    done[(record["family"], record["key"], record["seed"])] = record
+        return done
+
+    done = read_done()
+    jobs = [(f, r, s) for r in config.runs for s in config.seeds for f in config.families]
+    if shard is not None:
+        k, n = shard
+        jobs = jobs[k::n]
+    cache = out / (f"{config.name}_runs.shard{shard[0]}.jsonl" if shard else f"{config.name}_runs.jsonl")
+    todo = [(f, r, s) for f, r, s in jobs if (f, r.key(), s) not in done]
+    data = _data(data_dir, config.train_limit) if todo else {}
+    for family_name, run, seed in tqdm(todo, desc=config.name, disable=not progress):
+        record = _train_one(config, run, family_name, seed, data, dev)
+        record.update(protocol=protocol, commit=commit, device=describe_device(dev))
+        done[(family_name, run.key(), seed)] = record
+        with cache.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    if shard is not None:
+        return {"name": config.name, "rows": [], "figures": []}
+    done = read_done()
+    records = [
+        done[(f, r.key(), s)] for r in config.runs for s in config.seeds for f in config.families if (f, r.key(), s) in done
+    ]
+    result: dict[str, Any] = {
+        "name": config.name,
+        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "commit": commit,
+        "device": describe_device(dev),
+        "run_devices": sorted({r["device"] for r in records}),
+        "run_commits": sorted({r["commit"] for r in records}),
+        "seconds": round(time.perf_counter() - start, 2),
+        "train_seconds": round(sum(r["seconds"] for r in records), 1),
+        "config": dataclasses.asdict(config),
+        "rows": _summarise(config, records),
+    }
+    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    from varbnn.plots import referral_figure, robustness_figure
+
+    figure = out / f"{config.name}.png"
+    if config.kind == "referral":
+        referral_figure(records, figure, REFERRAL_FRACTIONS)
+    else:
+        robustness_figure(records, figure, config.chance_auroc, _good_threshold(config, records))
+    result["figures"] = [figure.name]
+    (out / f"{config.name}.md").write_text(render_retina_markdown(result, figure.name))
+    return result
+
+
+def _good_threshold(config: RetinaConfig, records: list[dict[str, Any]]) -> float:
+    finite = [r["auroc"] for r in records if not math.isnan(r["auroc"])]
+    return (max(finite) - config.good_margin) if finite else float("nan")
+
+
+def _summarise(config: RetinaConfig, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    if config.kind == "referral":
+        for family in config.families:
+            mine = [r for r in records if r["family"] == family and r["referral"]]
+            for i, fraction in enumerate(REFERRAL_FRACTIONS):
+                rows.append({
+                    "family": family, "referred": fraction, "seeds": len(mine),
+                    "auroc": _mean_se([r["referral"][i]["auroc"] for r in mine]),
+                    "accuracy": _mean_se([r["referral"][i]["accuracy"] for r in mine]),
+                })  # fmt: skip
+        return rows
+    good = _good_threshold(config, records)
+    for family in config.families:
+        mine = [r for r in records if r["family"] == family]
+        aurocs = [r["auroc"] for r in mine]
+        chance = sum(1 for a in aurocs if math.isnan(a) or a < config.chance_auroc)
+        rows.append({
+            "family": family, "configs": len(mine),
+            "no_better_than_chance": chance / max(len(mine), 1),
+            "good": sum(1 for a in aurocs if not math.isnan(a) and a >= good) / max(len(mine), 1),
+            "good_threshold": good,
+            "median_auroc": sorted(a for a in aurocs if not math.isnan(a))[len([a for a in aurocs if not math.isnan(a)]) // 2]
+            if any(not math.isnan(a) for a in aurocs) else float("nan"),
+            "best_auroc": max((a for a in aurocs if not math.isnan(a)), default=float("nan")),
+            "diverged": sum(1 for r in mine if r["diverged"]),
+        })  # fmt: skip
+    return rows
+
+
+def render_retina_markdown(result: dict[str, Any], figure: str) -> str:
+    config = result["config"]
+    lines = [
+        f"# {result['name']}",
+        "",
+        (
+            "Referral under uncertainty on the RetinaMNIST stand-in (binary: grade >= 2), radial vs mean-field: AUROC and "
+            "accuracy on the test points kept after referring the most uncertain fraction (mutual information), mean ± "
+            "standard error over seeds (Farquhar et al. 2020, Fig. 7 left)."
+            if config["kind"] == "referral"
+            else "Robustness to hyperparameters on the RetinaMNIST stand-in (Farquhar et al. 2020, Fig. 7 right): the same "
+            f"{len(config['runs'])} random configurations for both families; 'no better than chance': test AUROC < "
+            f"{config['chance_auroc']} (or diverged); 'good': test AUROC >= best of all runs - {config['good_margin']}. "
+            "The paper: mean-field 82% / 11%, radial 39% / 44%."
+        ),
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}`; runs trained at {', '.join(f'`{c}`' for c in result['run_commits'])}",
+        f"- device of the runs: {', '.join(result['run_devices'])}",
+        f"- training time, all runs: {result['train_seconds']:.0f} s; epochs {config['epochs']}, VGG width {config['width']}",
+        "",
+    ]
+
+    def cell(entry: Any) -> str:
+        mean, se = entry
+        return f"{mean:.4f}" + (f" ± {se:.4f}" if not math.isnan(se) else "")
+
+    if config["kind"] == "referral":
+        lines += ["| family | referred | seeds | AUROC | accuracy |", "|---|---|---|---|---|"]
+        for row in result["rows"]:
+            lines.append(
+                f"| {row['family']} | {row['referred']:.0%} | {row['seeds']} | {cell(row['auroc'])} | {cell(row['accuracy'])} |"
+            )
+    else:
+        lines += ["| family | configs | no better than chance | good AUROC | median AUROC | best AUROC | diverged |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in result["rows"]:
+            lines.append(
+                f"| {row['family']} | {row['configs']} | {row['no_better_than_chance']:.0%} | {row['good']:.0%} "
+                f"(>= {row['good_threshold']:.3f}) | {row['median_auroc']:.4f} | {row['best_auroc']:.4f} | {row['diverged']} |"
+            )
+    lines += ["", f"![{figure}]({figure})"]
+    return "\n".join(lines) + "\n"
