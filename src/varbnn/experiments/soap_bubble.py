@@ -83,17 +83,17 @@ def distance_from_mode(model: nn.Module, samples: int = 8) -> float:
     return total / samples
 
 
-def _kernel_distances(config: SoapBubbleConfig) -> dict[str, Any]:
+def _kernel_distances(config: SoapBubbleConfig, dev: torch.device) -> dict[str, Any]:
     from varbnn.families import MeanField, Radial
 
     d = math.prod(config.kernel_shape)
     out: dict[str, Any] = {"dim": d, "sigmas": list(config.sigmas), "samples": {}}
     for family_name, cls in (("meanfield", MeanField), ("radial", Radial)):
         for sigma in config.sigmas:
-            family = cls(init_std=sigma).build(config.kernel_shape, torch.zeros(config.kernel_shape))
+            family = cls(init_std=sigma).build(config.kernel_shape, torch.zeros(config.kernel_shape)).to(dev)
             with torch.no_grad():
                 dist = torch.cat([
-                    (family.rsample((100,)) - family.mode).flatten(1).norm(dim=1)
+                    (family.rsample((100,)) - family.mode).flatten(1).norm(dim=1).cpu()
                     for _ in range(math.ceil(config.kernel_samples / 100))
                 ])[: config.kernel_samples]  # fmt: skip
             out["samples"][f"{family_name}@{sigma:g}"] = dist.tolist()
@@ -148,7 +148,7 @@ def run_soap_bubble(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    kernel = _kernel_distances(config)
+    kernel = _kernel_distances(config, dev)
     training = [_train(config, f, dev, data_dir, progress) for f in config.families]
     result = {
         "name": config.name,
