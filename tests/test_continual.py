@@ -95,3 +95,58 @@ def test_vcl_quick_run_writes_results_and_resumes(tmp_path):
     again = run_vcl(config, out_dir=tmp_path, progress=False, command="test")
     assert (tmp_path / f"{config.name}_runs.jsonl").read_text().splitlines() == lines
     assert [r["mean"][0] for r in again["rows"]] == [r["mean"][0] for r in rows]
+
+
+def _have(folder):
+    return (Path(os.environ.get("VARBNN_DATA", "../shared/data")) / folder).exists()
+
+
+def test_retina_quick_runs_shards_and_renders(tmp_path):
+    if not _have("retinamnist"):
+        pytest.skip("RetinaMNIST not available")
+    from varbnn.experiments.retina import REFERRAL_FRACTIONS, retina_config, run_retina
+
+    config = retina_config("retina-referral", quick=True)
+    run_retina(config, out_dir=tmp_path, progress=False, command="test", shard=(0, 2))
+    run_retina(config, out_dir=tmp_path, progress=False, command="test", shard=(1, 2))
+    assert len(list(tmp_path.glob("*_runs.shard*.jsonl"))) == 2
+    result = run_retina(config, out_dir=tmp_path, progress=False, command="test", train=False)
+    assert len(result["rows"]) == len(config.families) * len(REFERRAL_FRACTIONS)
+    assert all(0.0 <= r["accuracy"][0] <= 1.0 for r in result["rows"])
+    robust = retina_config("retina-robustness", quick=True)
+    out = run_retina(robust, out_dir=tmp_path, progress=False, command="test")
+    assert {r["family"] for r in out["rows"]} == {"radial", "meanfield"}
+    assert (tmp_path / f"{robust.name}.png").exists() and (tmp_path / f"{robust.name}.md").exists()
+
+
+def test_hyperparameter_draws_cover_the_paper_ranges():
+    from varbnn.experiments.retina import sample_hyperparameters
+
+    runs = sample_hyperparameters(200, seed=1)
+    assert {r.optimizer for r in runs} == {"sgd", "amsgrad"}
+    assert {r.samples for r in runs} == {1, 2, 4} and {r.init_rho for r in runs} == {-6.0, -4.0, -2.0, 0.0}
+    assert all(r.decay == 1.0 for r in runs if r.optimizer == "amsgrad")
+    assert sample_hyperparameters(5, seed=3) == sample_hyperparameters(5, seed=3)
+
+
+def test_soap_bubble_quick_and_chi_density():
+    import scipy.stats
+
+    from varbnn.experiments.soap_bubble import chi_log_density
+
+    x = torch.tensor([0.5, 3.0, 30.0], dtype=torch.float64)
+    torch.testing.assert_close(chi_log_density(x, 900), torch.as_tensor(scipy.stats.chi(900).logpdf(x.numpy())))
+
+
+def test_soap_bubble_quick_run(tmp_path):
+    if not _have("mnist"):
+        pytest.skip("MNIST not available")
+    from varbnn.experiments.soap_bubble import run_soap_bubble, soap_bubble_config
+
+    config = soap_bubble_config(quick=True)
+    result = run_soap_bubble(config, out_dir=tmp_path, progress=False, command="test")
+    distances = result["kernel"]["mean_distance"]
+    # the soap bubble: a Gaussian sample is ~sqrt(D) sigma from the mode, a radial one ~0.8 sigma
+    for sigma in config.sigmas:
+        assert distances[f"meanfield@{sigma:g}"] > 10 * distances[f"radial@{sigma:g}"]
+    assert len(result["training"]) == 2 and (tmp_path / f"{config.name}_training.png").exists()

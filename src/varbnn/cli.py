@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("name", help="experiment name (see `varbnn list`)")
     rep.add_argument("--quick", action="store_true", help="CI-sized variant of the same experiment")
     rep.add_argument("--datasets", default=None, help="uci only: comma-separated subset of the UCI datasets")
+    rep.add_argument("--no-train", action="store_true", help="retina-* only: render the results from the runs already saved")
     rep.add_argument(
         "--shard", default=None, help="retina-* only: K/N runs every N-th job from the K-th (0-based), for parallel processes"
     )
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shard = (k, n)
         retina = retina_config(name, args.quick)
         run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                   progress=not args.no_progress, command=command, shard=shard)  # fmt: skip
+                   progress=not args.no_progress, command=command, shard=shard, train=not args.no_train)  # fmt: skip
         if shard is None:
             print(f"wrote {args.out}/{retina.name}.json, {args.out}/{retina.name}.md, {args.out}/{retina.name}.png")
         return 0

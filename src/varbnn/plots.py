@@ -198,7 +198,7 @@ def referral_figure(records: Sequence[Mapping[str, object]], path: str | os.Path
             runs = [r["referral"] for r in records if r["family"] == family and r["referral"]]
             if not runs:
                 continue
-            values = torch.tensor([[float(row[metric]) for row in run] for run in runs], dtype=torch.float64)  # type: ignore[index]
+            values = torch.tensor([[float(row[metric]) for row in run] for run in runs], dtype=torch.float64)  # type: ignore[index, attr-defined]
             mean = values.nanmean(0)
             se = values.std(0) / max(len(runs), 1) ** 0.5 if len(runs) > 1 else torch.zeros_like(mean)
             x = [100 * f for f in fractions]

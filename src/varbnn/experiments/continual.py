@@ -252,9 +252,11 @@ def run_vcl(
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "commit": commit,
         "device": describe_device(dev),
+        "run_devices": sorted({r["device"] for r in done.values() if r["variant"] in hashes}),
         "seconds": round(time.perf_counter() - start, 2),
-        "train_seconds": {v.label: [done[(v.label, s)]["seconds"] for s in config.seeds if (v.label, s) in done]
-                          for v in config.variants},  # fmt: skip
+        "train_seconds": {
+            v.label: [done[(v.label, s)]["seconds"] for s in config.seeds if (v.label, s) in done] for v in config.variants
+        },  # fmt: skip
         "config": dataclasses.asdict(config),
         "rows": rows,
     }
@@ -278,7 +280,7 @@ def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> st
         "",
         f"- command: `{result['command']}`",
         f"- commit: `{result['commit']}` (each run's own commit and device are in the `_runs.jsonl` file)",
-        f"- device: {result['device']}",
+        f"- device of this invocation: {result['device']}; devices that trained the runs: {', '.join(result['run_devices'])}",
         f"- wall time of this invocation: {result['seconds']:.1f} s; training seconds per run: "
         + "; ".join(f"{k}: {sum(v) / max(len(v), 1):.0f}" for k, v in result["train_seconds"].items()),
         "",

@@ -218,7 +218,7 @@ def _train_one(
             return torch.optim.SGD(params, lr=run.lr, momentum=0.9, nesterov=True)
         return torch.optim.Adam(params, lr=run.lr, amsgrad=True)
 
-    best = {"val_accuracy": -1.0, "epoch": 0, "state": None}
+    best: dict[str, Any] = {"val_accuracy": -1.0, "epoch": 0, "state": None}
     t0 = time.perf_counter()
     diverged = False
     optimizer = make_optimizer(means)  # epoch 1: means only, NLL only, weights at their means
@@ -290,9 +290,10 @@ def run_retina(
     progress: bool = True,
     command: str | None = None,
     shard: tuple[int, int] | None = None,
+    train: bool = True,
 ) -> dict[str, Any]:
     """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
-    ``(k, n)`` if given), then write ``<name>.json``, ``.md`` and the figure from every run found."""
+    ``(k, n)`` if given; none if not ``train``), then write ``<name>.json``, ``.md`` and the figure from every run found."""
     from tqdm.auto import tqdm
 
     from varbnn.experiments.runner import describe_device, git_commit
@@ -319,7 +320,7 @@ def run_retina(
         k, n = shard
         jobs = jobs[k::n]
     cache = out / (f"{config.name}_runs.shard{shard[0]}.jsonl" if shard else f"{config.name}_runs.jsonl")
-    todo = [(f, r, s) for f, r, s in jobs if (f, r.key(), s) not in done]
+    todo = [(f, r, s) for f, r, s in jobs if (f, r.key(), s) not in done] if train else []
     data = _data(data_dir, config.train_limit) if todo else {}
     for family_name, run, seed in tqdm(todo, desc=config.name, disable=not progress):
         record = _train_one(config, run, family_name, seed, data, dev)
@@ -381,7 +382,7 @@ def _summarise(config: RetinaConfig, records: list[dict[str, Any]]) -> list[dict
         aurocs = [r["auroc"] for r in mine]
         chance = sum(1 for a in aurocs if math.isnan(a) or a < config.chance_auroc)
         rows.append({
-            "family": family, "configs": len(mine),
+            "family": family, "configs": len(mine), "distinct": len({r["key"] for r in mine}),
             "no_better_than_chance": chance / max(len(mine), 1),
             "good": sum(1 for a in aurocs if not math.isnan(a) and a >= good) / max(len(mine), 1),
             "good_threshold": good,
@@ -427,11 +428,12 @@ def render_retina_markdown(result: dict[str, Any], figure: str) -> str:
                 f"| {row['family']} | {row['referred']:.0%} | {row['seeds']} | {cell(row['auroc'])} | {cell(row['accuracy'])} |"
             )
     else:
-        lines += ["| family | configs | no better than chance | good AUROC | median AUROC | best AUROC | diverged |",
+        lines += ["| family | configs (distinct) | no better than chance | good AUROC | median AUROC | best AUROC | diverged |",
                   "|---|---|---|---|---|---|---|"]  # fmt: skip
         for row in result["rows"]:
             lines.append(
-                f"| {row['family']} | {row['configs']} | {row['no_better_than_chance']:.0%} | {row['good']:.0%} "
+                f"| {row['family']} | {row['configs']} ({row['distinct']}) | {row['no_better_than_chance']:.0%} | "
+                f"{row['good']:.0%} "
                 f"(>= {row['good_threshold']:.3f}) | {row['median_auroc']:.4f} | {row['best_auroc']:.4f} | {row['diverged']} |"
             )
     lines += ["", f"![{figure}]({figure})"]

@@ -150,7 +150,7 @@ def run_soap_bubble(
     torch.manual_seed(config.seed)
     kernel = _kernel_distances(config, dev)
     training = [_train(config, f, dev, data_dir, progress) for f in config.families]
-    result = {
+    result: dict[str, Any] = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "commit": git_commit(),
@@ -172,13 +172,15 @@ def run_soap_bubble(
         f"- device: {result['device']}; wall time {result['seconds']:.0f} s",
         "",
         f"Kernel {config.kernel_shape} (D = {kernel['dim']:,}), mean distance ||w - mu|| of {config.kernel_samples} samples "
-        f"(analytic: Gaussian sigma * sqrt(2) Gamma((D+1)/2) / Gamma(D/2) ~ sigma sqrt(D) = {math.sqrt(kernel['dim']):.0f} sigma; "
+        "(analytic: Gaussian sigma * sqrt(2) Gamma((D+1)/2) / Gamma(D/2) ~ sigma sqrt(D) = "
+        f"{math.sqrt(kernel['dim']):.0f} sigma; "
         "radial sigma * sqrt(2/pi) = 0.80 sigma):",
         "",
         "| sigma | mean-field | radial |",
         "|---|---|---|",
         *[
-            f"| {s:g} | {result['kernel']['mean_distance'][f'meanfield@{s:g}']:.4g} | {result['kernel']['mean_distance'][f'radial@{s:g}']:.4g} |"
+            f"| {s:g} | {result['kernel']['mean_distance'][f'meanfield@{s:g}']:.4g} | "
+            f"{result['kernel']['mean_distance'][f'radial@{s:g}']:.4g} |"
             for s in config.sigmas
         ],  # fmt: skip
         "",
