@@ -17,7 +17,7 @@ from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, reg
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 
-__all__ = ["MeanField", "inverse_softplus"]
+__all__ = ["MeanField", "inverse_softplus", "cached_softplus"]
 
 _ESTIMATORS = ("reparam", "local", "flipout")
 
@@ -58,6 +58,32 @@ class _SharedSoftplus(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return grad * torch.sigmoid(ctx.rho.detach())
+
+
+def cached_softplus(family: Any) -> torch.Tensor:
+    """``softplus(family.rho)``, shared within a training step.
+
+    While gradients are recorded, the result is computed once per step and shared by the forward pass and the KL
+    (one softplus and one softplus-backward per step instead of two). The cache (``family._scale_cache``) is keyed
+    on the identity, version, device and dtype of ``rho`` and dropped as soon as a backward pass reaches it, so it
+    never outlives the step. The family must reset ``_scale_cache`` in ``__getstate__`` (copies, pickling).
+    """
+    rho = family.rho
+    if not (torch.is_grad_enabled() and rho.requires_grad) or _functorch_active():
+        return F.softplus(rho)
+    cache = family._scale_cache
+    if (
+        cache is not None
+        and cache[0] is rho
+        and cache[1] == rho._version
+        and cache[2].device == rho.device
+        and cache[2].dtype == rho.dtype
+    ):
+        return cache[2]
+    sigma = _SharedSoftplus.apply(rho)
+    sigma.register_hook(functools.partial(_drop_scale_cache, weakref.ref(family)))
+    family._scale_cache = (rho, rho._version, sigma)
+    return sigma
 
 
 def _rademacher(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
@@ -105,29 +131,8 @@ class MeanField(VariationalFamily):
 
     @property
     def scale(self) -> torch.Tensor:
-        """Posterior standard deviations, softplus(rho).
-
-        While gradients are recorded, the result is computed once per training step and shared by the forward
-        pass and the KL (one softplus and one softplus-backward per step instead of two). The cache is keyed
-        on the identity, version, device and dtype of ``rho`` and dropped as soon as a backward pass reaches
-        it, so it never outlives the step.
-        """
-        rho = self.rho
-        if not (torch.is_grad_enabled() and rho.requires_grad) or _functorch_active():
-            return F.softplus(rho)
-        cache = self._scale_cache
-        if (
-            cache is not None
-            and cache[0] is rho
-            and cache[1] == rho._version
-            and cache[2].device == rho.device
-            and cache[2].dtype == rho.dtype
-        ):
-            return cache[2]
-        sigma = _SharedSoftplus.apply(rho)
-        sigma.register_hook(functools.partial(_drop_scale_cache, weakref.ref(self)))
-        self._scale_cache = (rho, rho._version, sigma)
-        return sigma
+        """Posterior standard deviations, softplus(rho), computed once per training step (:func:`cached_softplus`)."""
+        return cached_softplus(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())

@@ -13,7 +13,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Distribution
 
@@ -21,7 +20,7 @@ from varbnn.distributions.radial import Radial as RadialDistribution
 from varbnn.distributions.radial import radial_entropy_constant, radial_normal_cross_entropy, unit_direction
 from varbnn.divergence import register_family_kl
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
-from varbnn.families.gaussian import _rademacher, inverse_softplus
+from varbnn.families.gaussian import _rademacher, cached_softplus, inverse_softplus
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 from varbnn.priors import Prior
@@ -55,6 +54,7 @@ class Radial(VariationalFamily):
 
     loc: nn.Parameter
     rho: nn.Parameter
+    _scale_cache: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -83,8 +83,13 @@ class Radial(VariationalFamily):
 
     @property
     def scale(self) -> torch.Tensor:
-        """sigma = softplus(rho)."""
-        return F.softplus(self.rho)
+        """sigma = softplus(rho), shared by the forward pass and the KL within a step (:func:`cached_softplus`)."""
+        return cached_softplus(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_scale_cache"] = None
+        return state
 
     def distribution(self) -> Distribution:
         self._require_built()
