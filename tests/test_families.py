@@ -76,7 +76,8 @@ def test_analytic_kl_matches_monte_carlo(spec, has_density, prior):
     assert abs(analytic - mc) < 5 * se, (analytic, mc, se)
 
 
-@pytest.mark.parametrize("spec,has_density", [p for p in FAMILY_TABLE if p.values[1]])
+# Radial is left out: its density is +inf at the mode (rho^{1-D}), so the comparison could not fail.
+@pytest.mark.parametrize("spec,has_density", [p for p in FAMILY_TABLE if p.values[1] and not p.id.startswith("radial")])
 def test_mode_beats_samples_in_density(spec, has_density):
     family = built(spec)
     q = family.distribution()

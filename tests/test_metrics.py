@@ -88,3 +88,14 @@ def test_bad_metric_input_is_named():
         metrics.auroc(torch.rand(4), torch.ones(4))
     with pytest.raises(ValueError, match="noise_std must be > 0"):
         metrics.gaussian_log_likelihood(torch.zeros(2, 3), torch.zeros(3), -1.0)
+
+
+def test_mean_and_standard_error_matches_numpy_and_skips_nan():
+    import numpy as np
+
+    from varbnn.metrics import mean_and_standard_error
+
+    values = [0.3, 1.2, -0.4, 2.0]
+    mean, se = mean_and_standard_error(values + [float("nan")])
+    assert mean == pytest.approx(np.mean(values)) and se == pytest.approx(np.std(values, ddof=1) / 2)
+    assert math.isnan(mean_and_standard_error([1.0])[1]) and math.isnan(mean_and_standard_error([])[0])

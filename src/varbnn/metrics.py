@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "mean_and_standard_error",
     "accuracy",
     "negative_log_likelihood",
     "expected_calibration_error",
@@ -163,3 +164,15 @@ def gaussian_log_likelihood(sample_means: torch.Tensor, targets: torch.Tensor, n
     log_density = torch.distributions.Normal(sample_means, noise).log_prob(targets.unsqueeze(0))
     per_point = torch.logsumexp(log_density, dim=0) - math.log(sample_means.shape[0])
     return float(per_point.mean())
+
+
+def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample std / sqrt(n)) of the non-NaN ``values``; the error is NaN for
+    fewer than two values, both are NaN for none."""
+    finite = [float(v) for v in values if not math.isnan(float(v))]
+    if not finite:
+        return float("nan"), float("nan")
+    mean = sum(finite) / len(finite)
+    if len(finite) < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1) / len(finite))

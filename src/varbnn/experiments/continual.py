@@ -35,6 +35,7 @@ from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import load_fashion_mnist
 from varbnn.families import make_family
+from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
@@ -196,13 +197,6 @@ def _run_one(
             "epochs_per_task": epochs, "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-
-
 def run_vcl(
     config: VCLConfig,
     *,
@@ -243,9 +237,9 @@ def run_vcl(
         for t in range(len(config.tasks)):
             row: dict[str, Any] = {"variant": variant.label, "after_task": t + 1, "seeds": len(records)}
             for j in range(t + 1):
-                row[f"head{j + 1}"] = _mean_se([r["accuracy"][t][j] for r in records])
-            row["mean"] = _mean_se([sum(r["accuracy"][t]) / (t + 1) for r in records])
-            row["val_mean"] = _mean_se([sum(r["val_accuracy"][t]) / (t + 1) for r in records])
+                row[f"head{j + 1}"] = mean_and_standard_error([r["accuracy"][t][j] for r in records])
+            row["mean"] = mean_and_standard_error([sum(r["accuracy"][t]) / (t + 1) for r in records])
+            row["val_mean"] = mean_and_standard_error([sum(r["val_accuracy"][t]) / (t + 1) for r in records])
             rows.append(row)
     result = {
         "name": config.name,

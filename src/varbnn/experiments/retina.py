@@ -52,7 +52,7 @@ from varbnn.data import load_retinamnist
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.continual import TensorBatches
 from varbnn.families import make_family
-from varbnn.metrics import auroc
+from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
@@ -271,16 +271,6 @@ def _train_one(
     }
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return float("nan"), float("nan")
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-
-
 def run_retina(
     config: RetinaConfig,
     *,
@@ -372,8 +362,8 @@ def _summarise(config: RetinaConfig, records: list[dict[str, Any]]) -> list[dict
             for i, fraction in enumerate(REFERRAL_FRACTIONS):
                 rows.append({
                     "family": family, "referred": fraction, "seeds": len(mine),
-                    "auroc": _mean_se([r["referral"][i]["auroc"] for r in mine]),
-                    "accuracy": _mean_se([r["referral"][i]["accuracy"] for r in mine]),
+                    "auroc": mean_and_standard_error([r["referral"][i]["auroc"] for r in mine]),
+                    "accuracy": mean_and_standard_error([r["referral"][i]["accuracy"] for r in mine]),
                 })  # fmt: skip
         return rows
     good = _good_threshold(config, records)

@@ -28,6 +28,7 @@ from varbnn.convert import bayesianize
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
+from varbnn.metrics import mean_and_standard_error
 from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
 from varbnn.objectives import linear_kl_annealing
@@ -134,14 +135,6 @@ def describe_device(device: torch.device) -> str:
     except OSError:
         pass
     return f"cpu: {name}, {torch.get_num_threads()} threads"
-
-
-def _mean_sem(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(var / len(values))
 
 
 class _Tracer:
@@ -366,7 +359,7 @@ def run_experiment(
                 if all(isinstance(v, str) for v in values):  # e.g. the pruned architecture, one per seed
                     row[key] = " / ".join(values)  # type: ignore[arg-type]
                     continue
-                mean, sem = _mean_sem(values)
+                mean, sem = mean_and_standard_error(values)
                 row[key] = mean
                 row[f"{key}_sem"] = sem
             rows.append(row)

@@ -40,6 +40,7 @@ from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
 from varbnn.families import make_family
 from varbnn.likelihoods import GammaPrecisionGaussian
+from varbnn.metrics import mean_and_standard_error
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
@@ -195,13 +196,6 @@ def predictive_log_likelihood(pred: torch.Tensor, y: torch.Tensor, noise_var: to
     return float((torch.logsumexp(log_density, dim=0) - math.log(pred.shape[0])).mean())
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-
-
 def run_uci(
     config: UCIConfig,
     *,
@@ -253,8 +247,8 @@ def run_uci(
                 continue
             row[variant.label] = {
                 "splits": len(records),
-                "rmse": _mean_se([r["rmse"] for r in records]),
-                "ll": _mean_se([r["ll"] for r in records]),
+                "rmse": mean_and_standard_error([r["rmse"] for r in records]),
+                "ll": mean_and_standard_error([r["ll"] for r in records]),
                 "seconds": sum(r["seconds"] for r in records),
             }
         rows.append(row)
