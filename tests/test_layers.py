@@ -116,7 +116,7 @@ def test_flipout_decorrelates_examples_in_a_batch():
 
 
 def test_local_and_flipout_refused_in_lstm():
-    with pytest.raises(ValueError, match="not supported in a lstm layer.*allowed there: \\['reparam'\\]"):
+    with pytest.raises(ValueError, match="not supported in a lstm layer.*allowed there: \\['reparam', 'graves'\\]"):
         BayesLSTM(3, 4, family=MeanField(estimator="local"))
     with pytest.raises(ValueError, match="flipout"):
         varbnn.bayesianize(nn.LSTM(3, 4), MeanField(estimator="flipout"))

@@ -57,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'retina-robustness':20s} Random hyperparameter search, radial vs mean-field (Farquhar et al. 2020 Fig. 7)")
         print(f"{'soap-bubble':20s} Distance of samples from the mode: analytic/sampled densities and during training")
         print(f"{'vcl-split-fmnist':20s} VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)")
+        print(f"{'graves-mnist':20s} Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL")
+        print(f"{'graves-prune':20s} Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining")
         return 0
     name = "demo" if args.command == "demo" else args.name
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -107,6 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         final = [r for r in vcl_result["rows"] if r["after_task"] == len(vcl.tasks)]
         print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
         print(f"wrote {args.out}/{vcl.name}.json, {args.out}/{vcl.name}.md, {args.out}/{vcl.name}.png")
+        return 0
+    if name in ("graves-mnist", "graves-prune"):
+        from varbnn.experiments.graves import graves_config, run_graves_mnist, run_graves_prune
+
+        graves = graves_config(name, args.quick)
+        runner = run_graves_mnist if name == "graves-mnist" else run_graves_prune
+        runner(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
+               command=command)  # fmt: skip
+        print(f"wrote {args.out}/{graves.name}.json, {args.out}/{graves.name}.md, {args.out}/{graves.name}.png")
         return 0
     try:
         config = get_config(name, quick=args.quick)

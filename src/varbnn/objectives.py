@@ -10,14 +10,31 @@ bits-back cost of the weights). See :mod:`varbnn.divergence` for how the KL is s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from varbnn.divergence import kl as model_kl
 
-__all__ = ["ELBOTerms", "elbo_loss", "score_correction", "linear_kl_annealing", "NATS_PER_BIT"]
+__all__ = [
+    "ELBOTerms",
+    "elbo_loss",
+    "score_correction",
+    "linear_kl_annealing",
+    "NATS_PER_BIT",
+    "per_example_gradients",
+    "graves_gradients",
+    "uses_graves_estimator",
+    "MDLReport",
+    "mdl_report",
+    "complexity_costs",
+    "complexity_is_finite",
+    "transmitted_weights",
+]
 
 NATS_PER_BIT = math.log(2.0)
 
@@ -108,3 +125,292 @@ def linear_kl_annealing(step: int, warmup_steps: int) -> float:
     if warmup_steps == 0:
         return 1.0
     return min(1.0, max(0.0, step / warmup_steps))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Graves (2011) gradient estimator: per-example weight samples, variance gradient from the empirical Fisher
+# ---------------------------------------------------------------------------------------------------------
+
+
+WEIGHT_DRAWS = ("example", "batch")
+
+
+def per_example_gradients(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    *,
+    wrt: Iterable[str] | None = None,
+    weight_draws: str = "example",
+    chunk_size: int | None = None,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Gradient of ``nll(model(x_n), y_n)`` for each example n separately (``torch.func``: ``vmap`` over examples of
+    ``grad_and_value`` of a ``functional_call``; no Python loop). Returns ``({parameter name: [N, *shape]}, losses [N])``.
+
+    Args:
+        wrt: names of the parameters to differentiate (default: all); the others enter as constants.
+        weight_draws: ``"example"`` (default): an independent weight draw per example (Graves 2011, section 6);
+            ``"batch"``: one draw shared by the batch (cheaper: the draw is not repeated per example).
+        chunk_size: how many examples are vectorised at once (memory: ``chunk_size x parameters``).
+    """
+    from torch.func import functional_call, grad_and_value, vmap
+
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
+    if weight_draws not in WEIGHT_DRAWS:
+        raise ValueError(f"weight_draws must be one of {WEIGHT_DRAWS}, got {weight_draws!r}")
+    named = {name: p.detach() for name, p in model.named_parameters()}
+    names = set(named) if wrt is None else set(wrt)
+    unknown = names - set(named)
+    if unknown:
+        raise ValueError(f"wrt names parameters the model does not have: {sorted(unknown)}")
+    params = {k: v for k, v in named.items() if k in names}
+    constants = {k: v for k, v in named.items() if k not in names}
+    buffers = dict(model.named_buffers())
+
+    def loss(p: dict[str, torch.Tensor], xn: torch.Tensor, yn: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, ({**p, **constants}, buffers), (xn.unsqueeze(0),))
+        return nll(out, yn.unsqueeze(0))
+
+    randomness = "different" if weight_draws == "example" else "same"
+    grads, values = vmap(grad_and_value(loss), in_dims=(None, 0, 0), randomness=randomness, chunk_size=chunk_size)(
+        params, x, y
+    )
+    score_correction(model)  # drop score terms a rejection-sampling family recorded inside the transform
+    return grads, values
+
+
+def uses_graves_estimator(model: nn.Module) -> bool:
+    """Whether any Gaussian family of ``model`` has ``estimator="graves"``."""
+    from varbnn.families.gaussian import MeanField
+
+    return any(isinstance(m, MeanField) and m.estimator == "graves" and m.is_built for m in model.modules())
+
+
+def graves_gradients(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    n_data: int,
+    nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    beta: float = 1.0,
+    weight_draws: str = "example",
+    chunk_size: int | None = None,
+) -> ELBOTerms:
+    """Accumulate into ``.grad`` (as ``loss.backward()`` would) the gradient of ``mean_n E_q[nll_n] + beta KL / n_data``
+    by Graves' (2011) estimator, and return the loss terms.
+
+    With ``weight_draws="example"`` (default) every example gets its own weight draw (eq. 16-17); ``"batch"`` shares
+    one draw across the batch (cheaper, same expectation). Means, and every parameter of other families, get the batch
+    mean of the per-example gradients (eq. 11, 16). For Gaussian families with ``estimator="graves"`` the standard
+    deviations get, instead of the reparameterization gradient, the diagonal empirical Fisher form (eq. 12, 17):
+
+        d mean_n E[nll_n] / d sigma_i^2  ~=  1/2 mean_n (d nll_n / d w_i)^2,   i.e. d/d sigma_i = sigma_i mean_n g_ni^2,
+
+    which autograd carries to ``rho`` (or to k-tied's U, V). The KL's gradient is exact (closed form where
+    registered). Per-example gradients come from :func:`per_example_gradients`.
+    """
+    from varbnn.families.gaussian import MeanField
+
+    if isinstance(n_data, bool) or not isinstance(n_data, int) or n_data < 1:
+        raise ValueError(f"n_data must be a positive integer (the training-set size), got {n_data!r}")
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    fisher_families: list[tuple[MeanField, str]] = []
+    replaced: set[str] = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, MeanField) and module.estimator == "graves" and module.is_built and module.learn_std:
+            dot = f"{prefix}." if prefix else ""
+            fisher_families.append((module, f"{dot}loc"))
+            replaced.update(f"{dot}{name}" for name, _ in module.named_parameters() if name != "loc")
+    wrt = [name for name, p in model.named_parameters() if p.requires_grad and name not in replaced]
+    grads, values = per_example_gradients(model, x, y, nll, wrt=wrt, weight_draws=weight_draws, chunk_size=chunk_size)
+    for name, param in model.named_parameters():
+        if name not in grads:
+            continue
+        g = grads[name].mean(0)
+        param.grad = g if param.grad is None else param.grad + g
+    for family, loc_name in fisher_families:
+        fisher = grads[loc_name].square().mean(0)
+        with torch.enable_grad():
+            sigma = family.scale
+            torch.autograd.backward(sigma, fisher * sigma.detach())
+    kl_total = model_kl(model)
+    if beta and kl_total.requires_grad:
+        ((beta / n_data) * kl_total).backward()
+    nll_mean = values.mean().detach()
+    loss = nll_mean + (beta / n_data) * kl_total.detach()
+    return ELBOTerms(loss=loss, nll=nll_mean, kl=kl_total.detach(), beta=float(beta), n_data=n_data)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Minimum description length (Graves 2011, section 4)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MDLReport:
+    """The MDL reading of a trained network on a dataset (Graves 2011, eq. 3-6).
+
+    Attributes:
+        error_nats: L^E, the expected negative log-likelihood of the targets SUMMED over the dataset (nats).
+        complexity_nats: L^C, the KL of the whole posterior from the prior (nats; bits-back cost of the weights),
+            or None when it is not a finite description length (a delta posterior or an improper uniform prior:
+            the discretisation constant is infinite).
+        n_targets: number of targets described.
+        n_classes: number of classes (for the uniform-code reference), or None.
+        n_weights: number of weights transmitted (pruned weights excluded).
+    """
+
+    error_nats: float
+    complexity_nats: float | None
+    n_targets: int
+    n_classes: int | None
+    n_weights: int
+
+    @property
+    def error_bits(self) -> float:
+        return self.error_nats / NATS_PER_BIT
+
+    @property
+    def complexity_bits(self) -> float | None:
+        return None if self.complexity_nats is None else self.complexity_nats / NATS_PER_BIT
+
+    @property
+    def total_bits(self) -> float | None:
+        c = self.complexity_bits
+        return None if c is None else self.error_bits + c
+
+    @property
+    def uniform_bits(self) -> float | None:
+        """Length of the targets under a uniform code over the classes, ``n_targets * log2(n_classes)``."""
+        return None if not self.n_classes else self.n_targets * math.log2(self.n_classes)
+
+    @property
+    def ratio(self) -> float | None:
+        """Compression ratio (Graves' table 1 "Ratio"): ``(L^E + L^C) / uniform code length``; < 1 means the network
+        compresses the targets. None where L^C or the class count is not defined."""
+        total, uniform = self.total_bits, self.uniform_bits
+        return None if total is None or not uniform else total / uniform
+
+    @property
+    def bits_per_weight(self) -> float | None:
+        c = self.complexity_bits
+        return None if c is None or self.n_weights == 0 else c / self.n_weights
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "error_nats": self.error_nats,
+            "error_bits": self.error_bits,
+            "complexity_nats": self.complexity_nats,
+            "complexity_bits": self.complexity_bits,
+            "total_bits": self.total_bits,
+            "uniform_bits": self.uniform_bits,
+            "ratio": self.ratio,
+            "bits_per_weight": self.bits_per_weight,
+            "n_targets": self.n_targets,
+            "n_weights": self.n_weights,
+        }
+
+
+def _tensors(model: nn.Module) -> Iterator[tuple[str, Any, Any]]:
+    from varbnn.nn.base import BayesianModule
+
+    for prefix, module in model.named_modules():
+        if isinstance(module, BayesianModule):
+            for name, posterior, prior in module.bayesian_tensors():
+                yield (f"{prefix}.{name}" if prefix else name), posterior, prior
+
+
+def complexity_is_finite(model: nn.Module) -> bool:
+    """True when L^C is a finite description length: no delta posterior, no improper (uniform) prior."""
+    from varbnn.families.delta import Delta
+    from varbnn.priors import Uniform
+
+    tensors = list(_tensors(model))
+    return bool(tensors) and not any(isinstance(q, Delta) or isinstance(p, Uniform) for _, q, p in tensors)
+
+
+def transmitted_weights(model: nn.Module) -> int:
+    """Number of weights of the Bayesian tensors, pruned ones (fixed at 0) excluded."""
+    from varbnn.families.gaussian import MeanField
+
+    return sum(q.kept if isinstance(q, MeanField) else math.prod(q.shape) for _, q, _ in _tensors(model))
+
+
+@torch.no_grad()
+def complexity_costs(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each weight's complexity cost in nats (Graves 2011 eq. 13's summands), ``{tensor name: tensor of its shape}``.
+
+    Gaussian posteriors against a Normal prior: ``log(s / sigma_i) + ((mu_i - m)^2 + sigma_i^2 - s^2) / (2 s^2)``
+    (0 for pruned weights); delta posteriors: ``-log p(w_i)`` without the discretisation constant; other pairs: the
+    elementwise closed-form KL of their torch distributions. Divide by ``ln 2`` for bits. Raises ``ValueError`` for
+    pairs with no elementwise closed form (e.g. an improper uniform prior, whose cost is infinite).
+    """
+    from torch.distributions import Independent
+    from torch.distributions import kl_divergence as torch_kl
+
+    from varbnn.families.delta import Delta
+    from varbnn.families.gaussian import MeanField, normal_kl_elementwise
+    from varbnn.priors import Normal, Uniform
+
+    out: dict[str, torch.Tensor] = {}
+    for name, q, p in _tensors(model):
+        if isinstance(p, Uniform):
+            raise ValueError(f"complexity cost of {name!r} is not finite: its prior is the improper Uniform()")
+        if isinstance(q, MeanField) and isinstance(p, Normal):
+            cost = normal_kl_elementwise(q.loc, q.scale, p.loc, p.scale)
+            out[name] = cost if q.weight_mask is None else cost * q.weight_mask
+        elif isinstance(q, Delta):
+            out[name] = -p.distribution(q.shape).base_dist.log_prob(q.value)  # type: ignore[attr-defined]
+        else:
+            qd, pd = q.distribution(), p.distribution(q.shape)
+            try:
+                if not (isinstance(qd, Independent) and isinstance(pd, Independent)):
+                    raise NotImplementedError
+                out[name] = torch_kl(qd.base_dist, pd.base_dist)
+            except NotImplementedError:
+                raise ValueError(
+                    f"complexity cost of {name!r}: no elementwise closed-form KL for {type(q).__name__} against "
+                    f"{type(p).__name__}"
+                ) from None
+    return {k: v.detach() for k, v in out.items()}
+
+
+@torch.no_grad()
+def mdl_report(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    samples: int = 10,
+    n_classes: int | None = None,
+    batch_size: int = 1000,
+) -> MDLReport:
+    """L^E (Monte Carlo over ``samples`` weight draws per example, summed over the dataset), L^C = KL (closed form
+    where registered) and the derived bits, bits/weight and compression ratio, for a classifier on ``(x, y)``.
+    ``n_classes`` defaults to the model's output width."""
+    from varbnn.predict import predict
+
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
+    device = next(model.parameters()).device
+    error, width = 0.0, None
+    for start in range(0, x.shape[0], batch_size):
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        logits = predict(model, xb, samples=samples)  # [S, B, C]
+        width = logits.shape[-1]
+        per_draw = F.cross_entropy(logits.flatten(0, 1), yb.repeat(samples), reduction="sum")
+        error += float(per_draw) / samples
+    complexity = float(model_kl(model)) if complexity_is_finite(model) else None
+    return MDLReport(
+        error_nats=error,
+        complexity_nats=complexity,
+        n_targets=int(x.shape[0]),
+        n_classes=n_classes or width,
+        n_weights=transmitted_weights(model),
+    )

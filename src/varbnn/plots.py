@@ -23,6 +23,8 @@ __all__ = [
     "referral_figure",
     "robustness_figure",
     "soap_bubble_figures",
+    "graves_curves",
+    "complexity_heatmaps",
 ]
 
 
@@ -299,3 +301,53 @@ def soap_bubble_figures(
     fig.savefig(out / files[1], dpi=110)
     plt.close(fig)
     return files
+
+
+def graves_curves(records: Sequence[Mapping[str, object]], path: str | os.PathLike[str]) -> Path:
+    """Test error of the mode per epoch for every Graves variant (left), and the training error loss L^E in bits per
+    target (right; Graves 2011 figure 2 analogue). One line per run."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for record in records:
+        log = record["log"]
+        assert isinstance(log, list)
+        epochs = [e["epoch"] for e in log]
+        label = f"{record['variant']} (seed {record['seed']})"
+        left.plot(epochs, [100 * e["test_error"] for e in log], label=label)
+        n = float(record["n_train"])  # type: ignore[arg-type]
+        right.plot(epochs, [e["train_error_loss_bits"] / n for e in log], label=label)
+    left.set_xlabel("epoch")
+    left.set_ylabel("test error of the mode (%)")
+    left.set_yscale("log")
+    right.set_xlabel("epoch")
+    right.set_ylabel("training L^E (bits per target)")
+    right.set_yscale("log")
+    left.legend(fontsize=6)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def complexity_heatmaps(
+    costs_bits: torch.Tensor, kept: Mapping[float, torch.Tensor], path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Per-weight complexity cost of one weight matrix in bits (Graves 2011 figure 3; lighter = costlier) and, for each
+    lambda in ``kept``, the weights that survive pruning (figure 4; white = kept, black = pruned)."""
+    panels = 1 + len(kept)
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 4.0), squeeze=False)
+    image = axes[0][0].imshow(costs_bits.numpy(), aspect="auto", cmap="gray", interpolation="nearest")
+    axes[0][0].set_title("complexity cost (bits)")
+    fig.colorbar(image, ax=axes[0][0], shrink=0.8)
+    for ax, (lam, mask) in zip(axes[0][1:], kept.items()):
+        ax.imshow(mask.float().numpy(), aspect="auto", cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_title(f"kept at lambda = {lam} ({100 * float(mask.float().mean()):.0f}%)")
+    for ax in axes[0]:
+        ax.set_xlabel("input unit")
+        ax.set_ylabel("output unit")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

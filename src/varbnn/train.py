@@ -16,7 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics
-from varbnn.objectives import ELBOTerms, elbo_loss
+from varbnn.objectives import ELBOTerms, elbo_loss, graves_gradients, uses_graves_estimator
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import update_adaptive_priors
 
@@ -109,7 +109,9 @@ def fit(
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (or ``optimizer``).
 
-    Adaptive priors are set to their optimum after every step. ``beta`` is a number or a function of the
+    Adaptive priors are set to their optimum after every step. Models with a ``MeanField(estimator="graves")`` tensor
+    take their gradients from :func:`varbnn.objectives.graves_gradients` (a weight draw per example, Fisher
+    variance gradient) instead of ``loss.backward()``. ``beta`` is a number or a function of the
     global step (e.g. ``lambda s: linear_kl_annealing(s, 1000)``). Returns one dict per epoch with the mean
     loss, NLL (nats), KL (nats) and beta; ``checkpoint`` is rewritten (atomically) after each epoch.
     With ``resume`` and an existing ``checkpoint``, training continues after the last completed epoch (model,
@@ -126,6 +128,7 @@ def fit(
     model.to(dev)
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     adaptive = _has_adaptive_prior(model)
+    graves = uses_graves_estimator(model)
     if adaptive:
         update_adaptive_priors(model)
     schedule: BetaSchedule = beta if callable(beta) else (lambda _step: float(beta))  # type: ignore[misc, assignment]
@@ -148,9 +151,12 @@ def fit(
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             if x.is_floating_point() and not torch.isfinite(x).all():
                 raise ValueError("training inputs contain NaN or infinite values")
-            terms = elbo_loss(nll(model(x), y), model, n_data, schedule(step))
             optimizer.zero_grad(set_to_none=True)
-            terms.loss.backward()
+            if graves:
+                terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
+            else:
+                terms = elbo_loss(nll(model(x), y), model, n_data, schedule(step))
+                terms.loss.backward()
             optimizer.step()
             if adaptive:
                 update_adaptive_priors(model)

@@ -17,9 +17,9 @@ from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, reg
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 
-__all__ = ["MeanField", "inverse_softplus", "cached_softplus"]
+__all__ = ["MeanField", "inverse_softplus", "cached_softplus", "normal_kl_elementwise"]
 
-_ESTIMATORS = ("reparam", "local", "flipout")
+_ESTIMATORS = ("reparam", "local", "flipout", "graves")
 
 
 @overload
@@ -98,36 +98,89 @@ class MeanField(VariationalFamily):
 
     Args:
         init_std: initial posterior standard deviation of every weight (default 1e-2); must be > 0.
-        estimator: how a layer draws its output (default ``"reparam"``):
+        estimator: how a layer draws its output and how the std gradient is formed (default ``"reparam"``):
 
             * ``"reparam"``: one weight sample per forward pass, shared by the batch (any layer).
             * ``"local"``: local reparameterization (Kingma et al. 2015): pre-activations are sampled per
               example from N(op(x, loc), op(x^2, sigma^2)); Linear and Conv2d only.
             * ``"flipout"``: Wen et al. 2018: op(x, loc) + op(x * s_in, sigma * eps) * s_out with random signs
               per example; Linear and Conv2d only.
+            * ``"graves"``: Graves (2011, eq. 11-12 and 16-17): one weight sample per EXAMPLE and the variance
+              gradient from the diagonal empirical Fisher, ``dL^E/dsigma^2 = 1/2 mean_n (dL_n/dw)^2``, instead of
+              the reparameterization gradient. Training steps go through
+              :func:`varbnn.objectives.graves_gradients` (``varbnn.fit`` does this by itself); a plain forward pass
+              draws like ``"reparam"``. Any layer.
+        learn_std: ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a parameter): Graves' fixed-variance
+            "weight noise" posterior, where only the means are trained (default True).
 
     The means are He-initialised by the layer, or copied from a pretrained weight by ``bayesianize``.
+
+    Pruning (Graves 2011, section 7): :meth:`prune_` fixes chosen weights at exactly 0. They are no longer
+    sampled, have no variance, cost no complexity (they are not transmitted), and get zero gradients; see
+    :func:`varbnn.prune.prune_by_density_ratio`.
     """
 
     estimators = _ESTIMATORS
-    estimator_layers = {"reparam": LAYER_KINDS, "local": ("linear", "conv2d"), "flipout": ("linear", "conv2d")}
+    estimator_layers = {
+        "reparam": LAYER_KINDS,
+        "local": ("linear", "conv2d"),
+        "flipout": ("linear", "conv2d"),
+        "graves": LAYER_KINDS,
+    }
 
     loc: nn.Parameter
-    rho: nn.Parameter
+    rho: torch.Tensor
+    weight_mask: torch.Tensor | None
     _scale_cache: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
-    def __init__(self, init_std: float = 1e-2, estimator: str = "reparam") -> None:
+    def __init__(self, init_std: float = 1e-2, estimator: str = "reparam", learn_std: bool = True) -> None:
         if not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
             raise ValueError(f"MeanField: init_std must be a finite number > 0, got {init_std!r}")
         if estimator not in _ESTIMATORS:
             raise ValueError(f"MeanField: unknown estimator {estimator!r}; allowed: {list(_ESTIMATORS)}")
-        super().__init__(init_std=float(init_std), estimator=estimator)
+        if not isinstance(learn_std, bool):
+            raise ValueError(f"MeanField: learn_std must be True or False, got {learn_std!r}")
+        super().__init__(init_std=float(init_std), estimator=estimator, learn_std=learn_std)
         self.init_std = float(init_std)
         self.estimator = estimator
+        self.learn_std = learn_std
+        self.register_buffer("weight_mask", None)
 
     def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
         self.loc = nn.Parameter(init)
-        self.rho = nn.Parameter(torch.full(shape, inverse_softplus(self.init_std), dtype=init.dtype))
+        rho = torch.full(shape, inverse_softplus(self.init_std), dtype=init.dtype)
+        if self.learn_std:
+            self.rho = nn.Parameter(rho)
+        else:
+            self.register_buffer("rho", rho)
+
+    # -- pruning ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prune_(self, keep: torch.Tensor | None) -> MeanField:
+        """Keep only the weights where ``keep`` is True (a bool tensor of the weight's shape); the others are fixed at
+        0 from now on. ``keep=None`` removes the mask (every weight sampled again). Returns self."""
+        shape = self._require_built()
+        if keep is None:
+            self.weight_mask = None
+            return self
+        if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.shape != shape:
+            got = f"{keep.dtype} {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else type(keep).__name__
+            raise ValueError(f"MeanField.prune_: keep must be a bool tensor of shape {tuple(shape)}, got {got}")
+        self.weight_mask = keep.to(device=self.loc.device, dtype=self.loc.dtype)
+        self._scale_cache = None
+        return self
+
+    @property
+    def kept(self) -> int:
+        """Number of weights not pruned."""
+        shape = self._require_built()
+        return math.prod(shape) if self.weight_mask is None else int(self.weight_mask.sum())
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # A pruned family's state carries its mask; an unpruned one loading it (or the reverse) takes the saved state.
+        key = prefix + "weight_mask"
+        self.weight_mask = state_dict[key].clone() if key in state_dict else None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def scale(self) -> torch.Tensor:
@@ -140,24 +193,28 @@ class MeanField(VariationalFamily):
         return state
 
     def distribution(self) -> Distribution:
+        """The unpruned Gaussian (a pruned family's weights are ``mask * w`` with w from this distribution)."""
         self._require_built()
         return Independent(Normal(self.loc, self.scale, validate_args=False), self.loc.dim(), validate_args=False)
 
     @property
     def mean(self) -> torch.Tensor:
-        return self.loc
+        return self.loc if self.weight_mask is None else self.loc * self.weight_mask
 
     @property
     def mode(self) -> torch.Tensor:
-        return self.loc
+        return self.mean
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.loc, self.scale.square()
+        if self.weight_mask is None:
+            return self.loc, self.scale.square()
+        return self.loc * self.weight_mask, self.scale.square() * self.weight_mask
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
         eps = torch.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
-        return self.loc + self.scale * eps
+        weight = torch.addcmul(self.loc, self.scale, eps)
+        return weight if self.weight_mask is None else weight * self.weight_mask
 
     def forward_op(
         self,
@@ -166,9 +223,11 @@ class MeanField(VariationalFamily):
         bias: VariationalFamily | None,
         mode: SampleMode = "sample",
     ) -> torch.Tensor:
-        if mode != "sample" or self.estimator == "reparam":
+        if mode != "sample" or self.estimator in ("reparam", "graves"):
             return super().forward_op(op, x, bias, mode)
-        sigma = self.scale
+        loc, sigma = self.mean, self.scale
+        if self.weight_mask is not None:
+            sigma = sigma * self.weight_mask
         if self.estimator == "local":
             bias_mean = bias_var = None
             sampled_bias = None
@@ -177,13 +236,13 @@ class MeanField(VariationalFamily):
                     bias_mean, bias_var = bias.moments()
                 except NotImplementedError:
                     sampled_bias = bias.weight("sample")
-            mean = op(x, self.loc, bias_mean)
+            mean = op(x, loc, bias_mean)
             var = op(x * x, sigma * sigma, bias_var)
             out = mean + var.clamp_min(1e-30).sqrt() * torch.randn_like(mean)
             return op.add_bias(out, sampled_bias) if sampled_bias is not None else out
         # flipout
         b = bias.weight("sample") if bias is not None else None
-        mean = op(x, self.loc, b)
+        mean = op(x, loc, b)
         delta = sigma * torch.randn_like(sigma)
         perturbation = op(x * _rademacher(op.input_sign_shape(x), x), delta, None)
         return mean + perturbation * _rademacher(op.output_sign_shape(perturbation), perturbation)
@@ -223,7 +282,20 @@ class _MeanFieldNormalKL(torch.autograd.Function):
         return grad_loc, grad_sigma, None, None
 
 
+def normal_kl_elementwise(
+    loc: torch.Tensor, sigma: torch.Tensor, prior_loc: torch.Tensor, prior_scale: torch.Tensor
+) -> torch.Tensor:
+    """KL(N(loc, sigma^2) || N(m, s^2)) per weight: ``log(s / sigma) + ((loc - m)^2 + sigma^2 - s^2) / (2 s^2)``,
+    Graves (2011) eq. 13's summand, i.e. each weight's complexity cost in nats."""
+    return (prior_scale / sigma).log() + ((loc - prior_loc).square() + sigma.square() - prior_scale.square()) / (
+        2 * prior_scale.square()
+    )
+
+
 def _meanfield_normal_kl(family: MeanField, prior: Any) -> torch.Tensor:
+    if family.weight_mask is not None:  # pruned weights are fixed at 0: no complexity cost
+        terms = normal_kl_elementwise(family.loc, family.scale, prior.loc, prior.scale)
+        return (terms * family.weight_mask).sum()
     return _MeanFieldNormalKL.apply(family.loc, family.scale, prior.loc, prior.scale)
 
 

@@ -1,0 +1,532 @@
+"""``varbnn reproduce graves-mnist`` and ``graves-prune``: Graves (2011), "Practical Variational Inference for Neural
+Networks", tables 1 and 2 and figures 3-4, on MNIST instead of TIMIT (whose hierarchical MDRNN cannot be had here).
+
+Network: MLP 784-150-150-10 (141,510 weights and biases, close to the paper's 139,536), He-initialised means. Every
+posterior/prior pair of the paper's table 1 with its fixed values (sigma_i = 0.075, sigma^2 = 0.1, b = 1/12).
+Optimiser: Adam (the paper: steepest descent with momentum per sequence), batch 100, a weight draw per example for the
+Gaussian posteriors (local reparameterization for the fixed-variance ones; the Graves estimator with per-example
+gradients for adaptive weight noise). Adaptive priors are set to their closed-form optimum after every update.
+
+Early stopping as in the paper: the networks with a Gaussian posterior AND a proper Gaussian prior train on all 60,000
+training images and are evaluated at the epoch with the lowest training error loss L^E; all others hold out the last
+5,000 training images and are evaluated at the epoch with the lowest validation error (of the mode). "Epochs" is that
+epoch. Test error is reported both ways the paper discusses: the mode ("remove weight noise") and the Monte Carlo
+predictive. The MDL columns (error loss, complexity loss, ratio vs a uniform code over 10 classes) are defined only
+where L^C is finite (Gaussian posterior, proper prior).
+
+Each finished variant is appended to ``OUT/<name>_runs.jsonl`` (with a protocol hash) so that a rerun fills in only
+what is missing; the adaptive-weight-noise network is also saved under ``OUT/.checkpoints/`` for ``graves-prune``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from varbnn.convert import bayesianize
+from varbnn.divergence import kl as model_kl
+from varbnn.families import make_family
+from varbnn.models import mlp
+from varbnn.nn.base import sample_mode
+from varbnn.objectives import NATS_PER_BIT, complexity_costs, complexity_is_finite, mdl_report, transmitted_weights
+from varbnn.predict import predict
+from varbnn.priors import make_prior
+from varbnn.prune import SAFE_LAMBDA, prune_by_density_ratio
+from varbnn.train import fit, resolve_device, save_checkpoint, seed_everything
+
+__all__ = ["GravesVariant", "GravesConfig", "graves_config", "run_graves_mnist", "run_graves_prune", "GRAVES_VARIANTS"]
+
+AWN = "adaptive weight noise"
+
+
+@dataclass(frozen=True)
+class GravesVariant:
+    """One row of table 1: a posterior (``family``: "delta" or "meanfield") and a prior, by name and options."""
+
+    label: str
+    family: str
+    prior: str
+    family_options: dict[str, Any] = field(default_factory=dict)
+    prior_options: dict[str, Any] = field(default_factory=dict)
+    early_stopping: bool = True
+    posterior_text: str = ""
+    prior_text: str = ""
+
+
+_WN = {"init_std": 0.075, "learn_std": False, "estimator": "local"}
+GRAVES_VARIANTS: tuple[GravesVariant, ...] = (
+    GravesVariant("adaptive L1", "delta", "laplace", {}, {"adaptive": True}, True, "Delta", "Laplace"),
+    GravesVariant("adaptive L2", "delta", "normal", {}, {"adaptive": True}, True, "Delta", "Gauss"),
+    GravesVariant("adaptive mean L2", "delta", "normal", {}, {"scale": math.sqrt(0.1), "adaptive": "loc"}, True, "Delta",
+                  "Gauss sigma^2 = 0.1"),  # fmt: skip
+    GravesVariant("L2", "delta", "normal", {}, {"scale": math.sqrt(0.1)}, True, "Delta", "Gauss mu = 0, sigma^2 = 0.1"),
+    GravesVariant("maximum likelihood", "delta", "uniform", {}, {}, True, "Delta", "Uniform"),
+    GravesVariant("L1", "delta", "laplace", {}, {"scale": 1 / 12}, True, "Delta", "Laplace mu = 0, b = 1/12"),
+    GravesVariant("adaptive mean L1", "delta", "laplace", {}, {"scale": 1 / 12, "adaptive": "loc"}, True, "Delta",
+                  "Laplace b = 1/12"),  # fmt: skip
+    GravesVariant("weight noise", "meanfield", "uniform", _WN, {}, True, "Gauss sigma_i = 0.075", "Uniform"),
+    GravesVariant("adaptive prior weight noise", "meanfield", "normal", _WN, {"adaptive": True}, False,
+                  "Gauss sigma_i = 0.075", "Gauss"),  # fmt: skip
+    GravesVariant(AWN, "meanfield", "normal", {"init_std": 0.075, "estimator": "graves"}, {"adaptive": True}, False,
+                  "Gauss (Graves estimator)", "Gauss"),  # fmt: skip
+    GravesVariant("adaptive weight noise, reparameterization gradient", "meanfield", "normal",
+                  {"init_std": 0.075, "estimator": "local"}, {"adaptive": True}, False, "Gauss (local reparam.)", "Gauss"),
+)  # fmt: skip
+
+PRUNE_LAMBDAS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, round(SAFE_LAMBDA, 2), 1.0, 2.0)
+
+
+@dataclass(frozen=True)
+class GravesConfig:
+    name: str = "graves-mnist"
+    variants: tuple[GravesVariant, ...] = GRAVES_VARIANTS
+    hidden: tuple[int, ...] = (150, 150)
+    epochs: int = 30
+    batch_size: int = 100
+    lr: float = 1e-3
+    validation_size: int = 5000
+    seeds: tuple[int, ...] = (0,)
+    eval_samples: int = 16
+    mdl_samples: int = 4
+    weight_draws: str = "batch"
+    train_limit: int | None = None
+    test_limit: int | None = None
+    # graves-prune
+    lambdas: tuple[float, ...] = PRUNE_LAMBDAS
+    retrain_epochs: int = 5
+    heatmap_lambdas: tuple[float, ...] = (0.2, round(SAFE_LAMBDA, 2), 2.0)
+
+    def protocol_hash(self, variant: GravesVariant) -> str:
+        data = dataclasses.asdict(self)
+        for key in ("name", "variants", "seeds", "lambdas", "retrain_epochs", "heatmap_lambdas"):
+            data.pop(key)
+        data["variant"] = dataclasses.asdict(variant)
+        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def graves_config(name: str = "graves-mnist", quick: bool = False) -> GravesConfig:
+    """The full protocol, or ``--quick`` (one epoch on 1,000 training and 500 test images, 2 retrain epochs)."""
+    if name not in ("graves-mnist", "graves-prune"):
+        raise ValueError(f"unknown Graves experiment {name!r}; allowed: ['graves-mnist', 'graves-prune']")
+    if quick:
+        return GravesConfig(name=f"{name}-quick", epochs=2, train_limit=1200, test_limit=500, validation_size=200,
+                            eval_samples=4, mdl_samples=2, retrain_epochs=1, lambdas=(0.0, 0.83, 2.0))  # fmt: skip
+    return GravesConfig(name=name)
+
+
+class _Batches:
+    """Shuffled in-memory mini-batches, one pass per epoch."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
+        self.x, self.y, self.batch_size = x, y, batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(self.x.shape[0] / self.batch_size)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        order = torch.randperm(self.x.shape[0])
+        for i in range(len(self)):
+            index = order[i * self.batch_size : (i + 1) * self.batch_size]
+            yield self.x[index], self.y[index]
+
+
+def _data(config: GravesConfig, data_dir: str | None, early_stopping: bool) -> dict[str, torch.Tensor]:
+    from varbnn.data import load_mnist
+
+    x, y = load_mnist("train", data_dir)
+    xt, yt = load_mnist("test", data_dir)
+    x, xt = x.reshape(x.shape[0], -1), xt.reshape(xt.shape[0], -1)
+    if config.train_limit is not None:
+        x, y = x[: config.train_limit], y[: config.train_limit]
+    if config.test_limit is not None:
+        xt, yt = xt[: config.test_limit], yt[: config.test_limit]
+    out = {"x_test": xt, "y_test": yt}
+    if early_stopping:  # the last validation_size training images are held out
+        n = x.shape[0] - config.validation_size
+        out.update(x_train=x[:n], y_train=y[:n], x_val=x[n:], y_val=y[n:])
+    else:
+        out.update(x_train=x, y_train=y)
+    return out
+
+
+def build_graves_model(config: GravesConfig, variant: GravesVariant) -> nn.Module:
+    """The MLP made Bayesian with the variant's posterior and ONE prior shared by every tensor (Graves' single prior)."""
+    family = make_family(variant.family, **variant.family_options)
+    prior = make_prior(variant.prior, **variant.prior_options)
+    return bayesianize(mlp(784, config.hidden, 10), family, prior)
+
+
+@torch.no_grad()
+def mode_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 5000) -> float:
+    """Classification error of the posterior mode (weight noise removed)."""
+    dev = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    wrong = 0
+    with sample_mode(model, "mode"):
+        for s in range(0, x.shape[0], batch_size):
+            wrong += int((model(x[s : s + batch_size].to(dev)).argmax(-1).cpu() != y[s : s + batch_size]).sum())
+    model.train(was)
+    return wrong / max(x.shape[0], 1)
+
+
+@torch.no_grad()
+def predictive_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor, samples: int) -> dict[str, float]:
+    """Error and NLL of the Monte Carlo predictive (``samples`` draws)."""
+    dev = next(model.parameters()).device
+    model.eval()
+    wrong, nll = 0, 0.0
+    for s in range(0, x.shape[0], 2000):
+        logits = predict(model, x[s : s + 2000].to(dev), samples=samples)
+        probs = logits.softmax(-1).mean(0).cpu()
+        yb = y[s : s + 2000]
+        wrong += int((probs.argmax(-1) != yb).sum())
+        nll -= float(probs.gather(1, yb[:, None]).clamp_min(1e-12).log().sum())
+    return {"error": wrong / max(x.shape[0], 1), "nll": nll / max(x.shape[0], 1)}
+
+
+def _train(
+    config: GravesConfig,
+    model: nn.Module,
+    data: dict[str, torch.Tensor],
+    epochs: int,
+    early_stopping: bool,
+    dev: torch.device,
+    progress: bool,
+) -> tuple[list[dict[str, Any]], int, dict[str, torch.Tensor]]:
+    """Train ``epochs``; returns the per-epoch log, the selected epoch (0 = before training) and its state dict."""
+    n = data["x_train"].shape[0]
+    finite = complexity_is_finite(model)
+    log: list[dict[str, Any]] = []
+    best: dict[str, Any] = {"key": math.inf, "epoch": 0, "state": copy.deepcopy(model.state_dict())}
+
+    def on_epoch_end(epoch: int, record: dict[str, float]) -> None:
+        entry: dict[str, Any] = {
+            "epoch": epoch,
+            "train_error_loss_bits": record["nll"] * n / NATS_PER_BIT,  # online L^E estimate over the epoch's batches
+            "test_error": mode_error(model, data["x_test"], data["y_test"]),
+        }
+        if finite:
+            entry["complexity_bits"] = float(model_kl(model).detach()) / NATS_PER_BIT
+            entry["ratio"] = (entry["train_error_loss_bits"] + entry["complexity_bits"]) / (n * math.log2(10))
+        if early_stopping:
+            entry["val_error"] = mode_error(model, data["x_val"], data["y_val"])
+        key = entry["val_error"] if early_stopping else entry["train_error_loss_bits"]
+        if key < best["key"]:
+            best.update(key=key, epoch=epoch, state=copy.deepcopy(model.state_dict()))
+        log.append(entry)
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    fit(model, _Batches(data["x_train"], data["y_train"], config.batch_size), n_data=n, epochs=epochs, optimizer=optimizer,
+        device=dev, progress=progress, on_epoch_end=on_epoch_end)  # fmt: skip
+    return log, int(best["epoch"]), best["state"]
+
+
+def _evaluate(config: GravesConfig, model: nn.Module, data: dict[str, torch.Tensor]) -> dict[str, Any]:
+    mc = predictive_metrics(model, data["x_test"], data["y_test"], config.eval_samples)
+    report = mdl_report(model, data["x_train"], data["y_train"], samples=config.mdl_samples, n_classes=10)
+    out: dict[str, Any] = {
+        "test_error_mode": mode_error(model, data["x_test"], data["y_test"]),
+        "test_error_mc": mc["error"],
+        "test_nll_mc": mc["nll"],
+        "mdl": report.as_dict(),
+    }
+    from varbnn.priors import Prior
+
+    out["prior_after_training"] = sorted({repr(p) for p in model.modules() if isinstance(p, Prior)})
+    return out
+
+
+def _awn_checkpoint(out: Path, config: GravesConfig, seed: int) -> Path:
+    variant = next(v for v in config.variants if v.label == AWN)
+    return out / ".checkpoints" / f"graves-awn-{config.protocol_hash(variant)}-seed{seed}.pt"
+
+
+def _run_variant(
+    config: GravesConfig, variant: GravesVariant, seed: int, data_dir: str | None, dev: torch.device, out: Path, progress: bool
+) -> dict[str, Any]:
+    data = _data(config, data_dir, variant.early_stopping)
+    seed_everything(seed)
+    model = build_graves_model(config, variant).to(dev)
+    t0 = time.perf_counter()
+    log, best_epoch, state = _train(config, model, data, config.epochs, variant.early_stopping, dev, progress)
+    seconds = time.perf_counter() - t0
+    model.load_state_dict(state)
+    if variant.label == AWN:
+        save_checkpoint(_awn_checkpoint(out, config, seed), model, epoch=best_epoch)
+    record = {"variant": variant.label, "seed": seed, "epochs": best_epoch, "train_seconds": round(seconds, 1),
+              "n_train": int(data["x_train"].shape[0]), "log": log, **_evaluate(config, model, data)}  # fmt: skip
+    if progress:
+        print(f"[graves] {variant.label}: mode error {record['test_error_mode']:.4f} (epoch {best_epoch}), "
+              f"{seconds:.0f} s", file=sys.stderr)  # fmt: skip
+    return record
+
+
+def _load_runs(cache: Path, hashes: dict[str, str]) -> dict[tuple[str, int], dict[str, Any]]:
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            record = json.loads(line)
+            if hashes.get(record["variant"]) == record.get("protocol"):
+                done[(record["variant"], record["seed"])] = record
+    return done
+
+
+def run_graves_mnist(
+    config: GravesConfig,
+    *,
+    device: str | torch.device | None = "cpu",
+    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    data_dir: str | None = None,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Table 1 analogue: train every variant not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``/``.md``/``.png``."""
+    from varbnn.experiments.runner import describe_device, git_commit
+    from varbnn.metrics import mean_and_standard_error
+
+    start = time.perf_counter()
+    commit, dev = git_commit(), resolve_device(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / f"{config.name}_runs.jsonl"
+    hashes = {v.label: config.protocol_hash(v) for v in config.variants}
+    done = _load_runs(cache, hashes)
+    for variant in config.variants:
+        for seed in config.seeds:
+            if (variant.label, seed) in done:
+                continue
+            record = _run_variant(config, variant, seed, data_dir, dev, out, progress)
+            record.update(protocol=hashes[variant.label], commit=commit, device=describe_device(dev))
+            done[(variant.label, seed)] = record
+            with cache.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+    rows = []
+    for variant in config.variants:
+        records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
+        if not records:
+            continue
+        row: dict[str, Any] = {"variant": variant.label, "posterior": variant.posterior_text, "prior": variant.prior_text,
+                               "early_stopping": variant.early_stopping, "seeds": len(records)}  # fmt: skip
+        for key in ("test_error_mode", "test_error_mc", "test_nll_mc", "epochs", "train_seconds"):
+            row[key] = mean_and_standard_error([float(r[key]) for r in records])
+        for key in ("ratio", "error_bits", "complexity_bits", "bits_per_weight"):
+            values = [r["mdl"][key] for r in records]
+            row[key] = mean_and_standard_error([float(v) for v in values]) if None not in values else None
+        rows.append(row)
+    result = {
+        "name": config.name,
+        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "commit": commit,
+        "device": describe_device(dev),
+        "run_devices": sorted({r["device"] for r in done.values()}),
+        "seconds": round(time.perf_counter() - start, 2),
+        "config": dataclasses.asdict(config),
+        "rows": rows,
+    }
+    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    from varbnn.plots import graves_curves
+
+    figure = graves_curves([done[k] for k in done if k[0] in hashes], out / f"{config.name}.png")
+    (out / f"{config.name}.md").write_text(render_graves_markdown(result, figure.name))
+    return result
+
+
+def _cell(entry: Any, digits: int = 4, percent: bool = False) -> str:
+    if entry is None:
+        return "–"
+    mean, se = entry
+    scale = 100.0 if percent else 1.0
+    text = f"{mean * scale:.{digits}f}"
+    return text + (f" ± {se * scale:.{digits}f}" if not math.isnan(se) else "")
+
+
+def render_graves_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+    config = result["config"]
+    lines = [
+        f"# {result['name']}",
+        "",
+        f"Graves (2011) table 1 analogue on MNIST: MLP 784-{'-'.join(map(str, config['hidden']))}-10, Adam lr {config['lr']}, "
+        f"batch {config['batch_size']}, at most {config['epochs']} epochs; adaptive priors at their closed-form optimum "
+        "after every update. Error = test classification error in % of the posterior mode ('remove weight noise') and of "
+        f"the Monte Carlo predictive ({config['eval_samples']} draws). Epochs = the epoch evaluated (lowest validation "
+        "error with early stopping, else lowest training error loss). Ratio = (L^E + L^C) on the training targets / "
+        "their uniform code length (N log2 10 bits); defined only for Gaussian posteriors with a proper prior. "
+        "Mean ± standard error over seeds.",
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}` (each run's own commit and device are in the `_runs.jsonl` file)",
+        f"- device of this invocation: {result['device']}; devices that trained the runs: {', '.join(result['run_devices'])}",
+        f"- wall time of this invocation: {result['seconds']:.1f} s",
+        "",
+        "| name | posterior | prior | early stop | error (mode) % | error (MC) % | test NLL (MC) | epochs | ratio | L^E bits "
+        "| L^C bits | bits/weight | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['variant']} | {r['posterior']} | {r['prior']} | {'yes' if r['early_stopping'] else 'no'} | "
+            f"{_cell(r['test_error_mode'], 2, True)} | {_cell(r['test_error_mc'], 2, True)} | {_cell(r['test_nll_mc'])} | "
+            f"{_cell(r['epochs'], 0)} | {_cell(r['ratio'])} | {_cell(r['error_bits'], 0)} | {_cell(r['complexity_bits'], 0)} | "
+            f"{_cell(r['bits_per_weight'], 3)} | {_cell(r['train_seconds'], 0)} |"
+        )
+    if figure:
+        lines += ["", f"![{figure}]({figure})"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# graves-prune: table 2 and figures 3-4
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _bits_per_kept_weight(model: nn.Module) -> float:
+    costs = complexity_costs(model)
+    return float(sum(c.sum() for c in costs.values())) / NATS_PER_BIT / max(transmitted_weights(model), 1)
+
+
+def run_graves_prune(
+    config: GravesConfig,
+    *,
+    device: str | torch.device | None = "cpu",
+    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    data_dir: str | None = None,
+    progress: bool = True,
+    command: str | None = None,
+    heatmap_layer: str = "2",
+) -> dict[str, Any]:
+    """Table 2 analogue: prune the adaptive-weight-noise network (trained by ``graves-mnist``'s protocol; trained here
+    if its checkpoint is missing) at every lambda, evaluate, retrain ``retrain_epochs`` with the same optimisation and
+    evaluate again; per-weight complexity heat maps of ``heatmap_layer`` (figures 3-4)."""
+    from varbnn.experiments.runner import describe_device, git_commit
+
+    start = time.perf_counter()
+    commit, dev = git_commit(), resolve_device(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    variant = next(v for v in config.variants if v.label == AWN)
+    seed = config.seeds[0]
+    checkpoint = _awn_checkpoint(out, config, seed)
+    if not checkpoint.exists():
+        _run_variant(config, variant, seed, data_dir, dev, out, progress)
+    data = _data(config, data_dir, variant.early_stopping)
+    trained = build_graves_model(config, variant).to(dev)
+    trained.load_state_dict(torch.load(checkpoint, map_location=dev, weights_only=True)["model"])
+    costs = {k: v.cpu() for k, v in complexity_costs(trained).items()}
+    layer_key = f"{heatmap_layer}.weight"
+    if layer_key not in costs:
+        raise ValueError(f"heatmap_layer {heatmap_layer!r} has no weight; Bayesian tensors: {sorted(costs)}")
+    rows, masks = [], {}
+    for lam in config.lambdas:
+        model = copy.deepcopy(trained)
+        report = prune_by_density_ratio(model, lam)
+        row: dict[str, Any] = {
+            "lambda": lam,
+            "weights": report["kept"],
+            "total": report["total"],
+            "percent": 100.0 * report["fraction"],
+            "initial_error": mode_error(model, data["x_test"], data["y_test"]),
+            "bits_per_weight": _bits_per_kept_weight(model),
+        }
+        layer = model.get_submodule(heatmap_layer)
+        masks[lam] = layer.posteriors["weight"].weight_mask  # type: ignore[index, union-attr]
+        if lam > 0 and config.retrain_epochs > 0:
+            seed_everything(seed + 1)
+            log, epoch, state = _train(config, model, data, config.retrain_epochs, False, dev, progress)
+            model.load_state_dict(state)
+            row.update(retrain_error=mode_error(model, data["x_test"], data["y_test"]), retrain_epochs=epoch,
+                       retrain_bits_per_weight=_bits_per_kept_weight(model), retrain_log=log)  # fmt: skip
+        else:
+            row.update(retrain_error=row["initial_error"], retrain_epochs=0, retrain_bits_per_weight=row["bits_per_weight"])
+        rows.append(row)
+        if progress:
+            print(f"[graves-prune] lambda {lam}: {row['percent']:.1f}% kept, error {row['initial_error']:.4f} -> "
+                  f"{row['retrain_error']:.4f}", file=sys.stderr)  # fmt: skip
+    result = {
+        "name": config.name,
+        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "commit": commit,
+        "device": describe_device(dev),
+        "seconds": round(time.perf_counter() - start, 2),
+        "config": dataclasses.asdict(config),
+        "heatmap_layer": layer_key,
+        "rows": rows,
+        "claims": prune_claims(rows),
+    }
+    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    from varbnn.plots import complexity_heatmaps
+
+    kept = {lam: masks[lam].cpu() for lam in config.heatmap_lambdas if lam in masks and masks[lam] is not None}
+    figure = complexity_heatmaps(costs[layer_key] / NATS_PER_BIT, kept, out / f"{config.name}.png", title=layer_key)
+    (out / f"{config.name}.md").write_text(render_prune_markdown(result, figure.name))
+    return result
+
+
+def prune_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The paper's claims about table 2, checked on ``rows``: error rises slowly up to lambda = 0.5 and sharply after;
+    retraining after pruning can improve the error."""
+    by_lambda = {r["lambda"]: r for r in rows}
+    base = by_lambda.get(0.0)
+    out: dict[str, Any] = {}
+    if base is None:
+        return out
+    upto = [r["initial_error"] - base["initial_error"] for r in rows if 0 < r["lambda"] <= 0.5]
+    after = [r["initial_error"] - base["initial_error"] for r in rows if r["lambda"] > 0.5]
+    out["max_rise_up_to_0.5"] = max(upto) if upto else None
+    out["max_rise_above_0.5"] = max(after) if after else None
+    out["slow_then_sharp"] = bool(upto and after and max(after) > 2 * max(max(upto), 1e-4))
+    improved = [r["lambda"] for r in rows if r["lambda"] > 0 and r["retrain_error"] < base["initial_error"]]
+    out["retrain_beats_unpruned_at"] = improved
+    return out
+
+
+def render_prune_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+    config, claims = result["config"], result["claims"]
+    lines = [
+        f"# {result['name']}",
+        "",
+        "Graves (2011) table 2 analogue: the adaptive-weight-noise MLP of `graves-mnist` pruned at each lambda (weights "
+        "with |mu|/sigma < lambda fixed at 0, biases included), test error of the mode right after pruning and after "
+        f"retraining up to {config['retrain_epochs']} epochs (same optimisation; evaluated at the retrain epoch with the "
+        "lowest training error loss, 'retrain epochs'). Bits/weight = mean complexity cost (eq. 13) of the kept weights, "
+        "after pruning / after retraining.",
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}`; device: {result['device']}; wall time: {result['seconds']:.1f} s",
+        "",
+        "| lambda | weights | percent | initial error % | retrain error % | retrain epochs | bits/weight "
+        "| bits/weight after retrain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['lambda']} | {r['weights']:,} | {r['percent']:.1f}% | {100 * r['initial_error']:.2f} | "
+            f"{100 * r['retrain_error']:.2f} | {r['retrain_epochs']} | {r['bits_per_weight']:.2f} | "
+            f"{r['retrain_bits_per_weight']:.2f} |"
+        )
+    if claims:
+        rise, sharp = claims["max_rise_up_to_0.5"], claims["max_rise_above_0.5"]
+        lines += [
+            "",
+            "Claims of the paper, checked:",
+            f"- error rises slowly up to lambda = 0.5 (largest rise {100 * (rise or 0):.2f} points) and sharply after "
+            f"(largest rise {100 * (sharp or 0):.2f} points): {'yes' if claims['slow_then_sharp'] else 'no'}",
+            "- retraining after pruning gives a lower error than the unpruned network at lambda = "
+            + (", ".join(str(v) for v in claims["retrain_beats_unpruned_at"]) or "none"),
+        ]
+    if figure:
+        lines += ["", f"![{figure}]({figure})"]
+    return "\n".join(lines) + "\n"
