@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
