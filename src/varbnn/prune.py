@@ -7,6 +7,11 @@ Weight pruning: a Gaussian weight ``N(mu, sigma^2)`` whose density at zero, rela
 "safe" rule of thumb. Removed weights are fixed at 0 (not sampled, no complexity cost); retraining continues with the
 mask (:meth:`varbnn.families.MeanField.prune_`).
 
+Note on eq. 20: the paper prints the safe threshold as ``sqrt(2 ln 2) ~= 0.83``, but ``sqrt(2 ln 2) = 1.18``; the 0.83 it
+uses (text and table 2) is ``sqrt(ln 2)``. That is also what the stated rule gives: an average draw from ``N(mu,
+sigma^2)`` has density ``E_q[q(w)] = q(mode) / sqrt(2)``, and ``exp(-lambda^2 / 2) = 1 / sqrt(2)`` at ``lambda =
+sqrt(ln 2)``. :data:`SAFE_LAMBDA` is therefore ``sqrt(ln 2)``.
+
 Structured pruning:
 Each group (an output unit / channel for row grouping, an input unit / channel for column grouping) of a
 :class:`~varbnn.families.RadialDirectional` weight is scored by the log of the mode of its LOCAL radius log-normal,
@@ -52,9 +57,10 @@ __all__ = [
     "count_nonzero_weights",
 ]
 
-SAFE_LAMBDA = math.sqrt(2 * math.log(2))
+SAFE_LAMBDA = math.sqrt(math.log(2))
 """Graves' (2011, eq. 20) rule of thumb: prune up to the point where a pruned weight is less probable than an average
-draw, ``lambda = sqrt(2 ln 2) ~= 0.8326``."""
+draw, ``lambda = sqrt(ln 2) ~= 0.8326`` (relative density 1/sqrt(2); the paper's printed ``sqrt(2 ln 2)`` is a typo for
+the value 0.83 it uses, see the module docstring)."""
 
 GroupKey = tuple[str, str]
 ThresholdSpec = float | str | Mapping[GroupKey, float]
