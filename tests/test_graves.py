@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -25,7 +26,6 @@ from varbnn.objectives import (
     transmitted_weights,
 )
 from varbnn.priors import Laplace, Normal, Uniform, update_adaptive_priors
-from varbnn.train import fit
 from varbnn.prune import (
     SAFE_LAMBDA,
     count_nonzero_weights,
@@ -35,6 +35,7 @@ from varbnn.prune import (
     prune_by_density_ratio,
     relative_density_at_zero,
 )
+from varbnn.train import fit
 
 
 def _delta_model(prior, seed=0):
@@ -154,9 +155,10 @@ def test_complexity_costs_are_eq_13_per_weight_and_sum_to_the_kl():
     model = _gauss_model(Normal(0.1, 0.7))
     costs = complexity_costs(model)
     total = 0.0
-    for (name, cost), (_, q, p) in zip(costs.items(), _tensors(model)):
+    for cost, (_, q, p) in zip(costs.values(), _tensors(model)):
         oracle = torch.distributions.kl_divergence(
-            torch.distributions.Normal(q.loc, q.scale), torch.distributions.Normal(p.loc.expand_as(q.loc), p.scale.expand_as(q.loc))
+            torch.distributions.Normal(q.loc, q.scale),
+            torch.distributions.Normal(p.loc.expand_as(q.loc), p.scale.expand_as(q.loc)),
         )
         torch.testing.assert_close(cost, oracle.detach(), rtol=1e-5, atol=1e-6)
         total += float(cost.sum())
@@ -269,7 +271,7 @@ def test_pruning_mask_is_the_relative_density_definition():
     assert lam == pytest.approx(math.sqrt(-2 * math.log(gamma)))
     assert SAFE_LAMBDA == pytest.approx(0.8326, abs=1e-4) and lambda_from_gamma(2**-0.5) == pytest.approx(SAFE_LAMBDA)
     masks = density_ratio_masks(model, lam)
-    for (name, keep), (_, q, _) in zip(masks.items(), _tensors(model)):
+    for keep, (_, q, _) in zip(masks.values(), _tensors(model)):
         mu, s = q.loc.detach().double().numpy(), q.scale.detach().double().numpy()
         relative = stats.norm.pdf(0.0, mu, s) / stats.norm.pdf(mu, mu, s)
         np.testing.assert_array_equal(keep.numpy(), ~(relative > gamma))
@@ -339,3 +341,39 @@ def test_prune_mask_validation():
     with pytest.raises(ValueError, match="no Gaussian"):
         density_ratio_masks(_delta_model(Normal()), 1.0)
     assert q.prune_(torch.zeros(3, 4, dtype=torch.bool)).kept == 0 and q.prune_(None).kept == 12
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The experiments (quick forms)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_graves_quick_runs_table_1_then_prunes_its_adaptive_weight_noise_network(data_dir, tmp_path):
+    from varbnn.experiments.graves import graves_config, run_graves_mnist, run_graves_prune
+
+    config = graves_config("graves-mnist", quick=True)
+    result = run_graves_mnist(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert len(rows) == 11 and (tmp_path / "graves-mnist-quick.png").exists()
+    assert rows["maximum likelihood"]["ratio"] is None and rows["weight noise"]["ratio"] is None
+    awn = rows["adaptive weight noise"]
+    assert awn["ratio"][0] > 0 and awn["bits_per_weight"][0] > 0 and not awn["early_stopping"]
+    assert 0.0 <= awn["test_error_mode"][0] <= 1.0
+    # a rerun reuses the saved runs: nothing is retrained
+    again = run_graves_mnist(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    assert json.dumps(again["rows"]) == json.dumps(result["rows"])  # (NaN standard errors of one seed compare equal)
+    pruned = run_graves_prune(graves_config("graves-prune", quick=True), out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    by_lambda = {r["lambda"]: r for r in pruned["rows"]}
+    assert by_lambda[0.0]["weights"] == by_lambda[0.0]["total"] and by_lambda[0.0]["retrain_epochs"] == 0
+    assert by_lambda[2.0]["weights"] < by_lambda[0.83]["weights"] < by_lambda[0.0]["weights"]
+    assert (tmp_path / "graves-prune-quick.md").read_text().count("| 0.83 |") == 1
+
+
+def test_graves_config_validation():
+    from varbnn.experiments.graves import GravesConfig, graves_config
+
+    with pytest.raises(ValueError, match="unknown Graves experiment"):
+        graves_config("graves-timit")
+    with pytest.raises(ValueError, match="model must be one of"):
+        GravesConfig(model="mdrnn")
+    assert graves_config("graves-mnist-lstm").model == "row_lstm"

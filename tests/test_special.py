@@ -215,3 +215,26 @@ def test_cuda_matches_cpu():  # pragma: no cover - CPU-only CI
     z = torch.logspace(-4, 5, 50, dtype=torch.float64)
     for fn in (bessel_ratio, log_bessel_iv):
         torch.testing.assert_close(fn(nu.cuda(), z.cuda()).cpu(), fn(nu, z), rtol=1e-13, atol=1e-13)
+
+
+def test_fused_log_iv_over_power_and_ratio_match_mpmath_and_the_separate_functions(oracle):
+    """At order nu - 1 the fused call returns log(I_{nu-1} / z^{nu-1}) and I_nu / I_{nu-1}: both against the oracle."""
+    keep = oracle["nu"] >= 1
+    nu, z = oracle["nu"][keep] - 1, oracle["z"][keep]
+    rows = json.loads(ORACLE.read_text())["rows"]
+    log_iv_minus_1 = np.array([float(mpmath.mpf(r["log_iv_minus_1"])) for r in rows])[keep]
+    log_iv, ratio = special.log_bessel_iv_over_power_and_ratio(_t(nu), _t(z))
+    assert _log_err(log_iv.numpy() + nu * np.log(z), log_iv_minus_1).max() < 1e-12
+    assert np.abs(ratio.numpy() / oracle["ratio"][keep] - 1).max() < 1e-12
+
+
+def test_fused_gradients_need_no_bessel_evaluation_and_are_exact():
+    nu = torch.tensor([0.0, 0.5, 3.0, 20.0, 499.0, 4999.0, 2.5], dtype=torch.float64)
+    z = torch.tensor([0.3, 25.9, 26.1, 40.0, 300.0, 1e4, 1e5], dtype=torch.float64, requires_grad=True)
+    for part in (0, 1):
+        fn = lambda x, part=part: special.log_bessel_iv_over_power_and_ratio(nu, x)[part]  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (z,))
+        assert torch.autograd.gradgradcheck(fn, (z,))
+    log_iv, ratio = special.log_bessel_iv_over_power_and_ratio(nu, z)
+    torch.testing.assert_close(log_iv, log_bessel_iv_over_power(nu, z), rtol=0, atol=0)
+    torch.testing.assert_close(ratio, bessel_ratio(nu + 1, z), rtol=0, atol=0)

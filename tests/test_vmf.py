@@ -291,3 +291,19 @@ def test_cuda():  # pragma: no cover - CPU-only CI
     x = q.rsample((1000,))
     assert x.is_cuda and torch.isfinite(x).all()
     assert q.log_prob(x).is_cuda and q.entropy().is_cuda
+
+
+def test_a_concentration_shared_by_rows_is_evaluated_once_and_gets_the_summed_gradient():
+    from varbnn.distributions.vmf import log_normalizer_and_resultant
+
+    kappa = torch.tensor(37.0, dtype=torch.float64, requires_grad=True)
+    shared = kappa.expand(5)
+    log_c, a = log_normalizer_and_resultant(40, shared)
+    (log_c.sum() + a.sum()).backward()
+    single = torch.tensor(37.0, dtype=torch.float64, requires_grad=True)
+    log_c1, a1 = log_normalizer_and_resultant(40, single)
+    (log_c1 + a1).backward()
+    torch.testing.assert_close(log_c, log_c1.expand(5))
+    torch.testing.assert_close(kappa.grad, 5 * single.grad)
+    # d log C / d kappa = -A_d (the identity the score and the KL gradients rely on)
+    torch.testing.assert_close(torch.autograd.grad(log_normalizer_and_resultant(40, single)[0], single)[0], -a1.detach())

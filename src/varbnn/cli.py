@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'vcl-split-fmnist':20s} VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)")
         print(f"{'graves-mnist':20s} Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL")
         print(f"{'graves-prune':20s} Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining")
+        print(f"{'graves-mnist-lstm':20s} graves-mnist on a row LSTM (the recurrent case)")
+        print(f"{'graves-prune-lstm':20s} graves-prune on the row LSTM of graves-mnist-lstm")
         return 0
     name = "demo" if args.command == "demo" else args.name
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -110,11 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
         print(f"wrote {args.out}/{vcl.name}.json, {args.out}/{vcl.name}.md, {args.out}/{vcl.name}.png")
         return 0
-    if name in ("graves-mnist", "graves-prune"):
+    if name.startswith("graves-"):
         from varbnn.experiments.graves import graves_config, run_graves_mnist, run_graves_prune
 
-        graves = graves_config(name, args.quick)
-        runner = run_graves_mnist if name == "graves-mnist" else run_graves_prune
+        try:
+            graves = graves_config(name, args.quick)
+        except ValueError as error:
+            parser.error(str(error))
+        runner = run_graves_prune if name.startswith("graves-prune") else run_graves_mnist
         runner(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
                command=command)  # fmt: skip
         print(f"wrote {args.out}/{graves.name}.json, {args.out}/{graves.name}.md, {args.out}/{graves.name}.png")

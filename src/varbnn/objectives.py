@@ -174,9 +174,7 @@ def per_example_gradients(
         return nll(out, yn.unsqueeze(0))
 
     randomness = "different" if weight_draws == "example" else "same"
-    grads, values = vmap(grad_and_value(loss), in_dims=(None, 0, 0), randomness=randomness, chunk_size=chunk_size)(
-        params, x, y
-    )
+    grads, values = vmap(grad_and_value(loss), in_dims=(None, 0, 0), randomness=randomness, chunk_size=chunk_size)(params, x, y)
     score_correction(model)  # drop score terms a rejection-sampling family recorded inside the transform
     return grads, values
 

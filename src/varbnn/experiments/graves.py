@@ -39,7 +39,7 @@ from torch import nn
 from varbnn.convert import bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.families import make_family
-from varbnn.models import mlp
+from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
 from varbnn.objectives import NATS_PER_BIT, complexity_costs, complexity_is_finite, mdl_report, transmitted_weights
 from varbnn.predict import predict
@@ -89,11 +89,20 @@ GRAVES_VARIANTS: tuple[GravesVariant, ...] = (
 PRUNE_LAMBDAS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, round(SAFE_LAMBDA, 2), 1.0, 2.0)
 
 
+MODELS = ("mlp", "row_lstm")
+
+
 @dataclass(frozen=True)
 class GravesConfig:
+    """``model``: ``"mlp"`` (784-hidden-10) or ``"row_lstm"`` (an LSTM of ``lstm_hidden`` units reading the 28 image rows,
+    the recurrent case; its fixed-variance and reparameterization variants draw one weight sample per batch, since
+    local reparameterization does not apply to recurrent weights). ``heatmap_tensor`` is the weight of figures 3-4."""
+
     name: str = "graves-mnist"
     variants: tuple[GravesVariant, ...] = GRAVES_VARIANTS
+    model: str = "mlp"
     hidden: tuple[int, ...] = (150, 150)
+    lstm_hidden: int = 64
     epochs: int = 30
     batch_size: int = 100
     lr: float = 1e-3
@@ -108,23 +117,36 @@ class GravesConfig:
     lambdas: tuple[float, ...] = PRUNE_LAMBDAS
     retrain_epochs: int = 5
     heatmap_lambdas: tuple[float, ...] = (0.2, round(SAFE_LAMBDA, 2), 2.0)
+    heatmap_tensor: str = "3.weight"
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"{self.name}: model must be one of {MODELS}, got {self.model!r}")
 
     def protocol_hash(self, variant: GravesVariant) -> str:
         data = dataclasses.asdict(self)
-        for key in ("name", "variants", "seeds", "lambdas", "retrain_epochs", "heatmap_lambdas"):
+        for key in ("name", "variants", "seeds", "lambdas", "retrain_epochs", "heatmap_lambdas", "heatmap_tensor"):
             data.pop(key)
         data["variant"] = dataclasses.asdict(variant)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+GRAVES_EXPERIMENTS = ("graves-mnist", "graves-prune", "graves-mnist-lstm", "graves-prune-lstm")
+
+
 def graves_config(name: str = "graves-mnist", quick: bool = False) -> GravesConfig:
-    """The full protocol, or ``--quick`` (one epoch on 1,000 training and 500 test images, 2 retrain epochs)."""
-    if name not in ("graves-mnist", "graves-prune"):
-        raise ValueError(f"unknown Graves experiment {name!r}; allowed: ['graves-mnist', 'graves-prune']")
+    """The full protocol, or ``--quick`` (two epochs on 1,200 training and 500 test images, one retrain epoch).
+
+    ``graves-*-lstm``: the same grid on the row LSTM, trained on the first 20,000 training images for 15 epochs."""
+    if name not in GRAVES_EXPERIMENTS:
+        raise ValueError(f"unknown Graves experiment {name!r}; allowed: {list(GRAVES_EXPERIMENTS)}")
+    options: dict[str, Any] = {"name": name}
+    if name.endswith("-lstm"):
+        options.update(model="row_lstm", train_limit=20000, epochs=15, heatmap_tensor="lstm.weight_hh_l0")
     if quick:
-        return GravesConfig(name=f"{name}-quick", epochs=2, train_limit=1200, test_limit=500, validation_size=200,
-                            eval_samples=4, mdl_samples=2, retrain_epochs=1, lambdas=(0.0, 0.83, 2.0))  # fmt: skip
-    return GravesConfig(name=name)
+        options.update(name=f"{name}-quick", epochs=2, train_limit=1200, test_limit=500, validation_size=200,
+                       eval_samples=4, mdl_samples=2, retrain_epochs=1, lambdas=(0.0, 0.83, 2.0))  # fmt: skip
+    return GravesConfig(**options)
 
 
 class _Batches:
@@ -163,10 +185,15 @@ def _data(config: GravesConfig, data_dir: str | None, early_stopping: bool) -> d
 
 
 def build_graves_model(config: GravesConfig, variant: GravesVariant) -> nn.Module:
-    """The MLP made Bayesian with the variant's posterior and ONE prior shared by every tensor (Graves' single prior)."""
-    family = make_family(variant.family, **variant.family_options)
+    """The MLP (or row LSTM) made Bayesian with the variant's posterior and ONE prior shared by every tensor (Graves'
+    single prior)."""
+    options = dict(variant.family_options)
+    if config.model == "row_lstm" and options.get("estimator") == "local":
+        options["estimator"] = "reparam"
+    family = make_family(variant.family, **options)
     prior = make_prior(variant.prior, **variant.prior_options)
-    return bayesianize(mlp(784, config.hidden, 10), family, prior)
+    plain = mlp(784, config.hidden, 10) if config.model == "mlp" else row_lstm(hidden=config.lstm_hidden)
+    return bayesianize(plain, family, prior)
 
 
 @torch.no_grad()
@@ -406,11 +433,10 @@ def run_graves_prune(
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
-    heatmap_layer: str = "2",
 ) -> dict[str, Any]:
     """Table 2 analogue: prune the adaptive-weight-noise network (trained by ``graves-mnist``'s protocol; trained here
     if its checkpoint is missing) at every lambda, evaluate, retrain ``retrain_epochs`` with the same optimisation and
-    evaluate again; per-weight complexity heat maps of ``heatmap_layer`` (figures 3-4)."""
+    evaluate again; per-weight complexity heat maps of ``config.heatmap_tensor`` (figures 3-4)."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
@@ -426,9 +452,10 @@ def run_graves_prune(
     trained = build_graves_model(config, variant).to(dev)
     trained.load_state_dict(torch.load(checkpoint, map_location=dev, weights_only=True)["model"])
     costs = {k: v.cpu() for k, v in complexity_costs(trained).items()}
-    layer_key = f"{heatmap_layer}.weight"
+    layer_key = config.heatmap_tensor
     if layer_key not in costs:
-        raise ValueError(f"heatmap_layer {heatmap_layer!r} has no weight; Bayesian tensors: {sorted(costs)}")
+        raise ValueError(f"heatmap_tensor {layer_key!r} is not a Bayesian tensor of the model; allowed: {sorted(costs)}")
+    module_name, tensor_name = layer_key.rsplit(".", 1)
     rows, masks = [], {}
     for lam in config.lambdas:
         model = copy.deepcopy(trained)
@@ -441,8 +468,8 @@ def run_graves_prune(
             "initial_error": mode_error(model, data["x_test"], data["y_test"]),
             "bits_per_weight": _bits_per_kept_weight(model),
         }
-        layer = model.get_submodule(heatmap_layer)
-        masks[lam] = layer.posteriors["weight"].weight_mask  # type: ignore[index, union-attr]
+        layer = model.get_submodule(module_name)
+        masks[lam] = layer.posteriors[tensor_name].weight_mask  # type: ignore[index, union-attr]
         if lam > 0 and config.retrain_epochs > 0:
             seed_everything(seed + 1)
             log, epoch, state = _train(config, model, data, config.retrain_epochs, False, dev, progress)
