@@ -115,7 +115,7 @@ class GravesConfig:
     test_limit: int | None = None
     # graves-prune
     lambdas: tuple[float, ...] = PRUNE_LAMBDAS
-    retrain_epochs: int = 5
+    retrain_epochs: int = 2
     heatmap_lambdas: tuple[float, ...] = (0.2, round(SAFE_LAMBDA, 2), 2.0)
     heatmap_tensor: str = "3.weight"
 
