@@ -127,6 +127,9 @@ class GravesConfig:
         data = dataclasses.asdict(self)
         for key in ("name", "variants", "seeds", "lambdas", "retrain_epochs", "heatmap_lambdas", "heatmap_tensor"):
             data.pop(key)
+        if data["model"] == "mlp":  # the LSTM fields do not change the MLP protocol (and keep its earlier hashes)
+            data.pop("model")
+            data.pop("lstm_hidden")
         data["variant"] = dataclasses.asdict(variant)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
