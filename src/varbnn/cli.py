@@ -43,6 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--shard", default=None, help="retina-* only: K/N runs every N-th job from the K-th (0-based), for parallel processes"
     )
+    rep.add_argument(
+        "--distributed",
+        action="store_true",
+        help="data-parallel training across the processes of `torchrun --nproc_per_node N -m varbnn.cli reproduce ...` "
+        "(gloo on CPU, nccl on CUDA); configs run by the generic runner only",
+    )
     common(rep, "benchmarks/results")
     sub.add_parser("list", help="list the experiment names")
     args = parser.parse_args(argv)
@@ -63,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'graves-prune-lstm':20s} graves-prune on the row LSTM of graves-mnist-lstm")
         return 0
     name = "demo" if args.command == "demo" else args.name
+    distributed = bool(getattr(args, "distributed", False))
+    if distributed and (name == "demo" or name == "uci" or name.startswith(("retina-", "graves-", "vcl-", "soap-"))):
+        parser.error(f"--distributed is supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     if name == "uci":
         from varbnn.experiments.uci import run_uci, uci_config
@@ -128,9 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = get_config(name, quick=args.quick)
     except ValueError as error:
         parser.error(str(error))
-    result = run_experiment(
-        config, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command
-    )
+    result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                            progress=not args.no_progress, command=command, distributed=distributed)  # fmt: skip
+    if not result.get("written", True):
+        return 0  # not rank 0
     columns = ("variant", "accuracy", "nll", "ece", "nelbo", "parameters", "train_seconds")
     keys = [k for k in columns if any(k in row for row in result["rows"])]
     print(_table(result["rows"], keys))

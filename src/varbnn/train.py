@@ -106,6 +106,7 @@ def fit(
     resume: bool = False,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     on_step_end: Callable[[int, ELBOTerms], None] | None = None,
+    distributed: bool | None = None,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (or ``optimizer``).
 
@@ -121,14 +122,40 @@ def fit(
     ``on_step_end(step, terms)`` runs after every optimizer step (``step`` counts from 1; the parameters'
     ``.grad`` still hold that step's gradients, e.g. for :class:`varbnn.analysis.GradientSNR`). A callback that
     evaluates the model may switch it to eval mode; training mode is restored after it returns.
+
+    ``distributed`` (default: automatic, i.e. whenever :func:`varbnn.distributed.setup` initialised a process group
+    of more than one process): the model is wrapped in ``DistributedDataParallel`` (parameters broadcast from rank
+    0, gradients averaged), each rank's weight noise is seeded by its rank (:func:`varbnn.distributed.rank_seed`
+    of ``torch.initial_seed()``), ``loader.sampler.set_epoch`` is called every epoch, the returned history is
+    averaged over the ranks and only rank 0 writes ``checkpoint`` (the unwrapped model's state dict, loadable in a
+    single process). The per-rank loss is ``mean NLL of the shard + beta * KL / n_data``, so with averaged gradients
+    the KL counts once per global step (see :mod:`varbnn.distributed`). Models with the Graves estimator are not
+    wrapped: their gradients (per-example Fisher) are averaged with an all-reduce instead.
     """
+    from varbnn import distributed as vdist
+
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
+    if distributed is None:
+        distributed = vdist.is_distributed()
+    elif distributed and not vdist.is_distributed():
+        raise ValueError(
+            "distributed=True needs an initialised process group of more than one process: launch with torchrun "
+            "and call varbnn.distributed.setup() first"
+        )
     dev = resolve_device(device)
     model.to(dev)
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     adaptive = _has_adaptive_prior(model)
     graves = uses_graves_estimator(model)
+    net: nn.Module = model
+    if distributed:
+        if graves:
+            _broadcast_state(model)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     if adaptive:
         update_adaptive_priors(model)
     schedule: BetaSchedule = beta if callable(beta) else (lambda _step: float(beta))  # type: ignore[misc, assignment]
@@ -142,9 +169,14 @@ def fit(
             torch.set_rng_state(state["rng"])
         if first_epoch > epochs:
             raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
+    if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
+        torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
     bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=not progress, leave=False, initial=first_epoch, total=epochs)
     for epoch in bar:
         model.train()
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
         batches = 0
         for x, y in loader:
@@ -154,8 +186,10 @@ def fit(
             optimizer.zero_grad(set_to_none=True)
             if graves:
                 terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
+                if distributed:
+                    vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
             else:
-                terms = elbo_loss(nll(model(x), y), model, n_data, schedule(step))
+                terms = elbo_loss(nll(net(x), y), model, n_data, schedule(step))
                 terms.loss.backward()
             optimizer.step()
             if adaptive:
@@ -169,14 +203,27 @@ def fit(
             batches += 1
             step += 1
         record = {k: v / max(batches, 1) for k, v in totals.items()}
+        if distributed:
+            means = torch.tensor([record["loss"], record["nll"], record["kl"]], dtype=torch.float64, device=dev)
+            vdist.all_reduce_mean_([means])
+            record.update(loss=float(means[0]), nll=float(means[1]), kl=float(means[2]))
         record.update(epoch=epoch + 1, beta=schedule(step))
         history.append(record)
         bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}")
-        if checkpoint is not None:
+        if checkpoint is not None and vdist.is_main_process():
             save_checkpoint(checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=torch.get_rng_state())
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
     return history
+
+
+@torch.no_grad()
+def _broadcast_state(model: nn.Module) -> None:
+    """Make every rank's parameters and buffers equal to rank 0's (what DDP does at construction)."""
+    import torch.distributed as dist
+
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
 
 
 @torch.no_grad()

@@ -204,7 +204,9 @@ class _Sidecar:
                 tracer.records = list(saved.get("records", []))
 
     def __call__(self, epoch: int, record: dict[str, float]) -> None:
-        if self.path is None:
+        from varbnn.distributed import is_main_process
+
+        if self.path is None or not is_main_process():
             return
         seconds = self.previous_seconds + time.perf_counter() - self.t0 - (self.tracer.seconds if self.tracer else 0.0)
         state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
@@ -278,11 +280,26 @@ def run_experiment(
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
+    distributed: bool = False,
 ) -> dict[str, Any]:
-    """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures."""
+    """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures.
+
+    With ``distributed`` (launch with ``torchrun``; see :mod:`varbnn.distributed`) every process trains on its shard
+    with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
+    averaged by ``DistributedDataParallel``, and only rank 0 writes checkpoints and results."""
+    from varbnn import distributed as vdist
+
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
-    dev = resolve_device(device)
+    world = 1
+    if distributed:
+        context = vdist.setup(device=device if device not in (None, "auto") else None)
+        if context.world_size < 2:
+            raise ValueError("distributed=True needs several processes: launch with torchrun --nproc_per_node N")
+        dev, world = context.device, context.world_size
+        progress = progress and context.is_main
+    else:
+        dev = resolve_device(device)
     x_train, y_train = load_classification(config.dataset, "train", data_dir)
     x_test, y_test = load_classification(config.dataset, "test", data_dir)
     validation = None
@@ -310,7 +327,10 @@ def run_experiment(
         for seed in config.seeds:
             seed_everything(seed)
             model = build_model(config, variant).to(dev)
-            loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
+            if distributed:
+                loader = vdist.data_loader(TensorDataset(x_train, y_train), max(1, config.batch_size // world), seed=seed)
+            else:
+                loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
             tracer = None
             if (config.log_every or config.log_steps) and variant.family != "plain":
                 tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
@@ -322,7 +342,7 @@ def run_experiment(
                 optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
                 beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
                 on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
-                on_epoch_end=sidecar if checkpoint is not None else None,
+                on_epoch_end=sidecar if checkpoint is not None else None, distributed=distributed,
             )  # fmt: skip
             train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
@@ -364,13 +384,15 @@ def run_experiment(
                 row[f"{key}_sem"] = sem
             rows.append(row)
     out = Path(out_dir)
+    if not vdist.is_main_process():  # rank 0 writes the results
+        return {"name": config.name, "rows": rows, "figures": [], "written": False}
     out.mkdir(parents=True, exist_ok=True)
     figures = _figures(config, out, first_seed_predictions, first_seed_models, traces)
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "commit": commit,
-        "device": describe_device(dev),
+        "device": describe_device(dev) + (f" x {world} processes (DistributedDataParallel)" if world > 1 else ""),
         "seconds": round(time.perf_counter() - start, 2),
         "config": config.to_dict(),
         "n_train": n_train,

@@ -1,0 +1,158 @@
+"""Multi-process data-parallel training on torch's own engine (``torch.distributed`` + ``DistributedDataParallel``).
+
+varbnn adds no rendezvous, collectives or fault handling of its own: launch with ``torchrun`` (which sets ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``), call :func:`setup` once per process, build the
+loader with :func:`data_loader` and train with :func:`varbnn.train.fit`, which wraps the model in
+``DistributedDataParallel`` whenever a process group of more than one process is initialised.
+
+Why the ELBO stays right: every rank minimises ``mean NLL of its shard + beta * KL / N_train`` and DDP averages the
+gradients, so the step follows ``mean NLL over the union batch + beta * KL / N_train`` (equal shard sizes): the KL
+is counted exactly once per global step, not once per rank. Each rank draws its own weight noise (its RNG is offset
+by its rank), so the averaged gradient also averages ``world_size`` independent Monte Carlo draws.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = [
+    "DistributedContext",
+    "setup",
+    "teardown",
+    "is_distributed",
+    "rank",
+    "world_size",
+    "is_main_process",
+    "data_loader",
+    "all_reduce_mean_",
+    "rank_seed",
+]
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """Where this process stands: ``rank`` of ``world_size`` processes, its ``device`` and the ``backend``
+    (``None`` when running as a single plain process)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def setup(backend: str | None = None, device: str | torch.device | None = None) -> DistributedContext:
+    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...).
+
+    ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); default nccl when ``device`` is CUDA, else gloo.
+    ``device``: ``"cpu"``, ``"cuda"`` (then ``cuda:LOCAL_RANK``) or ``None`` (cuda if available). Without
+    torchrun's variables this returns a single-process context and initialises nothing, so the same script runs
+    with and without ``torchrun``. Calling it again after initialisation returns the current context.
+    """
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    local_rank = _env_int("LOCAL_RANK") or 0
+    if device is None or device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(dev)
+    env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if dist.is_available() and dist.is_initialized():
+        return DistributedContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, dist.get_backend())
+    if env_rank is None or env_world is None:
+        return DistributedContext(0, 1, 0, dev, None)
+    if not dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this build of torch")
+    chosen = backend or ("nccl" if dev.type == "cuda" else "gloo")
+    if chosen == "nccl" and dev.type != "cuda":
+        raise ValueError("backend 'nccl' needs a CUDA device; use backend='gloo' on the CPU")
+    dist.init_process_group(chosen, rank=env_rank, world_size=env_world)
+    return DistributedContext(env_rank, env_world, local_rank, dev, chosen)
+
+
+def teardown() -> None:
+    """Destroy the default process group if one is initialised (no-op otherwise)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    """True when a process group of more than one process is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    """Rank 0 (or a single process): the one that writes checkpoints and results."""
+    return rank() == 0
+
+
+def rank_seed(seed: int, process_rank: int | None = None) -> int:
+    """The seed of a rank's weight noise: distinct per rank, reproducible, ``seed`` itself on rank 0."""
+    r = rank() if process_rank is None else process_rank
+    return (int(seed) + 1_000_003 * r) % 2**63
+
+
+def data_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+    **kwargs: object,
+) -> DataLoader:
+    """A ``DataLoader`` over this rank's shard (``DistributedSampler``) when distributed, a plain one otherwise.
+
+    ``batch_size`` is per process; the global batch is ``batch_size * world_size``. :func:`varbnn.train.fit` calls
+    ``sampler.set_epoch(epoch)`` so every epoch is shuffled differently (and identically on every rank)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not is_distributed():
+        generator = torch.Generator().manual_seed(seed)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, generator=generator, **kwargs)  # type: ignore[arg-type]
+    sampler: DistributedSampler[int] = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **kwargs)  # type: ignore[arg-type]
+
+
+def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
+    """Average each tensor over the ranks, in place (no-op in a single process)."""
+    if not is_distributed():
+        return
+    n = dist.get_world_size()
+    for t in tensors:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t.div_(n)

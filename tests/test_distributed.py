@@ -1,0 +1,135 @@
+"""Multi-process training: 2 CPU processes with gloo on 127.0.0.1, launched by torchrun (tests/ddp_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import varbnn
+from varbnn import distributed as vdist
+from varbnn.train import fit, load_checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ddp_worker import build, toy_data  # noqa: E402
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    out = tmp_path_factory.mktemp("ddp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(out)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def _load(out: Path, case: str) -> list[dict]:
+    return [torch.load(out / f"{case}_rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+def test_delta_parameters_equal_across_ranks_and_match_single_process_union_batch(ddp_run: Path) -> None:
+    ranks = _load(ddp_run, "delta")
+    for key, value in ranks[0]["state"].items():
+        torch.testing.assert_close(ranks[1]["state"][key], value, rtol=0, atol=0, msg=f"{key} differs across ranks")
+    # single process, batches of 16 = the union of the ranks' interleaved shards of 8
+    model = build("delta")
+    losses: list[float] = []
+    loader = torch.utils.data.DataLoader(toy_data(), batch_size=16, shuffle=False)
+    fit(model, loader, n_data=64, epochs=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), progress=False,
+        on_step_end=lambda s, t: losses.append(float(t.loss)))  # fmt: skip
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(ranks[0]["state"][key], value, rtol=1e-5, atol=1e-6, msg=f"{key}: DDP != union batch")
+    # the union-batch loss is the mean of the ranks' losses (mean NLL over equal shards + KL / N counted once)
+    union = torch.tensor([(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])])
+    torch.testing.assert_close(union, torch.tensor(losses), rtol=1e-5, atol=1e-6)
+    history_loss = [h["loss"] for h in ranks[0]["history"]]
+    assert history_loss == pytest.approx([float(union[:4].mean()), float(union[4:].mean())], rel=1e-6)
+
+
+def test_checkpoint_written_under_ddp_loads_in_one_process(ddp_run: Path) -> None:
+    ranks = _load(ddp_run, "delta")
+    model = build("delta")
+    state = load_checkpoint(ddp_run / "delta.pt", model)
+    assert state["epoch"] == 2
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, ranks[0]["state"][key], rtol=0, atol=0)
+
+
+def test_meanfield_ranks_share_parameters_draw_own_noise_and_loss_is_unbiased(ddp_run: Path) -> None:
+    ranks = _load(ddp_run, "meanfield")
+    for key, value in ranks[0]["state"].items():
+        torch.testing.assert_close(ranks[1]["state"][key], value, rtol=0, atol=0, msg=f"{key} differs across ranks")
+    assert not torch.equal(ranks[0]["noise"], ranks[1]["noise"]), "ranks must draw their own weight noise"
+    # DDP: per step, the mean of the two ranks' losses (each on its 32 examples) estimates the union loss
+    ddp = torch.tensor([(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])], dtype=torch.float64)
+    model = build("meanfield")
+    model.load_state_dict(ranks[0]["state"])
+    data: TensorDataset = toy_data()
+    x, y = data.tensors
+    torch.manual_seed(0)
+    with torch.no_grad():
+        single = torch.tensor(
+            [float(varbnn.elbo_loss(F.cross_entropy(model(x), y), model, 64).loss) for _ in range(400)], dtype=torch.float64
+        )
+    se = math.sqrt(ddp.var() / len(ddp) + single.var() / len(single))
+    assert abs(float(ddp.mean() - single.mean())) < 5 * se, (float(ddp.mean()), float(single.mean()), se)
+    assert ddp.std() > 0  # noise was drawn
+
+
+def test_single_process_helpers_and_errors() -> None:
+    ctx = vdist.setup(device="cpu") if "RANK" not in os.environ else None
+    if ctx is not None:
+        assert (ctx.rank, ctx.world_size, ctx.backend, ctx.is_main) == (0, 1, None, True)
+    assert not vdist.is_distributed() and vdist.rank() == 0 and vdist.world_size() == 1 and vdist.is_main_process()
+    assert vdist.rank_seed(5, 0) == 5 and vdist.rank_seed(5, 1) != vdist.rank_seed(5, 2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        vdist.setup(backend="mpi")
+    with pytest.raises(ValueError, match="batch_size"):
+        vdist.data_loader(toy_data(), 0)
+    model = build("delta")
+    with pytest.raises(ValueError, match="distributed=True needs"):
+        fit(model, vdist.data_loader(toy_data(), 8), n_data=64, epochs=1, progress=False, distributed=True)
+    t = torch.ones(3)
+    vdist.all_reduce_mean_([t])  # a no-op in one process
+    assert torch.equal(t, torch.ones(3))
+
+
+def test_cli_reproduce_distributed_writes_results_once(data_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VARBNN_DATA": str(data_dir)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "varbnn.cli", "reproduce",
+               "mnist-mlp", "--quick", "--distributed", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1  # rank 0 only
+    result = json.loads((tmp_path / "mnist-mlp.json").read_text())
+    assert "x 2 processes (DistributedDataParallel)" in result["device"]
+    assert all(row["accuracy"] > 0.5 for row in result["rows"])
+
+
+def test_cli_distributed_refuses_experiments_with_their_own_loops() -> None:
+    from varbnn.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["reproduce", "graves-mnist", "--distributed"])
