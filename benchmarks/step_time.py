@@ -1,8 +1,13 @@
-"""Median training-step time of MLP 784-400-400-10 (batch 128, Adam) per family/estimator vs deterministic.
+"""Median training-step time (Adam) per family/estimator vs the deterministic model, in one process.
 
-Usage: python benchmarks/step_time.py [--steps 100] [--warmup 20] [--threads 2] [--out benchmarks/results]
-Writes OUT/step_time.json and OUT/step_time.md and prints the ratios. Peers (bayesian-torch, torchbnn) are
-included when importable (``pip install -e .[peers]``), in the same process and on the same model.
+Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Caffe, batch 100) and ``resnet18``
+(32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
+
+Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
+       [--only SUBSTRING,...] [--out benchmarks/results]
+Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on the CPU) and prints the
+ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash scripts/install_peers.sh``), in the
+same process and on the same model.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,9 +27,15 @@ from torch import nn
 
 import varbnn
 from varbnn.experiments.runner import describe_device, git_commit
-from varbnn.models import mlp
+from varbnn.models import lenet5, mlp, resnet18
+from varbnn.train import resolve_device
 
 N_TRAIN = 60000
+MODELS = {  # name: (builder, input shape without batch, default batch, description)
+    "mlp": (lambda: mlp(784, (400, 400), 10), (1, 28, 28), 128, "MLP 784-400-400-10"),
+    "lenet5": (lambda: lenet5(), (1, 28, 28), 100, "LeNet-5-Caffe"),
+    "resnet18": (lambda: resnet18(), (3, 32, 32), 32, "ResNet-18 (32x32 inputs)"),
+}
 
 
 def make_step(
@@ -46,29 +58,56 @@ def make_step(
     return step
 
 
-def time_steps(step: Callable[[torch.Tensor, torch.Tensor], None], steps: int, warmup: int) -> list[float]:
+def time_steps(
+    step: Callable[[torch.Tensor, torch.Tensor], None],
+    steps: int,
+    warmup: int,
+    shape: tuple[int, ...],
+    batch: int,
+    device: torch.device,
+) -> list[float]:
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(128, 1, 28, 28, generator=g)
-    y = torch.randint(0, 10, (128,), generator=g)
+    x = torch.rand(batch, *shape, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         step(x, y)
     times = []
     for _ in range(steps):
+        sync()
         t0 = time.perf_counter()
         step(x, y)
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 
 
-def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]]:
+def _torchbnn_convert(module: nn.Module, torchbnn: Any) -> None:
+    """Swap every Linear / Conv2d for torchbnn's Bayesian layer with a N(0, 1) prior (its own converter is
+    deprecated and handles only Sequential children)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            new: nn.Module = torchbnn.BayesLinear(0.0, 1.0, child.in_features, child.out_features, bias=child.bias is not None)
+        elif isinstance(child, nn.Conv2d):
+            new = torchbnn.BayesConv2d(0.0, 1.0, child.in_channels, child.out_channels, child.kernel_size,
+                                       stride=child.stride, padding=child.padding, bias=child.bias is not None)  # fmt: skip
+        else:
+            _torchbnn_convert(child, torchbnn)
+            continue
+        setattr(module, name, new)
+
+
+def candidates(model_name: str, device: torch.device) -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]]:
+    base = MODELS[model_name][0]
+
     def plain() -> Callable[[torch.Tensor, torch.Tensor], None]:
-        return make_step(mlp(784, (400, 400), 10), None)
+        return make_step(base().to(device), None)
 
     def family(
         spec: Callable[[], varbnn.VariationalFamily], prior: Callable[[], varbnn.priors.Prior] | None = None
     ) -> Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]:
         def build() -> Callable[[torch.Tensor, torch.Tensor], None]:
-            model = varbnn.bayesianize(mlp(784, (400, 400), 10), spec(), prior() if prior else None)
+            model = varbnn.bayesianize(base(), spec(), prior() if prior else None).to(device)
             return make_step(model, None, elbo=True)
 
         return build
@@ -94,7 +133,7 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
         for kind in ("Reparameterization", "Flipout"):
 
             def bt(kind: str = kind) -> Callable[[torch.Tensor, torch.Tensor], None]:
-                model = mlp(784, (400, 400), 10)
+                model = base()
                 dnn_to_bnn(
                     model,
                     {
@@ -106,6 +145,7 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
                         "moped_enable": False,
                     },
                 )
+                model = model.to(device)
                 return make_step(model, lambda: get_kl_loss(model))
 
             table[f"bayesian-torch {kind}"] = bt
@@ -115,14 +155,9 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
         import torchbnn
 
         def tb() -> Callable[[torch.Tensor, torch.Tensor], None]:
-            model = nn.Sequential(
-                nn.Flatten(),
-                torchbnn.BayesLinear(0.0, 1.0, 784, 400),
-                nn.ReLU(),
-                torchbnn.BayesLinear(0.0, 1.0, 400, 400),
-                nn.ReLU(),
-                torchbnn.BayesLinear(0.0, 1.0, 400, 10),
-            )
+            model = base()
+            _torchbnn_convert(model, torchbnn)
+            model = model.to(device)
             kl = torchbnn.BKLLoss(reduction="sum", last_layer_only=False)
             return make_step(model, lambda: kl(model))
 
@@ -133,37 +168,50 @@ def candidates() -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: cpu)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: mlp 128, lenet5 100, resnet18 32)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median over all steps is reported")
+    parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
+    device = resolve_device(args.device)
+    _, shape, default_batch, description = MODELS[args.model]
+    batch = args.batch or default_batch
+    if batch < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1:
+        parser.error("--batch, --steps and --repeats must be positive, --warmup >= 0")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     start = time.perf_counter()
-    builders = candidates()
+    builders = candidates(args.model, device)
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        builders = {k: v for k, v in builders.items() if k == "deterministic" or any(w in k for w in wanted)}
     steps = {name: build() for name, build in builders.items()}
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):  # interleave so that machine noise hits every candidate alike
         for name, step in steps.items():
-            samples[name] += time_steps(step, args.steps, args.warmup)
+            samples[name] += time_steps(step, args.steps, args.warmup, shape, batch, device)
     base = statistics.median(samples["deterministic"])
     rows = []
     for name, times in samples.items():
         median = statistics.median(times)
-        rows.append({"model": name, "median_ms": round(1000 * median, 3), "ratio": round(median / base, 2), "steps": len(times)})
-        print(f"{name:40s} {1000 * median:8.2f} ms  {median / base:5.2f}x")
+        rows.append({"model": name, "median_ms": round(1000 * median, 3), "ratio": round(median / base, 2),
+                     "images_per_s": round(batch / median, 1), "steps": len(times)})  # fmt: skip
+        print(f"{name:50s} {1000 * median:8.2f} ms  {median / base:5.2f}x  {batch / median:9.1f} img/s")
     result = {
         "name": "step_time",
         "command": " ".join(["python benchmarks/step_time.py", *sys.argv[1:]]),
         "commit": git_commit(),
-        "device": describe_device(torch.device("cpu")),
+        "device": describe_device(device) + (f"; host {describe_device(torch.device('cpu'))}" if device.type == "cuda" else ""),
         "seconds": round(time.perf_counter() - start, 1),
         "config": {
-            "model": "MLP 784-400-400-10",
-            "batch": 128,
+            "model": description,
+            "batch": batch,
             "optimizer": "Adam",
             "threads": args.threads,
             "steps": args.steps,
@@ -175,20 +223,22 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "step_time.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = "step_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "# Training-step time, MLP 784-400-400-10, batch 128, Adam",
+        f"# Training-step time, {description}, batch {batch}, Adam",
         "",
         f"- command: `{result['command']}`",
         f"- commit: `{result['commit']}`",
         f"- device: {result['device']}; torch {torch.__version__}",
         f"- wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps",
         "",
-        "| model | median step (ms) | ratio to deterministic |",
-        "|---|---:|---:|",
-        *[f"| {r['model']} | {r['median_ms']:.2f} | {r['ratio']:.2f}x |" for r in rows],
+        "| model | median step (ms) | ratio to deterministic | images/s |",
+        "|---|---:|---:|---:|",
+        *[f"| {r['model']} | {r['median_ms']:.2f} | {r['ratio']:.2f}x | {r['images_per_s']:,.0f} |" for r in rows],
     ]
-    (out / "step_time.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / stem}.json and .md")
 
 
 if __name__ == "__main__":
