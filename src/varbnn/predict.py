@@ -19,20 +19,47 @@ def predict(
     samples: int = 16,
     *,
     chunk_size: int | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
     vectorize: bool = True,
 ) -> torch.Tensor:
     """Outputs of ``samples`` weight draws, stacked: ``[samples, *model(x).shape]``.
 
     With ``vectorize`` the draws run as one batched pass (``torch.func.vmap`` with independent randomness per
-    draw); ``chunk_size`` bounds how many draws are batched at once (memory). Models vmap cannot handle fall
-    back to a Python loop over draws. The model's ``training`` flag is left as it is.
+    draw); models vmap cannot handle fall back to a Python loop over draws. Memory is capped by chunking:
+    ``chunk_size`` draws are batched at once (default: all) over ``batch_size`` examples at a time (default: all),
+    so the activations held at once are those of ``chunk_size * batch_size`` examples (e.g. LeNet-5, 64 draws of
+    10,000 images: ``chunk_size=16, batch_size=1000`` peaks well under 2 GB; see ``benchmarks/predict_time.py``).
+
+    ``seed``: every example batch replays the same seeded random stream in a forked RNG (the global RNG is left
+    untouched), so results are reproducible, and with estimators that draw whole weights (``reparam``) draw ``s``
+    is the same network on every batch. The draws depend on ``chunk_size`` (a different chunking gives different,
+    equally distributed draws). The model's ``training`` flag is left as it is.
     """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    for name, value in (("chunk_size", chunk_size), ("batch_size", batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     if x.is_floating_point() and not torch.isfinite(x).all():
         raise ValueError("x contains NaN or infinite values")
+    if x.dim() == 0:
+        raise ValueError("x must have a batch dimension, got a scalar")
+    step = batch_size or max(int(x.shape[0]), 1)
+    outputs = []
+    for start in range(0, max(int(x.shape[0]), 1), step):
+        xb = x[start : start + step]
+        if seed is None:
+            outputs.append(_draws(model, xb, samples, chunk_size, vectorize))
+            continue
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            outputs.append(_draws(model, xb, samples, chunk_size, vectorize))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def _draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: int | None, vectorize: bool) -> torch.Tensor:
     if vectorize:
         try:
             return vmap(lambda _: model(x), randomness="different", chunk_size=chunk_size)(torch.arange(samples, device=x.device))
