@@ -9,8 +9,16 @@ import torch
 from scipy import stats
 from scipy.special import logsumexp
 
-from varbnn.experiments.uci import REFERENCE_LL, UCI_VARIANTS, build_regressor, predictive_log_likelihood, run_uci, uci_config
-from varbnn.families import KTied, MeanField, RadialDirectional
+from varbnn.experiments.uci import (
+    REFERENCE_LL,
+    UCI_VARIANTS,
+    build_regressor,
+    predictive_log_likelihood,
+    run_uci,
+    uci_config,
+    uci_jobs,
+)
+from varbnn.families import KTied, MeanField, Radial, RadialDirectional
 from varbnn.likelihoods import GammaPrecisionGaussian
 
 
@@ -47,6 +55,7 @@ def test_regressor_puts_the_family_on_the_first_layer_only():
     models = {v.label: build_regressor(v, 8, 50) for v in UCI_VARIANTS}
     assert type(models["RDP (double)"][0].posteriors["weight"]) is RadialDirectional
     assert type(models["2-tied"][0].posteriors["weight"]) is KTied
+    assert type(models["radial"][0].posteriors["weight"]) is Radial
     for label, model in models.items():
         assert model(torch.randn(4, 8)).shape == (4, 1)
         if label != "MAP (Delta)":
@@ -68,8 +77,23 @@ def test_uci_quick_run_writes_results_and_resumes(data_dir, tmp_path):
         again = run_uci(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="test")
     assert len((tmp_path / "uci-quick_runs.jsonl").read_text().splitlines()) == len(lines)  # nothing recomputed
     assert first["rows"] == again["rows"]
+    # train=False only renders
+    run_uci(config, out_dir=tmp_path / "render", data_dir=str(data_dir), progress=False, command="test", train=False)
+    assert not (tmp_path / "render" / "uci-quick_runs.jsonl").exists()
     row = first["rows"][0]
     assert row["dataset"] == "yacht" and all(row[v.label]["splits"] == 2 for v in config.variants)
     assert all(math.isfinite(row[v.label]["ll"][0]) and row[v.label]["rmse"][0] > 0 for v in config.variants)
     assert "| yacht | -1.30 |" in (tmp_path / "uci-quick.md").read_text()
     assert json.loads(lines[0])["protocol"] == config.protocol_hash()
+
+
+def test_uci_shards_partition_the_jobs_smallest_dataset_first():
+    config = uci_config()
+    jobs = uci_jobs(config)
+    assert len(jobs) == len(config.variants) * (8 * 20 + 5)
+    assert jobs[0][0] == "yacht" and jobs[-1][0] == "protein-tertiary-structure"
+    shards = [uci_jobs(config, (k, 16)) for k in range(16)]
+    keys = sorted((d, v.label, k) for shard in shards for d, v, k in shard)
+    assert keys == sorted((d, v.label, k) for d, v, k in jobs) and len(set(keys)) == len(jobs)
+    with pytest.raises(ValueError, match="shard must be"):
+        uci_jobs(config, (2, 2))

@@ -39,9 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("name", help="experiment name (see `varbnn list`)")
     rep.add_argument("--quick", action="store_true", help="CI-sized variant of the same experiment")
     rep.add_argument("--datasets", default=None, help="uci only: comma-separated subset of the UCI datasets")
-    rep.add_argument("--no-train", action="store_true", help="retina-* only: render the results from the runs already saved")
+    rep.add_argument("--no-train", action="store_true", help="retina-*, uci: render the results from the runs already saved")
     rep.add_argument(
-        "--shard", default=None, help="retina-* only: K/N runs every N-th job from the K-th (0-based), for parallel processes"
+        "--shard", default=None, help="retina-*, uci: K/N runs every N-th job from the K-th (0-based), for parallel processes"
     )
     rep.add_argument(
         "--distributed",
@@ -73,6 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if distributed and (name == "demo" or name == "uci" or name.startswith(("retina-", "graves-", "vcl-", "soap-"))):
         parser.error(f"--distributed is supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
+    shard = None
+    if args.command == "reproduce" and args.shard:
+        try:
+            k, n = (int(v) for v in args.shard.split("/"))
+            if not 0 <= k < n:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
+        shard = (k, n)
     if name == "uci":
         from varbnn.experiments.uci import run_uci, uci_config
 
@@ -80,23 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             uci = uci_config(args.quick, tuple(args.datasets.split(",")) if args.datasets else None)
         except ValueError as error:
             parser.error(str(error))
-        uci_result = run_uci(
-            uci, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress, command=command
-        )
+        uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                             progress=not args.no_progress, command=command, shard=shard,
+                             train=not args.no_train)  # fmt: skip
         print(f"wrote {args.out}/{uci.name}.json, {args.out}/{uci.name}.md, {args.out}/{uci.name}_runs.jsonl")
         return 0 if uci_result["rows"] else 1
     if name in ("retina-referral", "retina-robustness"):
         from varbnn.experiments.retina import retina_config, run_retina
 
-        shard = None
-        if args.shard:
-            try:
-                k, n = (int(v) for v in args.shard.split("/"))
-                if not 0 <= k < n:
-                    raise ValueError
-            except ValueError:
-                parser.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
-            shard = (k, n)
         retina = retina_config(name, args.quick)
         run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                    progress=not args.no_progress, command=command, shard=shard, train=not args.no_train)  # fmt: skip

@@ -70,6 +70,17 @@ REFERENCE_LL = {
     "wine-quality-red": -0.93,
     "yacht": -1.30,
 }
+DATASET_ROWS = {
+    "yacht": 308,
+    "bostonHousing": 506,
+    "energy": 768,
+    "concrete": 1030,
+    "wine-quality-red": 1599,
+    "kin8nm": 8192,
+    "naval-propulsion-plant": 11934,
+    "power-plant": 9568,
+    "protein-tertiary-structure": 45730,
+}
 N_SPLITS = {name: 5 if name.startswith("protein") else 20 for name in UCI_DATASETS}
 
 
@@ -95,6 +106,7 @@ UCI_VARIANTS = (
         prior_options={"global_scale": 1.0, "local_scale": 1.0},
     ),
     UCIVariant("mean-field", "meanfield", {"init_std": 1e-2}, output_options={"init_std": 1e-2}),
+    UCIVariant("radial", "radial", {"init_std": 1e-2}, output_options={"init_std": 1e-2}),
     UCIVariant("2-tied", "ktied", {"rank": 2, "init_std": 1e-2}, output_options={"init_std": 1e-2}),
     UCIVariant("MAP (Delta)", "delta", output_family="delta"),
 )
@@ -196,6 +208,18 @@ def predictive_log_likelihood(pred: torch.Tensor, y: torch.Tensor, noise_var: to
     return float((torch.logsumexp(log_density, dim=0) - math.log(pred.shape[0])).mean())
 
 
+def uci_jobs(config: UCIConfig, shard: tuple[int, int] | None = None) -> list[tuple[str, UCIVariant, int]]:
+    """The (dataset, variant, split) jobs of ``config`` in their fixed order (smallest dataset first), or the
+    ``shard=(k, n)`` share of them: every n-th from the k-th."""
+    if shard is not None and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
+        raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard!r}")
+    jobs = []
+    for dataset in sorted(config.datasets, key=lambda d: DATASET_ROWS.get(d, 0)):
+        splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
+        jobs += [(dataset, variant, split) for variant in config.variants for split in range(splits)]
+    return jobs if shard is None else jobs[shard[0] :: shard[1]]
+
+
 def run_uci(
     config: UCIConfig,
     *,
@@ -204,8 +228,14 @@ def run_uci(
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
+    shard: tuple[int, int] | None = None,
+    train: bool = True,
 ) -> dict[str, Any]:
-    """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json`` / ``.md``."""
+    """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json`` / ``.md``.
+
+    ``shard=(k, n)`` runs only every n-th pending job from the k-th, for n parallel processes (give each its own
+    ``out_dir`` and concatenate their ``_runs.jsonl`` files; the order of the jobs is fixed, so the shards partition
+    them). Jobs run smallest dataset first. ``train=False`` only renders the table from the saved runs."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
@@ -221,23 +251,19 @@ def run_uci(
             record = json.loads(line)
             if record.get("protocol") == protocol:
                 done[(record["dataset"], record["variant"], record["split"])] = record
-    for dataset in config.datasets:
-        splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
-        for variant in config.variants:
-            for split in range(splits):
-                key = (dataset, variant.label, split)
-                if key in done:
-                    continue
-                record = _run_split(config, variant, dataset, split, data_dir, dev, progress)
-                record.update(protocol=protocol, commit=commit, device=describe_device(dev))
-                done[key] = record
-                with cache.open("a") as handle:
-                    handle.write(json.dumps(record) + "\n")
-                if progress:
-                    print(
-                        f"[uci] {dataset} {variant.label} split {split}: rmse={record['rmse']:.4g} ll={record['ll']:.4g}",
-                        file=sys.stderr,
-                    )
+    jobs = uci_jobs(config, shard) if train else []
+    for dataset, variant, split in jobs:
+        key = (dataset, variant.label, split)
+        if key in done:
+            continue
+        record = _run_split(config, variant, dataset, split, data_dir, dev, progress)
+        record.update(protocol=protocol, commit=commit, device=describe_device(dev))
+        done[key] = record
+        with cache.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if progress:
+            print(f"[uci] {dataset} {variant.label} split {split}: rmse={record['rmse']:.4g} ll={record['ll']:.4g}",
+                  file=sys.stderr)  # fmt: skip
     rows = []
     for dataset in config.datasets:
         row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
