@@ -97,3 +97,50 @@ def test_uci_shards_partition_the_jobs_smallest_dataset_first():
     assert keys == sorted((d, v.label, k) for d, v, k in jobs) and len(set(keys)) == len(jobs)
     with pytest.raises(ValueError, match="shard must be"):
         uci_jobs(config, (2, 2))
+
+
+def test_closed_form_noise_posterior_maximises_the_elbo_over_q_tau():
+    from scipy import optimize
+    from scipy.special import digamma, gammaln
+
+    rng = np.random.default_rng(0)
+    n, a0, b0 = 40, 6.0, 6.0
+    resid = rng.normal(0, 0.3, n)
+    sse = float((resid**2).sum())
+
+    def negative_elbo(log_ab):  # -(E_q[sum log N(r | 0, 1/tau)] - KL(Gamma(a, b) || Gamma(a0, b0)))
+        a, b = np.exp(log_ab)
+        ell = n / 2 * (digamma(a) - np.log(b)) - n / 2 * np.log(2 * np.pi) - a / b * sse / 2
+        kl = (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
+        return -(ell - kl)
+
+    best = optimize.minimize(negative_elbo, x0=np.log([a0, b0]), method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-12})
+    lik = GammaPrecisionGaussian(a0, b0)
+    shape, rate = lik.optimal_posterior(sse, n)
+    assert float(shape) == pytest.approx(np.exp(best.x[0]), rel=1e-4)
+    assert float(rate) == pytest.approx(np.exp(best.x[1]), rel=1e-4)
+    # the module's own ELBO pieces agree with the formula above at the optimum
+    lik.set_posterior_(shape, rate)
+    y, f = torch.tensor(resid, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    mine = float(lik.expected_log_likelihood(y.float(), f.float()).sum() - lik.kl())
+    assert mine == pytest.approx(-negative_elbo(np.log([float(shape), float(rate)])), rel=1e-4)
+    # running mean of batch residuals -> the same update
+    lik2 = GammaPrecisionGaussian(a0, b0)
+    for start in range(0, n, 8):
+        lik2.observe(y[start : start + 8].float(), f[start : start + 8].float(), decay=0.0 if start == 0 else 0.5)
+    lik2.update_posterior_(n)
+    assert float(lik2.shape) == pytest.approx(a0 + n / 2, rel=1e-5) and float(lik2.rate) > b0
+    with pytest.raises(RuntimeError, match="observe"):
+        GammaPrecisionGaussian().update_posterior_(10)
+    with pytest.raises(ValueError, match="decay"):
+        lik2.observe(y.float(), f.float(), decay=1.0)
+    with pytest.raises(ValueError, match="shape and rate"):
+        lik2.set_posterior_(-1.0, 1.0)
+
+
+def test_noise_update_is_validated_and_gradient_protocol_keeps_its_hash():
+    with pytest.raises(ValueError, match="noise_update must be one of"):
+        uci_config(noise_update="adam")
+    with pytest.raises(ValueError, match="noise prior"):
+        uci_config(noise_prior=(0.0, 1.0))
+    assert uci_config(noise_update="gradient").protocol_hash() != uci_config().protocol_hash()

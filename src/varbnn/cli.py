@@ -39,6 +39,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("name", help="experiment name (see `varbnn list`)")
     rep.add_argument("--quick", action="store_true", help="CI-sized variant of the same experiment")
     rep.add_argument("--datasets", default=None, help="uci only: comma-separated subset of the UCI datasets")
+    rep.add_argument(
+        "--noise-update",
+        default="closed_form",
+        choices=("closed_form", "gradient"),
+        help="uci only: fit the noise precision's Gamma posterior in closed form after each step (default) or by Adam",
+    )
+    rep.add_argument(
+        "--noise-prior",
+        default="6,6",
+        help="uci only: A,B of the Gamma(A, B) prior on the noise precision (default 6,6; the published RDP code uses 1,1)",
+    )
     rep.add_argument("--no-train", action="store_true", help="retina-*, uci: render the results from the runs already saved")
     rep.add_argument(
         "--shard", default=None, help="retina-*, uci: K/N runs every N-th job from the K-th (0-based), for parallel processes"
@@ -86,7 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from varbnn.experiments.uci import run_uci, uci_config
 
         try:
-            uci = uci_config(args.quick, tuple(args.datasets.split(",")) if args.datasets else None)
+            try:
+                a0, b0 = (float(v) for v in args.noise_prior.split(","))
+            except ValueError:
+                parser.error(f"--noise-prior must be A,B (two positive numbers), got {args.noise_prior!r}")
+            datasets = tuple(args.datasets.split(",")) if args.datasets else None
+            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0))
         except ValueError as error:
             parser.error(str(error))
         uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,

@@ -25,7 +25,15 @@ class GammaPrecisionGaussian(nn.Module):
 
     ``expected_log_likelihood(y, f) = E_q[log N(y | f, 1/tau)] = (psi(a1) - log b1)/2 - log(2 pi)/2 - a1/b1 (y-f)^2/2``
     is what the ELBO needs; :meth:`kl` is KL(q(tau) || p(tau)).
+
+    Two ways to fit q(tau): by gradient (its parameters in the optimizer), or in closed form with
+    :meth:`observe` and :meth:`update_posterior_`. Given q(w), the ELBO's optimum over q(tau) is conjugate:
+    ``Gamma(a0 + N/2, b0 + E_q(w)[SSE]/2)`` (:meth:`optimal_posterior`). The gradient route is slow in practice:
+    Adam moves each softplus-parameter by about ``lr`` per step, so the shape climbs from a0 = 6 to a0 + N/2
+    (e.g. 144 for yacht) only over tens of thousands of steps, and the noise is overestimated meanwhile.
     """
+
+    mean_square: torch.Tensor
 
     prior_shape: torch.Tensor
     prior_rate: torch.Tensor
@@ -46,6 +54,7 @@ class GammaPrecisionGaussian(nn.Module):
         self.register_buffer("prior_rate", torch.tensor(float(prior_rate)))
         self.shape_rho = nn.Parameter(torch.tensor(inverse_softplus(float(init_shape or prior_shape))))
         self.rate_rho = nn.Parameter(torch.tensor(inverse_softplus(float(init_rate or prior_rate))))
+        self.register_buffer("mean_square", torch.tensor(float("nan")))  # running E_q[(y - f)^2] (closed form)
 
     @property
     def shape(self) -> torch.Tensor:
@@ -68,6 +77,47 @@ class GammaPrecisionGaussian(nn.Module):
     def kl(self) -> torch.Tensor:
         """KL(Gamma(a1, b1) || Gamma(a0, b0))."""
         return kl_divergence(self.posterior(), Gamma(self.prior_shape, self.prior_rate))
+
+    def optimal_posterior(self, expected_sse: torch.Tensor | float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q(tau) = Gamma(a, b) that maximises the ELBO given ``expected_sse = E_q(w)[sum_n (y_n - f_n)^2]`` over
+        ``n`` training points: ``a = a0 + n/2``, ``b = b0 + expected_sse/2``."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer (the number of training points), got {n!r}")
+        sse = torch.as_tensor(expected_sse, dtype=self.prior_rate.dtype, device=self.prior_rate.device)
+        if not bool(torch.isfinite(sse)) or float(sse) < 0:
+            raise ValueError(f"expected_sse must be finite and >= 0, got {float(sse)!r}")
+        return self.prior_shape + n / 2, self.prior_rate + sse / 2
+
+    @torch.no_grad()
+    def set_posterior_(self, shape: torch.Tensor | float, rate: torch.Tensor | float) -> None:
+        """Set q(tau) = Gamma(shape, rate) (both > 0)."""
+        shape_t, rate_t = torch.as_tensor(shape, dtype=self.shape_rho.dtype), torch.as_tensor(rate, dtype=self.rate_rho.dtype)
+        if not (bool(torch.isfinite(shape_t)) and bool(torch.isfinite(rate_t)) and shape_t > 0 and rate_t > 0):
+            raise ValueError(f"shape and rate must be finite and > 0, got {float(shape_t)!r}, {float(rate_t)!r}")
+        self.shape_rho.copy_(shape_t + torch.log(-torch.expm1(-shape_t)))  # inverse softplus
+        self.rate_rho.copy_(rate_t + torch.log(-torch.expm1(-rate_t)))
+
+    @torch.no_grad()
+    def observe(self, y: torch.Tensor, f: torch.Tensor, decay: float) -> None:
+        """Fold a batch's mean squared residual (f one draw of the network: unbiased for E_q(w)) into the running
+        mean ``mean_square`` with ``mean <- decay * mean + (1 - decay) * batch`` (the first batch sets it)."""
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay!r}")
+        if y.shape != f.shape:
+            raise ValueError(f"y and f must have the same shape, got {tuple(y.shape)} and {tuple(f.shape)}")
+        batch = (y - f).square().mean().to(self.mean_square.dtype)
+        if torch.isnan(self.mean_square):
+            self.mean_square.copy_(batch)
+        else:
+            self.mean_square.mul_(decay).add_((1 - decay) * batch)
+
+    @torch.no_grad()
+    def update_posterior_(self, n: int) -> None:
+        """Set q(tau) to :meth:`optimal_posterior` with ``E[SSE] = n * mean_square`` (after :meth:`observe`)."""
+        if torch.isnan(self.mean_square):
+            raise RuntimeError("update_posterior_ needs observe() first: no residuals have been seen")
+        shape, rate = self.optimal_posterior(n * self.mean_square, n)
+        self.set_posterior_(shape, rate)
 
     def sample_precision(self, n: int) -> torch.Tensor:
         """``n`` draws of tau from the posterior (no gradient)."""
