@@ -282,7 +282,7 @@ def test_bounded_rejection_rounds_raise_a_clear_error():
     torch.manual_seed(0)
     q = VonMisesFisher(_unit(3), torch.tensor(1e4, dtype=torch.float64), max_rejection_rounds=1)  # ~68% acceptance
     with pytest.raises(RejectionSamplingError, match="max_rejection_rounds=1"):
-        q.rsample((1000,))
+        q.rsample((100_000,))  # 8 first-round proposals: P(all rejected) ~ 0.32^8 per element
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -307,3 +307,26 @@ def test_a_concentration_shared_by_rows_is_evaluated_once_and_gets_the_summed_gr
     torch.testing.assert_close(kappa.grad, 5 * single.grad)
     # d log C / d kappa = -A_d (the identity the score and the KL gradients rely on)
     torch.testing.assert_close(torch.autograd.grad(log_normalizer_and_resultant(40, single)[0], single)[0], -a1.detach())
+
+
+def test_rsample_synchronises_with_the_host_once_when_the_first_round_accepts_all():
+    """Boolean indexing, .item() and bool() each wait for the device on a GPU: the common case must need one."""
+    from torch.overrides import TorchFunctionMode
+
+    torch.manual_seed(0)
+    q = VonMisesFisher(_unit(50), torch.tensor(30.0, dtype=torch.float64))
+    syncs: list[str] = []
+
+    class CountSyncs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
+            if name in ("item", "__bool__", "__float__", "__int__", "nonzero", "tolist") or (
+                isinstance(index, torch.Tensor) and index.dtype == torch.bool
+            ):
+                syncs.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with CountSyncs():
+        x = q.rsample((200,))
+    assert x.shape == (200, 50) and syncs == ["__bool__"]
