@@ -125,3 +125,52 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
     assert again == straight_history
     with pytest.raises(ValueError, match="beyond epochs"):
         run(4, tmp_path / "b.pt", resume=True)
+
+
+def test_mc_samples_average_one_draw_gradients_exactly_and_cut_their_variance():
+    import varbnn
+    from varbnn.train import fit
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
+    loader = [(x, y)]
+
+    def build():
+        torch.manual_seed(0)
+        return varbnn.bayesianize(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)),
+                                  varbnn.MeanField(init_std=0.3, estimator="reparam"))  # fmt: skip
+
+    # exact: one SGD step with S = 2 equals the mean of two one-draw gradients from the same random stream
+    model = build()
+    torch.manual_seed(11)
+    fit(model, loader, n_data=32, epochs=1, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), progress=False, mc_samples=2)
+    reference = build()
+    torch.manual_seed(11)
+    grads = [torch.zeros_like(p) for p in reference.parameters()]
+    for _ in range(2):
+        reference.zero_grad()
+        varbnn.elbo_loss(torch.nn.functional.cross_entropy(reference(x), y), reference, 32).loss.backward()
+        grads = [a + p.grad / 2 for a, p in zip(grads, reference.parameters())]
+    with torch.no_grad():
+        for p, grad in zip(reference.parameters(), grads):
+            p -= grad
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    # statistical: at fixed parameters (lr 0) the gradient variance falls ~ 1/S
+    def gradient_variance(samples: int) -> float:
+        model = build()
+        seen: list[torch.Tensor] = []
+        params = list(model.parameters())
+
+        def record(step: int, terms: object) -> None:
+            seen.append(torch.cat([p.grad.flatten() for p in params]))
+
+        fit(model, loader * 200, n_data=32, epochs=1, optimizer=torch.optim.SGD(params, lr=0.0), progress=False,
+            mc_samples=samples, on_step_end=record)  # fmt: skip
+        return float(torch.stack(seen).var(0).mean())
+
+    ratio = gradient_variance(4) / gradient_variance(1)
+    assert 0.15 < ratio < 0.4, ratio  # 1/4 expected
+    with pytest.raises(ValueError, match="mc_samples"):
+        fit(build(), loader, n_data=32, epochs=1, progress=False, mc_samples=0)

@@ -107,6 +107,7 @@ def fit(
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     on_step_end: Callable[[int, ELBOTerms], None] | None = None,
     distributed: bool | None = None,
+    mc_samples: int = 1,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (or ``optimizer``).
 
@@ -123,6 +124,11 @@ def fit(
     ``.grad`` still hold that step's gradients, e.g. for :class:`varbnn.analysis.GradientSNR`). A callback that
     evaluates the model may switch it to eval mode; training mode is restored after it returns.
 
+    ``mc_samples`` (S, default 1): each step's gradient averages S independent weight draws, computed as S
+    forward/backward passes accumulated in ``.grad`` (the loss of each is the full one-draw ELBO / S), so memory
+    does not grow with S; the logged loss, NLL and KL are the means over the S draws. Not with the Graves estimator
+    (it already draws per example).
+
     ``distributed`` (default: automatic, i.e. whenever :func:`varbnn.distributed.setup` initialised a process group
     of more than one process): the model is wrapped in ``DistributedDataParallel`` (parameters broadcast from rank
     0, gradients averaged), each rank's weight noise is seeded by its rank (:func:`varbnn.distributed.rank_seed`
@@ -136,6 +142,8 @@ def fit(
 
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
+    if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
+        raise ValueError(f"mc_samples must be a positive integer, got {mc_samples!r}")
     if distributed is None:
         distributed = vdist.is_distributed()
     elif distributed and not vdist.is_distributed():
@@ -148,6 +156,8 @@ def fit(
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     adaptive = _has_adaptive_prior(model)
     graves = uses_graves_estimator(model)
+    if graves and mc_samples != 1:
+        raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
     net: nn.Module = model
     if distributed:
         if graves:
@@ -189,8 +199,7 @@ def fit(
                 if distributed:
                     vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
             else:
-                terms = elbo_loss(nll(net(x), y), model, n_data, schedule(step))
-                terms.loss.backward()
+                terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
             optimizer.step()
             if adaptive:
                 update_adaptive_priors(model)
@@ -215,6 +224,28 @@ def fit(
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
     return history
+
+
+def _accumulated_elbo_gradient(
+    net: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor, nll: NLLFunction, n_data: int, beta: float, samples: int
+) -> ELBOTerms:
+    """``samples`` one-draw ELBO gradients averaged into ``.grad`` (one backward per draw; DDP all-reduces once)."""
+    import contextlib
+
+    parts = []
+    for s in range(samples):
+        last = s == samples - 1
+        no_sync = getattr(net, "no_sync", None)
+        context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+        with context:
+            terms = elbo_loss(nll(net(x), y), model, n_data, beta)
+            (terms.loss / samples if samples > 1 else terms.loss).backward()
+        parts.append(terms)
+    if samples == 1:
+        return parts[0]
+    mean = lambda values: torch.stack(values).mean()  # noqa: E731
+    return ELBOTerms(loss=mean([t.loss.detach() for t in parts]), nll=mean([t.nll for t in parts]),
+                     kl=mean([t.kl for t in parts]), beta=float(beta), n_data=n_data)  # fmt: skip
 
 
 @torch.no_grad()

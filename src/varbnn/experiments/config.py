@@ -42,6 +42,8 @@ class ExperimentConfig:
     ``validation_size``) and, if ``snr_tensor`` names a random tensor (``"<module>.<tensor>"``), the mean gradient
     signal-to-noise ratio of its standard-deviation parameters (everything but the mean) over the last ``snr_window`` steps.
 
+    Training: ``mc_samples`` weight draws per step, their gradients averaged (see :func:`varbnn.train.fit`).
+
     Evaluation: Monte Carlo predictive metrics with ``eval_samples`` draws; if ``eval_weight_samples`` > 0 also
     per-weight-sample test -ELBO, expected NLL and accuracy (mean and SEM over those draws, Swiatkowski et al.
     2020 Fig. 6); ``posthoc_ranks`` adds, per rank k, a row for the trained model with every mean-field std
@@ -64,6 +66,7 @@ class ExperimentConfig:
     lr: float = 1e-3
     seeds: tuple[int, ...] = (0,)
     eval_samples: int = 32
+    mc_samples: int = 1
     train_limit: int | None = None
     test_limit: int | None = None
     figures: tuple[str, ...] = ("reliability",)
@@ -90,9 +93,9 @@ class ExperimentConfig:
         unknown = set(self.figures) - set(FIGURES)
         if unknown:
             raise ValueError(f"{self.name}: unknown figures {sorted(unknown)}; allowed: {FIGURES}")
-        for name in ("epochs", "batch_size", "validation_size", "log_every", "eval_weight_samples"):
+        for name in ("epochs", "batch_size", "validation_size", "log_every", "eval_weight_samples", "mc_samples"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < (1 if name == "batch_size" else 0):
+            if not isinstance(value, int) or value < (1 if name in ("batch_size", "mc_samples") else 0):
                 raise ValueError(f"{self.name}: {name} must be a non-negative integer, got {value!r}")
         if self.kl_annealing_epochs < 0:
             raise ValueError(f"{self.name}: kl_annealing_epochs must be >= 0, got {self.kl_annealing_epochs!r}")

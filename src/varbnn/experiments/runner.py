@@ -343,6 +343,7 @@ def run_experiment(
                 beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
                 on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
                 on_epoch_end=sidecar if checkpoint is not None else None, distributed=distributed,
+                mc_samples=config.mc_samples if variant.family != "plain" else 1,
             )  # fmt: skip
             train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
