@@ -294,3 +294,13 @@ def test_export_of_an_mlp_selects_input_features_and_rejects_unsupported_models(
     torch.testing.assert_close(exported(x), masked_model(model, report)(x))
     with pytest.raises(NotImplementedError, match="nn.Sequential"):
         export(bayesianize(row_lstm(), RadialDirectional(), RadialDirectionalPrior()), torch.rand(2, 28, 28), keep={})
+
+
+def test_lognormal_kls_take_python_number_priors_without_changing_the_value():
+    from varbnn.divergence import lognormal_gamma_kl, lognormal_inverse_gamma_kl
+
+    m, s = torch.tensor([-1.0, 0.3], dtype=torch.float64), torch.tensor([0.2, 1.5], dtype=torch.float64)
+    for fn in (lognormal_gamma_kl, lognormal_inverse_gamma_kl):
+        as_tensors = fn(m, s, torch.tensor(0.5, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64))
+        torch.testing.assert_close(fn(m, s, 0.5, 2.0), as_tensors, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(fn(m.float(), s.float(), 0.5, 2.0), as_tensors.float())

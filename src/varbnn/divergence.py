@@ -68,8 +68,7 @@ def _kl_radial_uniform(q: Radial, p: ImproperUniform) -> torch.Tensor:
 def lognormal_gamma_kl(m: torch.Tensor, s: torch.Tensor, shape: float | torch.Tensor, rate: float | torch.Tensor) -> torch.Tensor:
     """KL(LN(m, s^2) || Gamma(shape a, rate b)) = -a log b + lgamma(a) - a m + b exp(m + s^2/2) - (log(2 pi s^2) + 1)/2
     (Louizos et al. 2017; from E[log x] = m, E[x] = exp(m + s^2/2) and H = m + log(2 pi e s^2)/2), elementwise."""
-    a, b = torch.as_tensor(shape, dtype=m.dtype, device=m.device), torch.as_tensor(rate, dtype=m.dtype, device=m.device)
-    return -a * b.log() + torch.lgamma(a) - a * m + b * torch.exp(m + 0.5 * s.square()) - 0.5 * (_LOG_2PI + 2 * s.log() + 1)
+    return _lognormal_kl(m, s, shape, rate, sign=1.0)
 
 
 def lognormal_inverse_gamma_kl(
@@ -77,8 +76,21 @@ def lognormal_inverse_gamma_kl(
 ) -> torch.Tensor:
     """KL(LN(m, s^2) || InvGamma(shape a, scale b)) = -a log b + lgamma(a) + a m + b exp(-m + s^2/2) - (log(2 pi s^2) + 1)/2
     (E[1/x] = exp(-m + s^2/2)), elementwise."""
-    a, b = torch.as_tensor(shape, dtype=m.dtype, device=m.device), torch.as_tensor(scale, dtype=m.dtype, device=m.device)
-    return -a * b.log() + torch.lgamma(a) + a * m + b * torch.exp(-m + 0.5 * s.square()) - 0.5 * (_LOG_2PI + 2 * s.log() + 1)
+    return _lognormal_kl(m, s, shape, scale, sign=-1.0)
+
+
+def _lognormal_kl(
+    m: torch.Tensor, s: torch.Tensor, a: float | torch.Tensor, b: float | torch.Tensor, sign: float
+) -> torch.Tensor:
+    """``-a log b + lgamma(a) - sign a m + b exp(sign m + s^2/2) - (log(2 pi s^2) + 1)/2``; Python-number prior
+    parameters stay Python numbers (no tensors made, no host-to-device copies on a GPU)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        a_t, b_t = torch.as_tensor(a, dtype=m.dtype, device=m.device), torch.as_tensor(b, dtype=m.dtype, device=m.device)
+        constant: float | torch.Tensor = -a_t * b_t.log() + torch.lgamma(a_t)
+        a, b = a_t, b_t
+    else:
+        constant = -float(a) * math.log(float(b)) + math.lgamma(float(a))
+    return constant - 0.5 * (_LOG_2PI + 1) - sign * a * m + b * torch.exp(sign * m + 0.5 * s.square()) - s.log()
 
 
 _LOG_2PI = math.log(2 * math.pi)
