@@ -11,15 +11,14 @@ calls with the same ``seed`` agree exactly. Writes OUT/predict_time[_cuda].json 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from report import write_result  # type: ignore[import-not-found]
 
 import varbnn
 from varbnn.experiments.runner import describe_device, git_commit
@@ -115,20 +114,13 @@ def main() -> None:
         },  # fmt: skip
         "rows": rows,
     }
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = "predict_time" + ("" if device.type == "cpu" else f"_{device.type}")
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [
-        f"# Monte Carlo prediction: {args.samples} draws of a Bayesian LeNet-5 on {args.images:,} images",
-        "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}`",
-        f"- device: {result['device']}; torch {torch.__version__}",
-        f"- wall time: {result['seconds']} s; median of {args.repeats} calls after one warm-up",
-        "- peak memory: CUDA allocator peak above the resident model; on the CPU the growth of the process's peak RSS "
+    notes = [
+        f"wall time: {result['seconds']} s; median of {args.repeats} calls after one warm-up",
+        "peak memory: CUDA allocator peak above the resident model; on the CPU the growth of the process's peak RSS "
         "(coarse: 0 once an earlier call reached a higher peak)",
-        "",
+    ]
+    table = [
         "| family | method | seconds | ratio to sequential | peak MiB | same seed, identical |",
         "|---|---|---:|---:|---:|---|",
         *[
@@ -137,8 +129,9 @@ def main() -> None:
             for r in rows
         ],  # fmt: skip
     ]
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out_dir / stem}.json and .md")
+    title = f"Monte Carlo prediction: {args.samples} draws of a Bayesian LeNet-5 on {args.images:,} images"
+    path = write_result(args.out, stem, result, title, notes, table)
+    print(f"wrote {path}.json and .md")
 
 
 if __name__ == "__main__":

@@ -13,16 +13,15 @@ same process and on the same model.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from report import write_result  # type: ignore[import-not-found]
 from torch import nn
 
 import varbnn
@@ -221,24 +220,17 @@ def main() -> None:
         },
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "step_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [
-        f"# Training-step time, {description}, batch {batch}, Adam",
-        "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}`",
-        f"- device: {result['device']}; torch {torch.__version__}",
-        f"- wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps",
-        "",
+    notes = [
+        f"wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps"
+    ]
+    table = [
         "| model | median step (ms) | ratio to deterministic | images/s |",
         "|---|---:|---:|---:|",
         *[f"| {r['model']} | {r['median_ms']:.2f} | {r['ratio']:.2f}x | {r['images_per_s']:,.0f} |" for r in rows],
     ]
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / stem}.json and .md")
+    path = write_result(args.out, stem, result, f"Training-step time, {description}, batch {batch}, Adam", notes, table)
+    print(f"wrote {path}.json and .md")
 
 
 if __name__ == "__main__":
