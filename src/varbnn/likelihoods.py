@@ -94,8 +94,8 @@ class GammaPrecisionGaussian(nn.Module):
         shape_t, rate_t = torch.as_tensor(shape, dtype=self.shape_rho.dtype), torch.as_tensor(rate, dtype=self.rate_rho.dtype)
         if not (bool(torch.isfinite(shape_t)) and bool(torch.isfinite(rate_t)) and shape_t > 0 and rate_t > 0):
             raise ValueError(f"shape and rate must be finite and > 0, got {float(shape_t)!r}, {float(rate_t)!r}")
-        self.shape_rho.copy_(shape_t + torch.log(-torch.expm1(-shape_t)))  # inverse softplus
-        self.rate_rho.copy_(rate_t + torch.log(-torch.expm1(-rate_t)))
+        self.shape_rho.copy_(inverse_softplus(shape_t))
+        self.rate_rho.copy_(inverse_softplus(rate_t))
 
     @torch.no_grad()
     def observe(self, y: torch.Tensor, f: torch.Tensor, decay: float) -> None:

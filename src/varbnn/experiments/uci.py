@@ -72,17 +72,17 @@ REFERENCE_LL = {
     "wine-quality-red": -0.93,
     "yacht": -1.30,
 }
-DATASET_ROWS = {
-    "yacht": 308,
-    "bostonHousing": 506,
-    "energy": 768,
-    "concrete": 1030,
-    "wine-quality-red": 1599,
-    "kin8nm": 8192,
-    "naval-propulsion-plant": 11934,
-    "power-plant": 9568,
-    "protein-tertiary-structure": 45730,
-}
+SMALLEST_FIRST = (  # the sets by number of rows, the order in which the runner works through them
+    "yacht",
+    "bostonHousing",
+    "energy",
+    "concrete",
+    "wine-quality-red",
+    "kin8nm",
+    "power-plant",
+    "naval-propulsion-plant",
+    "protein-tertiary-structure",
+)
 N_SPLITS = {name: 5 if name.startswith("protein") else 20 for name in UCI_DATASETS}
 
 
@@ -246,7 +246,7 @@ def uci_jobs(config: UCIConfig, shard: tuple[int, int] | None = None) -> list[tu
     if shard is not None and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
         raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard!r}")
     jobs = []
-    for dataset in sorted(config.datasets, key=lambda d: DATASET_ROWS.get(d, 0)):
+    for dataset in sorted(config.datasets, key=lambda d: SMALLEST_FIRST.index(d) if d in SMALLEST_FIRST else len(SMALLEST_FIRST)):
         splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
         jobs += [(dataset, variant, split) for variant in config.variants for split in range(splits)]
     return jobs if shard is None else jobs[shard[0] :: shard[1]]
