@@ -14,6 +14,7 @@ from scipy import stats
 from torch.distributions import kl_divergence
 
 from varbnn.distributions import HypersphericalUniform, RejectionSamplingError, VonMisesFisher
+from varbnn.distributions.vmf import householder_sample
 
 DIMS = (2, 3, 10, 100, 1000, 10000)
 KAPPAS = (1e-3, 1.0, 100.0, 1e5)
@@ -330,3 +331,51 @@ def test_rsample_synchronises_with_the_host_once_when_the_first_round_accepts_al
     with CountSyncs():
         x = q.rsample((200,))
     assert x.shape == (200, 50) and syncs == ["__bool__"]
+
+
+def _explicit_householder(mu, omega, sin_theta, radius, noise):
+    """Reference: build Q = -s (I - 2 u u^T / |u|^2) as a matrix for each row and apply it to [omega, sin v / |v|]."""
+    out = torch.empty(noise.shape, dtype=mu.dtype)
+    d = mu.shape[-1]
+    for index in np.ndindex(*omega.shape):
+        row = mu[index[-mu.dim() + 1 :]] if mu.dim() > 1 else mu
+        unit = row / row.norm()
+        s = 1.0 if unit[0] >= 0 else -1.0
+        u = unit.clone()
+        u[0] += s
+        q = -s * (torch.eye(d, dtype=mu.dtype) - 2 * torch.outer(u, u) / (u @ u))
+        v = noise[index][1:]
+        local = torch.cat([omega[index].reshape(1), sin_theta[index] * v / v.norm()])
+        out[index] = radius[index] * (q @ local)
+    return out
+
+
+@pytest.mark.parametrize("sample_shape", [(), (3,)], ids=["one-draw", "three-draws"])
+def test_householder_sample_equals_the_explicit_reflection_and_passes_gradcheck(sample_shape):
+    """The fused map (row statistics + one output pass, custom backwards) against the explicit orthogonal matrix,
+    and its gradients in mu (normalised or not), omega, sin_theta and radius against finite differences."""
+    g = torch.Generator().manual_seed(3)
+    rows, d = 4, 6
+    mu = torch.randn(rows, d, generator=g, dtype=torch.float64)
+    mu[1, 0] = -abs(mu[1, 0])  # both signs of the first coordinate
+    mu[2, 0] = abs(mu[2, 0])
+    shape = sample_shape + (rows,)
+    omega = torch.rand(shape, generator=g, dtype=torch.float64) * 1.8 - 0.9
+    sin_theta = (1 - omega.square()).sqrt()
+    radius = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
+    noise = torch.randn(shape + (d,), generator=g, dtype=torch.float64)
+    out = householder_sample(mu, omega, sin_theta, radius, normalize=True, noise=noise)
+    torch.testing.assert_close(out, _explicit_householder(mu, omega, sin_theta, radius, noise), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.linalg.vector_norm(out, dim=-1), radius, rtol=1e-12, atol=1e-12)
+    unit = mu / mu.norm(dim=-1, keepdim=True)
+    torch.testing.assert_close((out * unit).sum(-1), radius * omega, rtol=1e-12, atol=1e-12)
+    unnormalised = householder_sample(unit, omega, sin_theta, radius, noise=noise)
+    torch.testing.assert_close(unnormalised, out, rtol=1e-12, atol=1e-12)
+
+    for normalize, base in ((True, mu), (False, unit)):
+
+        def fn(m, o, st, r, normalize=normalize):
+            return householder_sample(m, o, st, r, normalize=normalize, noise=noise)
+
+        inputs = tuple(t.clone().requires_grad_() for t in (base, omega, sin_theta, radius))
+        assert torch.autograd.gradcheck(fn, inputs)

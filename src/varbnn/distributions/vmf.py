@@ -44,7 +44,16 @@ from varbnn.special import (
     log_bessel_iv_over_power_and_ratio,
 )
 
-__all__ = ["VonMisesFisher", "HypersphericalUniform", "unit_sphere", "RejectionSamplingError"]
+__all__ = [
+    "VonMisesFisher",
+    "HypersphericalUniform",
+    "unit_sphere",
+    "RejectionSamplingError",
+    "householder_sample",
+    "wood_accepted_proposals",
+    "wood_omega",
+    "wood_score",
+]
 
 
 class RejectionSamplingError(RuntimeError):
@@ -97,6 +106,193 @@ def _log_sphere_area(dim: int) -> float:
     return math.log(2.0) + 0.5 * dim * math.log(math.pi) - math.lgamma(0.5 * dim)
 
 
+PROPOSALS_FIRST_ROUND = 8
+PROPOSALS_PER_ROUND = 4
+
+
+def wood_constants(dim: int, kappa: Tensor) -> tuple[Tensor, Tensor]:
+    """b and 1 - x0 of Wood's (1994) envelope on S^{dim-1}, in forms without cancellation at large kappa."""
+    m1 = dim - 1.0
+    b = m1 / (2 * kappa + torch.sqrt(4 * kappa * kappa + m1 * m1))
+    return b, 2 * b / (1 + b)
+
+
+def _wood_proposals(dim: int, kappa: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``k`` Beta proposals per element of ``kappa`` ([k, m]) and whether Wood's test accepts each."""
+    work, device = kappa.dtype, kappa.device
+    m1 = dim - 1.0
+    b, one_minus_x0 = wood_constants(dim, kappa)
+    x0 = 1 - one_minus_x0
+    log_1mx0_sq = torch.log(one_minus_x0) + torch.log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
+    gammas = torch._standard_gamma(torch.full((2, k, kappa.numel()), m1 / 2, dtype=work, device=device))
+    e = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(work).tiny)  # Beta(alpha, alpha), [k, m]
+    one_minus_omega = 2 * b * e / (1 - (1 - b) * e)
+    log_u = torch.log(torch.rand(e.shape, dtype=work, device=device))
+    # kappa (omega - x0) + (d - 1) log((1 - x0 omega) / (1 - x0^2)) >= log u, written without cancellation
+    t = kappa * (one_minus_x0 - one_minus_omega) + m1 * (torch.log(one_minus_x0 + x0 * one_minus_omega) - log_1mx0_sq)
+    return e, t >= log_u
+
+
+def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> Tensor:
+    """Draw eps ~ Beta((d-1)/2, (d-1)/2) until Wood's acceptance test passes, for every element of ``kappa``
+    (detached, any shape; the result has its shape).
+
+    Each round draws proposals for every element still pending and keeps the first accepted one, which is the
+    sequential sampler's draw (the proposals are i.i.d.). The first round draws ``PROPOSALS_FIRST_ROUND`` (8) per
+    element without any boolean indexing, so the common case costs one host synchronisation (the check that all
+    were accepted): with an acceptance rate >= ~0.68 for all d and kappa, an element needs a second round with
+    probability <= 0.32^8 ~ 1e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4) proposals.
+    """
+    shape = kappa.shape
+    kappa_all = kappa.detach().reshape(-1)
+    n = kappa_all.numel()
+    e, accept = _wood_proposals(dim, kappa_all, PROPOSALS_FIRST_ROUND)
+    first = accept.to(torch.uint8).argmax(0)  # index of the first accepted proposal (0 if none)
+    eps = e.gather(0, first.unsqueeze(0)).squeeze(0)
+    done = accept.any(0)
+    if bool(done.all()):
+        return eps.reshape(shape)
+    pending = (~done).nonzero().squeeze(-1)
+    for _ in range(1, max_rounds):
+        e, accept = _wood_proposals(dim, kappa_all[pending], PROPOSALS_PER_ROUND)
+        first = accept.to(torch.uint8).argmax(0)
+        done = accept.any(0)
+        eps[pending[done]] = e.gather(0, first.unsqueeze(0)).squeeze(0)[done]
+        pending = pending[~done]
+        if pending.numel() == 0:
+            return eps.reshape(shape)
+    raise RejectionSamplingError(
+        f"VonMisesFisher.rsample: Wood's sampler left {pending.numel()} of {n} elements unaccepted after "
+        f"max_rejection_rounds={max_rounds} rounds (d={dim}, kappa in "
+        f"[{float(kappa_all.min()):.3g}, {float(kappa_all.max()):.3g}])"
+    )
+
+
+def wood_omega(dim: int, eps: Tensor, kappa: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """omega = h(eps, kappa) with 1 - omega and 1 + omega computed without cancellation; differentiable in kappa."""
+    b, _ = wood_constants(dim, kappa)
+    denom = 1 - (1 - b) * eps
+    one_minus = 2 * b * eps / denom
+    one_plus = 2 * (1 - eps) / denom
+    return 1 - one_minus, one_minus, one_plus
+
+
+def wood_score(dim: int, eps: Tensor, kappa: Tensor, ratio_method: RatioMethod = "accurate") -> Tensor:
+    """The rejection-sampling correction of an accepted proposal ``eps``: a tensor whose value is 0 and whose gradient
+    in ``kappa`` is ``d/dkappa log pi(eps; kappa)``, the score of the accepted proposal's density (Naesseth et al.
+    2017), i.e. ``d/dkappa [log q(omega; kappa) + log |d omega / d eps|]`` with ``eps`` fixed (Oh et al. 2020, supp.
+    eq. 20). Shape and dtype of ``kappa`` (the working precision)."""
+    b, _ = wood_constants(dim, kappa)
+    omega, one_minus, one_plus = wood_omega(dim, eps, kappa)
+    # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const. Only
+    # the score's first derivative matters (its value is 0): d/dkappa -log(I_nu/kappa^nu) = -A_d(kappa), so the
+    # normaliser enters as -(kappa - kappa.detach()) * A_d, one Bessel ratio instead of a log-Bessel and its ratio.
+    a_d = bessel_ratio(dim / 2, _compact(kappa.detach()), method=ratio_method, validate=False)
+    log_q = -(kappa - kappa.detach()) * a_d + kappa * omega
+    log_q = log_q + 0.5 * (dim - 3) * torch.log(one_minus * one_plus)
+    log_jac = torch.log(2 * b) - 2 * torch.log(1 - (1 - b) * eps)
+    log_pi = log_q + log_jac
+    return log_pi - log_pi.detach()
+
+
+class _HouseholderStats(torch.autograd.Function):
+    """Row statistics of the Householder map: ``(|mu|^2, mu_rest . v, mu_0)`` for mean directions ``mu`` ``[..., d]``
+    and noise ``x`` ``[*S, ..., d]`` (``v = x[..., 1:]``), with a two-pass backward for ``mu``."""
+
+    @staticmethod
+    def forward(ctx, mu: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        ctx.save_for_backward(mu, x)
+        squared_norm = torch.linalg.vector_norm(mu, dim=-1).square()
+        dot = torch.linalg.vecdot(x[..., 1:], mu[..., 1:])
+        return squared_norm, dot, mu[..., 0].clone()
+
+    @staticmethod
+    def backward(ctx, g_norm: Tensor, g_dot: Tensor, g_first: Tensor) -> tuple[Tensor | None, None]:  # type: ignore[override]
+        mu, x = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        grad = mu * (2 * g_norm).unsqueeze(-1)
+        if x.shape == mu.shape:
+            grad[..., 1:].addcmul_(x[..., 1:], g_dot.unsqueeze(-1))
+        else:
+            grad[..., 1:] += (x[..., 1:] * g_dot.unsqueeze(-1)).sum_to_size(mu[..., 1:].shape)
+        grad[..., 0] += g_first.sum_to_size(mu.shape[:-1])
+        return grad, None
+
+
+class _HouseholderCombine(torch.autograd.Function):
+    """``out[..., 1:] = alpha mu[..., 1:] + beta v``, ``out[..., 0] = gamma`` (per-row scalars alpha, beta, gamma), with a
+    backward of one pass for ``mu`` and two row dot products."""
+
+    @staticmethod
+    def forward(ctx, mu: Tensor, x: Tensor, alpha: Tensor, beta: Tensor, gamma: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(mu, x, alpha)
+        out = x * beta.unsqueeze(-1)
+        out.addcmul_(mu, alpha.unsqueeze(-1))
+        out[..., 0] = gamma
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        mu, x, alpha = ctx.saved_tensors
+        rest = grad[..., 1:]
+        g_mu = g_alpha = g_beta = g_gamma = None
+        if ctx.needs_input_grad[0]:
+            g_mu = grad * alpha.unsqueeze(-1)
+            if g_mu.shape != mu.shape:
+                g_mu = g_mu.sum_to_size(mu.shape)
+            g_mu[..., 0] = 0
+        if ctx.needs_input_grad[2]:
+            g_alpha = torch.linalg.vecdot(rest, mu[..., 1:])
+        if ctx.needs_input_grad[3]:
+            g_beta = torch.linalg.vecdot(rest, x[..., 1:])
+        if ctx.needs_input_grad[4]:
+            g_gamma = grad[..., 0]
+        return g_mu, None, g_alpha, g_beta, g_gamma
+
+
+def householder_sample(
+    mu: Tensor,
+    omega: Tensor,
+    sin_theta: Tensor,
+    radius: Tensor | None = None,
+    normalize: bool = False,
+    noise: Tensor | None = None,
+) -> Tensor:
+    """``radius * Q [omega, sin_theta * v / |v|]`` with ``v ~ N(0, I_{d-1})`` and Q orthogonal with ``Q e_1 = mu / |mu|``:
+    the vMF sample built from Wood's component ``omega`` (and ``sin_theta = sqrt(1 - omega^2)``).
+
+    ``mu`` is ``[..., d]``; ``omega``, ``sin_theta`` and ``radius`` are ``[*S, ...]`` (per sample and row). With
+    ``normalize=False`` ``mu`` must already have unit norm; with ``normalize=True`` it may have any nonzero norm and the
+    map uses ``mu / |mu|`` (the gradient then flows through the normalisation) without ever forming that matrix.
+
+    Q = -s H with H the Householder reflection along ``u = mu/|mu| + s e_1``, ``s = sign(mu_1)``: ``|u|^2 = 2(1 +
+    |mu_1|/|mu|) >= 2`` is never small, and H maps e_1 to ``-s mu/|mu|``. Every d-sized quantity is either a row
+    statistic (``|mu|^2``, ``mu_rest . v``, ``|v|``) or the one output pass ``alpha mu + beta v``; the per-row scalars
+    in between go through autograd on ``[*S, ...]`` tensors. ``noise`` (``[*S, ..., d]``, column 0 unused) replaces the
+    normal draw (tests).
+    """
+    shape = omega.shape
+    d, dtype = mu.shape[-1], mu.dtype
+    x = torch.randn(*shape, d, dtype=dtype, device=mu.device) if noise is None else noise
+    omega, sin_theta = omega.to(dtype), sin_theta.to(dtype)
+    v_norm = torch.linalg.vector_norm(x[..., 1:], dim=-1)
+    squared_norm, dot, first = _HouseholderStats.apply(mu, x)
+    s = torch.where(first.detach() >= 0, 1.0, -1.0).to(dtype)
+    if normalize:
+        norm = squared_norm.sqrt()
+        first_hat, rest_sq, dot = first / norm, 1 - (first / norm).square(), dot / norm
+    else:
+        norm, first_hat, rest_sq = None, first, squared_norm - first.square()
+    u1 = first_hat + s
+    u_sq = u1 * u1 + rest_sq
+    scaled_sin = sin_theta / v_norm
+    c = 2 * (u1 * omega + scaled_sin * dot) / u_sq  # H x = x - c u
+    sign = s if radius is None else s * radius.to(dtype)
+    alpha = sign * c if norm is None else sign * c / norm
+    return _HouseholderCombine.apply(mu, x, alpha, -sign * scaled_sin, -sign * (omega - c * u1))
+
+
 class VonMisesFisher(Distribution):
     """von Mises-Fisher distribution on the unit sphere in R^d.
 
@@ -116,8 +312,6 @@ class VonMisesFisher(Distribution):
     arg_constraints = {"loc": unit_sphere, "concentration": constraints.positive}
     support = unit_sphere
     has_rsample = True
-    PROPOSALS_FIRST_ROUND = 8
-    PROPOSALS_PER_ROUND = 4
 
     def __init__(
         self,
@@ -223,103 +417,12 @@ class VonMisesFisher(Distribution):
 
     # ------------------------------------------------------------------ sampling
 
-    def _wood_constants(self, kappa: Tensor) -> tuple[Tensor, Tensor]:
-        """b and 1 - x0 of Wood's envelope, in forms without cancellation at large kappa."""
-        m1 = self.dim - 1.0
-        b = m1 / (2 * kappa + torch.sqrt(4 * kappa * kappa + m1 * m1))
-        return b, 2 * b / (1 + b)
-
-    def _accepted_proposals(self, shape: torch.Size) -> Tensor:
-        """Draw eps ~ Beta((d-1)/2, (d-1)/2) until Wood's acceptance test passes, for every element of ``shape``.
-
-        Each round draws proposals for every element still pending and keeps the first accepted one, which is the
-        sequential sampler's draw (the proposals are i.i.d.). The first round draws ``PROPOSALS_FIRST_ROUND`` (8) per
-        element without any boolean indexing, so the common case costs one host synchronisation (the check that all
-        were accepted): with an acceptance rate >= ~0.68 for all d and kappa, an element needs a second round with
-        probability <= 0.32^8 ~ 1e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4) proposals.
-        """
-        kappa_all = self._kappa_work().detach().expand(shape).reshape(-1)
-        n = kappa_all.numel()
-        e, accept = self._proposals(kappa_all, self.PROPOSALS_FIRST_ROUND)
-        first = accept.to(torch.uint8).argmax(0)  # index of the first accepted proposal (0 if none)
-        eps = e.gather(0, first.unsqueeze(0)).squeeze(0)
-        done = accept.any(0)
-        if bool(done.all()):
-            return eps.reshape(shape)
-        pending = (~done).nonzero().squeeze(-1)
-        for _ in range(1, self.max_rejection_rounds):
-            e, accept = self._proposals(kappa_all[pending], self.PROPOSALS_PER_ROUND)
-            first = accept.to(torch.uint8).argmax(0)
-            done = accept.any(0)
-            eps[pending[done]] = e.gather(0, first.unsqueeze(0)).squeeze(0)[done]
-            pending = pending[~done]
-            if pending.numel() == 0:
-                return eps.reshape(shape)
-        raise RejectionSamplingError(
-            f"VonMisesFisher.rsample: Wood's sampler left {pending.numel()} of {n} elements unaccepted after "
-            f"max_rejection_rounds={self.max_rejection_rounds} rounds (d={self.dim}, kappa in "
-            f"[{float(kappa_all.min()):.3g}, {float(kappa_all.max()):.3g}])"
-        )
-
-    def _proposals(self, kappa: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """``k`` Beta proposals per element of ``kappa`` ([k, m]) and whether Wood's test accepts each."""
-        work, device = kappa.dtype, kappa.device
-        m1 = self.dim - 1.0
-        b, one_minus_x0 = self._wood_constants(kappa)
-        x0 = 1 - one_minus_x0
-        log_1mx0_sq = torch.log(one_minus_x0) + torch.log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
-        gammas = torch._standard_gamma(torch.full((2, k, kappa.numel()), m1 / 2, dtype=work, device=device))
-        e = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(work).tiny)  # Beta(alpha, alpha), [k, m]
-        one_minus_omega = 2 * b * e / (1 - (1 - b) * e)
-        log_u = torch.log(torch.rand(e.shape, dtype=work, device=device))
-        # kappa (omega - x0) + (d - 1) log((1 - x0 omega) / (1 - x0^2)) >= log u, written without cancellation
-        t = kappa * (one_minus_x0 - one_minus_omega) + m1 * (torch.log(one_minus_x0 + x0 * one_minus_omega) - log_1mx0_sq)
-        return e, t >= log_u
-
-    def _omega(self, eps: Tensor, kappa: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """omega = h(eps, kappa) with 1 - omega and 1 + omega computed without cancellation; differentiable in kappa."""
-        b, _ = self._wood_constants(kappa)
-        denom = 1 - (1 - b) * eps
-        one_minus = 2 * b * eps / denom
-        one_plus = 2 * (1 - eps) / denom
-        return 1 - one_minus, one_minus, one_plus
-
-    def _rotate(self, omega: Tensor, sin_theta: Tensor, shape: torch.Size) -> Tensor:
-        """x = Q [omega, sin_theta * v / |v|] with v ~ N(0, I_{d-1}) and Q orthogonal, Q e_1 = loc.
-
-        Q = -s H with H the Householder reflection along u = loc + s e_1, s = sign(loc_1): |u|^2 = 2(1 + |loc_1|)
-        >= 2 is never small, and H maps e_1 to -s loc. Written as x = [first, a v + b u_rest] so that each
-        sample costs one normal draw, one norm, one dot product and one fused multiply-add over d.
-        """
-        d, dtype = self.dim, self.loc.dtype
-        loc = self.loc
-        s = torch.where(loc[..., 0] >= 0, 1.0, -1.0).to(dtype)
-        u1 = loc[..., 0] + s
-        u_rest = loc[..., 1:]
-        u_sq = u1 * u1 + (u_rest * u_rest).sum(-1)
-        # x[..., 0] is a throw-away draw: its column is overwritten below, which saves a concatenation.
-        x = torch.randn(*shape, d, dtype=dtype, device=loc.device)
-        v = x[..., 1:]
-        v_norm = torch.linalg.vector_norm(v, dim=-1)
-        if loc.shape[:-1].numel() == 1:
-            uv = v @ u_rest.reshape(-1)
-        else:
-            uv = (v * u_rest).sum(-1)
-        omega, sin_theta = omega.to(dtype), sin_theta.to(dtype)
-        scaled_sin = sin_theta / v_norm
-        c = 2 * (u1 * omega + scaled_sin * uv) / u_sq  # H x = x - c u
-        u = torch.cat([u1.unsqueeze(-1), u_rest], dim=-1)
-        out = torch.addcmul((s * c).unsqueeze(-1) * u, x, (-s * scaled_sin).unsqueeze(-1))
-        out[..., 0] = -s * (omega - c * u1)
-        return out
-
     def _sample(self, sample_shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
         shape = self._extended_shape(sample_shape)[:-1]
-        eps = self._accepted_proposals(shape)
         kappa = self._kappa_work().expand(shape)
-        omega, one_minus, one_plus = self._omega(eps, kappa)
-        sin_theta = torch.sqrt(one_minus * one_plus)
-        return self._rotate(omega, sin_theta, shape), eps, kappa
+        eps = wood_accepted_proposals(self.dim, kappa, self.max_rejection_rounds)
+        omega, one_minus, one_plus = wood_omega(self.dim, eps, kappa)
+        return householder_sample(self.loc, omega, torch.sqrt(one_minus * one_plus)), eps, kappa
 
     def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:
         """Samples of shape ``sample_shape + batch_shape + (d,)``; see the module docstring for the gradients."""
@@ -333,19 +436,7 @@ class VonMisesFisher(Distribution):
         ``d/dkappa [log q(omega; kappa) + log |d omega / d eps|]`` with ``eps`` fixed (Oh et al. 2020, supp. eq. 20).
         """
         sample, eps, kappa = self._sample(torch.Size(sample_shape))
-        b, _ = self._wood_constants(kappa)
-        omega, one_minus, one_plus = self._omega(eps, kappa)
-        d = self.dim
-        # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const. Only
-        # the score's first derivative matters (its value is 0): d/dkappa -log(I_nu/kappa^nu) = -A_d(kappa), so the
-        # normaliser enters as -(kappa - kappa.detach()) * A_d, one Bessel ratio instead of a log-Bessel and its ratio.
-        a_d = bessel_ratio(d / 2, _compact(kappa.detach()), method=self.ratio_method, validate=False)
-        log_q = -(kappa - kappa.detach()) * a_d + kappa * omega
-        log_q = log_q + 0.5 * (d - 3) * torch.log(one_minus * one_plus)
-        log_jac = torch.log(2 * b) - 2 * torch.log(1 - (1 - b) * eps)
-        log_pi = log_q + log_jac
-        score = (log_pi - log_pi.detach()).to(self.loc.dtype)
-        return sample, score
+        return sample, wood_score(self.dim, eps, kappa, self.ratio_method).to(self.loc.dtype)
 
     def __repr__(self) -> str:
         return f"VonMisesFisher(dim={self.dim}, batch_shape={tuple(self.batch_shape)}, ratio_method={self.ratio_method!r})"

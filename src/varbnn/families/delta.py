@@ -50,10 +50,33 @@ class Delta(VariationalFamily):
         return self.value.expand(torch.Size(sample_shape) + self.value.shape)
 
 
+class _DeltaScalarNormalKL(torch.autograd.Function):
+    """-log N(w | m, s^2) summed over ``w`` for a scalar prior (m, s) that is not learned by gradient:
+    ``(|w - m|^2 / s^2 + n log(2 pi s^2)) / 2``, with the gradient ``(w - m) / s^2`` in one pass (instead of the ~8
+    elementwise passes of the generic path). No host synchronisation: m and s stay tensors."""
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        diff = (value - loc).reshape(-1)
+        inv_var = scale.reciprocal().square()
+        ctx.save_for_backward(diff, inv_var)
+        ctx.shape = value.shape
+        log_norm = value.numel() * (scale.log() + 0.5 * math.log(2 * math.pi))
+        return 0.5 * inv_var * torch.dot(diff, diff) + log_norm
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:  # type: ignore[override]
+        diff, inv_var = ctx.saved_tensors
+        return (diff * (grad * inv_var)).view(ctx.shape), None, None
+
+
 @register_family_kl(Delta, NormalPrior)
 def _delta_normal_kl(family: Delta, prior: NormalPrior) -> torch.Tensor:
     """-log N(w | m, s^2) summed over the tensor, (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building
-    distribution objects (scalar or elementwise m, s)."""
-    diff = family.value - prior.loc
-    log_norm = (prior.scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum()
-    return 0.5 * (diff.square() / prior.scale.square()).sum() + log_norm
+    distribution objects (scalar or elementwise m, s; a scalar prior that is not learned takes a one-pass path)."""
+    loc, scale = prior.loc, prior.scale
+    if loc.dim() == 0 and scale.dim() == 0 and not (loc.requires_grad or scale.requires_grad):
+        return _DeltaScalarNormalKL.apply(family.value, loc, scale)
+    diff = family.value - loc
+    log_norm = (scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum()
+    return 0.5 * (diff.square() / scale.square()).sum() + log_norm

@@ -32,12 +32,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Distribution
 
-from varbnn.distributions.vmf import RATIO_METHODS, VonMisesFisher, _log_sphere_area, log_normalizer_and_resultant
+from varbnn.distributions.vmf import (
+    RATIO_METHODS,
+    VonMisesFisher,
+    _log_sphere_area,
+    householder_sample,
+    log_normalizer_and_resultant,
+    wood_accepted_proposals,
+    wood_omega,
+    wood_score,
+)
 from varbnn.divergence import family_kl, lognormal_gamma_kl, lognormal_inverse_gamma_kl, register_family_kl
 from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
 from varbnn.families.gaussian import MeanField, inverse_softplus
 from varbnn.priors import Prior, RadialDirectionalPrior, banerjee_concentration
-from varbnn.special import log_bessel_iv_over_power
+from varbnn.special import _work_dtype, log_bessel_iv_over_power
 
 __all__ = ["RadialDirectional", "GROUPINGS"]
 
@@ -203,16 +212,23 @@ class RadialDirectional(VariationalFamily):
         return VonMisesFisher(direction, kappa, ratio_method=self.ratio_method, validate_args=False)  # type: ignore[arg-type]
 
     def _sample_group(self, grouping: str, sample_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor | None]:
-        vmf = self._vmf(grouping)
+        """One grouping's factor ``r_g u_g`` for every group, ``sample_shape + weight shape``, and its score term.
+
+        The direction parameter is used unnormalised (:func:`~varbnn.distributions.vmf.householder_sample` folds the
+        normalisation and the radius into per-row scalars), so no d-sized tensor is built besides the noise and the
+        output; Wood's sampler and the score work on one value per group."""
+        param = self._param(grouping, "direction")
+        groups, dim = param.shape
+        kappa = self.concentration(grouping).to(_work_dtype(param.device)).expand(sample_shape + (groups,))
+        eps = wood_accepted_proposals(dim, kappa)
+        omega, one_minus, one_plus = wood_omega(dim, eps, kappa)
         score = None
         if self.score_correction and torch.is_grad_enabled():
-            direction, score_terms = vmf.rsample_with_score(sample_shape)
-            score = score_terms.sum() / max(1, math.prod(sample_shape))  # the score of the average over draws
-        else:
-            direction = vmf.rsample(sample_shape)
+            score_terms = wood_score(dim, eps, kappa, self.ratio_method)  # type: ignore[arg-type]
+            score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
         mean, variance = self.log_radius_moments(grouping)
         log_radius = mean + variance.sqrt() * torch.randn(sample_shape + mean.shape, dtype=mean.dtype, device=mean.device)
-        matrix = direction * log_radius.exp().unsqueeze(-1)
+        matrix = householder_sample(param, omega, torch.sqrt(one_minus * one_plus), log_radius.exp(), normalize=True)
         return _from_groups(matrix, self._require_built(), grouping), score
 
     def _point(self, grouping: str, kind: str) -> torch.Tensor:
@@ -278,7 +294,7 @@ def _direction_kl(family: RadialDirectional, grouping: str, prior: RadialDirecti
     """Sum over the groups of KL(vMF(mu_g, kappa_q) || vMF(mu_g, kappa_p)) (tied prior mean) or of KL(vMF || uniform):
     ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)``, the same for every group; with
     kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. One fused Bessel evaluation per grouping and step (none in backward)."""
-    direction = family.mean_direction(grouping)
+    direction = family._param(grouping, "direction")  # only its shape and dtype: no normalisation needed
     groups, dim = direction.shape
     kappa_q = family.concentration(grouping).to(torch.float64)
     kappa_p = prior.direction_concentration(dim)
