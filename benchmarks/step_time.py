@@ -4,7 +4,7 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 (32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
-       [--only SUBSTRING,...] [--out benchmarks/results]
+       [--mc-samples 2,4] [--only SUBSTRING,...] [--out benchmarks/results]
 Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on the CPU) and prints the
 ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash scripts/install_peers.sh``), in the
 same process and on the same model.
@@ -27,7 +27,7 @@ from torch import nn
 import varbnn
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
-from varbnn.train import resolve_device
+from varbnn.train import _accumulated_elbo_gradient, resolve_device
 
 N_TRAIN = 60000
 MODELS = {  # name: (builder, input shape without batch, default batch, description)
@@ -38,13 +38,19 @@ MODELS = {  # name: (builder, input shape without batch, default batch, descript
 
 
 def make_step(
-    model: nn.Module, kl_fn: Callable[[], torch.Tensor] | None, elbo: bool = False
+    model: nn.Module, kl_fn: Callable[[], torch.Tensor] | None, elbo: bool = False, mc_samples: int = 1
 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """One Adam step on ``nll + kl / N``: varbnn models through ``varbnn.elbo_loss`` (``elbo``; it also adds the
-    RDP rejection-score term), peers with their own KL function."""
+    RDP rejection-score term), peers with their own KL function. ``mc_samples`` > 1: the gradient of ``varbnn.fit(...,
+    mc_samples=S)``, S one-draw ELBO gradients accumulated (one backward per draw)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        if mc_samples > 1:
+            opt.zero_grad(set_to_none=True)
+            _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_TRAIN, 1.0, mc_samples)
+            opt.step()
+            return
         nll = F.cross_entropy(model(x), y)
         if elbo:
             loss = varbnn.elbo_loss(nll, model, N_TRAIN).loss
@@ -96,18 +102,21 @@ def _torchbnn_convert(module: nn.Module, torchbnn: Any) -> None:
         setattr(module, name, new)
 
 
-def candidates(model_name: str, device: torch.device) -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]]:
+def candidates(
+    model_name: str, device: torch.device, mc_samples: tuple[int, ...] = ()
+) -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]]:
+    """The timed candidates; ``mc_samples`` adds MeanField rows whose steps average S > 1 weight draws."""
     base = MODELS[model_name][0]
 
     def plain() -> Callable[[torch.Tensor, torch.Tensor], None]:
         return make_step(base().to(device), None)
 
     def family(
-        spec: Callable[[], varbnn.VariationalFamily], prior: Callable[[], varbnn.priors.Prior] | None = None
+        spec: Callable[[], varbnn.VariationalFamily], prior: Callable[[], varbnn.priors.Prior] | None = None, samples: int = 1
     ) -> Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]:
         def build() -> Callable[[torch.Tensor, torch.Tensor], None]:
             model = varbnn.bayesianize(base(), spec(), prior() if prior else None).to(device)
-            return make_step(model, None, elbo=True)
+            return make_step(model, None, elbo=True, mc_samples=samples)
 
         return build
 
@@ -117,6 +126,11 @@ def candidates(model_name: str, device: torch.device) -> dict[str, Callable[[], 
     }
     for estimator in ("reparam", "local", "flipout"):
         table[f"varbnn MeanField-{estimator}"] = family(lambda e=estimator: varbnn.MeanField(estimator=e))
+    for samples in mc_samples:
+        if samples > 1:
+            for estimator in ("reparam", "local"):
+                spec = lambda e=estimator: varbnn.MeanField(estimator=e)  # noqa: E731
+                table[f"varbnn MeanField-{estimator}, S={samples} draws per step"] = family(spec, samples=samples)
     for estimator in ("reparam", "local"):
         table[f"varbnn KTied(rank=2)-{estimator}"] = family(lambda e=estimator: varbnn.KTied(rank=2, estimator=e))
     table["varbnn Radial-reparam (MC cross-entropy)"] = family(lambda: varbnn.Radial())
@@ -175,6 +189,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median over all steps is reported")
+    parser.add_argument(
+        "--mc-samples", default="2,4", help="S values > 1 for extra MeanField rows (fit(mc_samples=S)); '' for none"
+    )
     parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
@@ -186,7 +203,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     start = time.perf_counter()
-    builders = candidates(args.model, device)
+    try:
+        mc_samples = tuple(int(v) for v in args.mc_samples.split(",") if v.strip())
+    except ValueError:
+        parser.error(f"--mc-samples must be comma-separated integers, got {args.mc_samples!r}")
+    if any(v < 1 for v in mc_samples):
+        parser.error(f"--mc-samples values must be >= 1, got {args.mc_samples!r}")
+    builders = candidates(args.model, device, mc_samples)
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         builders = {k: v for k, v in builders.items() if k == "deterministic" or any(w in k for w in wanted)}
@@ -212,6 +235,7 @@ def main() -> None:
             "model": description,
             "batch": batch,
             "optimizer": "Adam",
+            "mc_samples": list(mc_samples),
             "threads": args.threads,
             "steps": args.steps,
             "warmup": args.warmup,
