@@ -87,6 +87,17 @@ def test_uci_quick_run_writes_results_and_resumes(data_dir, tmp_path):
     assert json.loads(lines[0])["protocol"] == config.protocol_hash()
 
 
+def test_uci_max_splits_keeps_the_first_splits_and_the_protocol():
+    full, partial = uci_config(), uci_config(max_splits=3)
+    jobs = uci_jobs(partial)
+    assert {split for _, _, split in jobs} == {0, 1, 2}
+    assert len(jobs) == 3 * len(full.variants) * len(full.datasets)
+    assert partial.protocol_hash() == full.protocol_hash()  # a later full run adds the missing splits
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_splits"):
+            uci_config(max_splits=bad)
+
+
 def test_uci_shards_partition_the_jobs_smallest_dataset_first():
     config = uci_config()
     jobs = uci_jobs(config)

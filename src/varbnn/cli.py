@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="6,6",
         help="uci only: A,B of the Gamma(A, B) prior on the noise precision (default 6,6; the published RDP code uses 1,1)",
     )
+    rep.add_argument(
+        "--splits", type=int, default=None, help="uci only: run only the first N splits of each dataset (a partial run)"
+    )
     rep.add_argument("--no-train", action="store_true", help="retina-*, uci: render the results from the runs already saved")
     rep.add_argument(
         "--shard", default=None, help="retina-*, uci: K/N runs every N-th job from the K-th (0-based), for parallel processes"
@@ -102,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 parser.error(f"--noise-prior must be A,B (two positive numbers), got {args.noise_prior!r}")
             datasets = tuple(args.datasets.split(",")) if args.datasets else None
-            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0))
+            if args.splits is not None and args.splits < 1:
+                parser.error(f"--splits must be a positive integer, got {args.splits}")
+            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits)
         except ValueError as error:
             parser.error(str(error))
         uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,

@@ -156,8 +156,13 @@ def uci_config(
     datasets: tuple[str, ...] | None = None,
     noise_update: str = "closed_form",
     noise_prior: tuple[float, float] = (6.0, 6.0),
+    max_splits: int | None = None,
 ) -> UCIConfig:
-    """The full protocol, or its ``--quick`` form (yacht, 2 splits, a few hundred steps, 8 draws)."""
+    """The full protocol, or its ``--quick`` form (yacht, 2 splits, a few hundred steps, 8 draws); ``max_splits`` runs
+    only each set's first splits (a partial run: the tables count the splits per cell; the protocol hash is unchanged,
+    so a later full run adds the missing splits)."""
+    if max_splits is not None and (isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1):
+        raise ValueError(f"max_splits must be a positive integer or None, got {max_splits!r}")
     config = UCIConfig(noise_update=noise_update, prior_shape=float(noise_prior[0]), prior_rate=float(noise_prior[1]))
     if quick:
         config = dataclasses.replace(
@@ -168,6 +173,8 @@ def uci_config(
         if unknown:
             raise ValueError(f"unknown UCI datasets {unknown}; allowed: {list(UCI_DATASETS)}")
         config = dataclasses.replace(config, datasets=tuple(datasets))
+    if max_splits is not None:
+        config = dataclasses.replace(config, max_splits=max_splits)
     return config
 
 
