@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from varbnn.distributions.radial import Radial as RadialDistribution
-from varbnn.distributions.radial import radial_entropy_constant, radial_normal_cross_entropy, unit_direction
+from varbnn.distributions.radial import radial_entropy_constant, radial_normal_cross_entropy
 from varbnn.divergence import register_family_kl
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.families.gaussian import _rademacher, cached_softplus, inverse_softplus
@@ -116,11 +116,13 @@ class Radial(VariationalFamily):
         n = self.loc.dim()
         eps = torch.randn(sample_shape + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
         r = torch.randn(sample_shape + (1,) * n, dtype=self.loc.dtype, device=self.loc.device)
-        return unit_direction(eps, n) * r
+        dims = tuple(range(eps.dim() - n, eps.dim()))
+        norm = torch.linalg.vector_norm(eps, dim=dims, keepdim=True).clamp_min(torch.finfo(eps.dtype).tiny)
+        return eps.mul_(r / norm)  # the radius folded into one scalar per draw: one pass over the tensor
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
-        return self.loc + self.scale * self._noise(torch.Size(sample_shape))
+        return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
 
     def forward_op(
         self,
