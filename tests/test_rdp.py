@@ -163,6 +163,36 @@ def test_kl_is_the_sum_of_direction_and_radius_parts():
     assert float(zero_dir) == pytest.approx(0.0, abs=1e-3)
 
 
+def test_the_kl_reuses_the_forward_passes_bessel_evaluation_once_and_never_a_stale_one():
+    """The draw's fused (log C_d, A_d) evaluation feeds the next KL of the same step: same value and gradient as a
+    fresh evaluation; used once (a second KL and its backward work); ignored after the concentration changes."""
+    prior = RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, concentration=7.0)
+    family = rdp((4, 10), "double", init_resultant=0.7)
+    rho = family.row_concentration_rho
+
+    def kl_and_grad():
+        value = family.kl(prior)
+        (grad,) = torch.autograd.grad(value, rho)
+        return value.detach(), grad
+
+    fresh_value, fresh_grad = kl_and_grad()  # nothing cached yet
+    family.rsample()  # grad enabled: caches both groupings' evaluations
+    assert set(family._normalizer_cache) == {"row", "column"}
+    cached_value, cached_grad = kl_and_grad()
+    assert family._normalizer_cache == {}
+    torch.testing.assert_close(cached_value, fresh_value, rtol=0, atol=0)
+    torch.testing.assert_close(cached_grad, fresh_grad, rtol=1e-12, atol=0)
+    again_value, _ = kl_and_grad()  # recomputed, not the consumed graph
+    torch.testing.assert_close(again_value, fresh_value, rtol=0, atol=0)
+    family.rsample()
+    with torch.no_grad():
+        rho.add_(0.5)  # an optimizer step: the cached evaluation is stale
+    stale_value, _ = kl_and_grad()
+    family._normalizer_cache.clear()
+    torch.testing.assert_close(stale_value, kl_and_grad()[0], rtol=0, atol=0)
+    assert float(stale_value) != pytest.approx(float(fresh_value))
+
+
 def test_fallbacks_and_prior_errors():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -177,17 +177,23 @@ def wood_omega(dim: int, eps: Tensor, kappa: Tensor) -> tuple[Tensor, Tensor, Te
     return 1 - one_minus, one_minus, one_plus
 
 
-def wood_score(dim: int, eps: Tensor, kappa: Tensor, ratio_method: RatioMethod = "accurate") -> Tensor:
+def wood_score(
+    dim: int, eps: Tensor, kappa: Tensor, ratio_method: RatioMethod = "accurate", resultant: Tensor | None = None
+) -> Tensor:
     """The rejection-sampling correction of an accepted proposal ``eps``: a tensor whose value is 0 and whose gradient
     in ``kappa`` is ``d/dkappa log pi(eps; kappa)``, the score of the accepted proposal's density (Naesseth et al.
     2017), i.e. ``d/dkappa [log q(omega; kappa) + log |d omega / d eps|]`` with ``eps`` fixed (Oh et al. 2020, supp.
-    eq. 20). Shape and dtype of ``kappa`` (the working precision)."""
+    eq. 20). Shape and dtype of ``kappa`` (the working precision). ``resultant``: A_d(kappa) if the caller already has
+    it (its value is used, not its gradient)."""
     b, _ = wood_constants(dim, kappa)
     omega, one_minus, one_plus = wood_omega(dim, eps, kappa)
     # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const. Only
     # the score's first derivative matters (its value is 0): d/dkappa -log(I_nu/kappa^nu) = -A_d(kappa), so the
     # normaliser enters as -(kappa - kappa.detach()) * A_d, one Bessel ratio instead of a log-Bessel and its ratio.
-    a_d = bessel_ratio(dim / 2, _compact(kappa.detach()), method=ratio_method, validate=False)
+    if resultant is None:
+        a_d = bessel_ratio(dim / 2, _compact(kappa.detach()), method=ratio_method, validate=False)
+    else:
+        a_d = resultant.detach()
     log_q = -(kappa - kappa.detach()) * a_d + kappa * omega
     log_q = log_q + 0.5 * (dim - 3) * torch.log(one_minus * one_plus)
     log_jac = torch.log(2 * b) - 2 * torch.log(1 - (1 - b) * eps)

@@ -134,6 +134,7 @@ class RadialDirectional(VariationalFamily):
         self.score_correction = bool(score_correction)
         self.fallback_init_std = float(fallback_init_std)
         self.pending_score: torch.Tensor | None = None
+        self._normalizer_cache: dict[str, tuple[tuple[int, int], torch.Tensor, torch.Tensor]] = {}
 
     # -- construction ---------------------------------------------------------------------------------
     @property
@@ -219,12 +220,17 @@ class RadialDirectional(VariationalFamily):
         output; Wood's sampler and the score work on one value per group."""
         param = self._param(grouping, "direction")
         groups, dim = param.shape
-        kappa = self.concentration(grouping).to(_work_dtype(param.device)).expand(sample_shape + (groups,))
+        concentration = self.concentration(grouping).to(_work_dtype(param.device))
+        kappa = concentration.expand(sample_shape + (groups,))
         eps = wood_accepted_proposals(dim, kappa)
         omega, one_minus, one_plus = wood_omega(dim, eps, kappa)
         score = None
         if self.score_correction and torch.is_grad_enabled():
-            score_terms = wood_score(dim, eps, kappa, self.ratio_method)  # type: ignore[arg-type]
+            # The score needs A_d(kappa); the KL of this step needs it too, with log C_d(kappa): one fused Bessel
+            # evaluation serves both (kept for the next KL of this grouping, see _normalizer_and_resultant).
+            log_c, resultant = log_normalizer_and_resultant(dim, concentration, self.ratio_method)  # type: ignore[arg-type]
+            self._normalizer_cache[grouping] = (self._concentration_key(grouping), log_c, resultant)
+            score_terms = wood_score(dim, eps, kappa, self.ratio_method, resultant)  # type: ignore[arg-type]
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
         mean, variance = self.log_radius_moments(grouping)
         log_radius = mean + variance.sqrt() * torch.randn(sample_shape + mean.shape, dtype=mean.dtype, device=mean.device)
@@ -282,6 +288,26 @@ class RadialDirectional(VariationalFamily):
         score, self.pending_score = self.pending_score, None
         return score
 
+    def _concentration_key(self, grouping: str) -> tuple[int, int]:
+        rho = self._param(grouping, "concentration_rho")
+        return id(rho), rho._version
+
+    def _normalizer_and_resultant(self, grouping: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log C_d(kappa), A_d(kappa))`` of one grouping's directions, differentiable in kappa: taken from the last
+        forward pass if it computed them for the current concentration (once: a second KL recomputes, so no graph is
+        ever differentiated twice), else evaluated now."""
+        cached = self._normalizer_cache.pop(grouping, None)
+        if cached is not None and cached[0] == self._concentration_key(grouping) and torch.is_grad_enabled():
+            return cached[1], cached[2]
+        kappa = self.concentration(grouping).to(_work_dtype(self._param(grouping, "direction").device))
+        return log_normalizer_and_resultant(dim, kappa, self.ratio_method)  # type: ignore[arg-type]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_normalizer_cache"] = {}  # graph-connected tensors cannot be deep-copied or pickled
+        state["pending_score"] = None
+        return state
+
 
 @functools.lru_cache(maxsize=256)
 def _log_normalizer_constant(dim: int, kappa: float) -> float:
@@ -296,9 +322,9 @@ def _direction_kl(family: RadialDirectional, grouping: str, prior: RadialDirecti
     kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. One fused Bessel evaluation per grouping and step (none in backward)."""
     direction = family._param(grouping, "direction")  # only its shape and dtype: no normalisation needed
     groups, dim = direction.shape
-    kappa_q = family.concentration(grouping).to(torch.float64)
+    kappa_q = family.concentration(grouping).to(_work_dtype(direction.device))
     kappa_p = prior.direction_concentration(dim)
-    log_c_q, ratio = log_normalizer_and_resultant(dim, kappa_q, family.ratio_method)  # type: ignore[arg-type]
+    log_c_q, ratio = family._normalizer_and_resultant(grouping, dim)
     log_c_p = -_log_sphere_area(dim) if kappa_p == 0.0 else _log_normalizer_constant(dim, float(kappa_p))
     kl = (kappa_q - kappa_p) * ratio + log_c_q - log_c_p
     return (groups * kl).to(direction.dtype)
