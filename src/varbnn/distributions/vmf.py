@@ -51,8 +51,7 @@ __all__ = [
     "RejectionSamplingError",
     "householder_sample",
     "wood_accepted_proposals",
-    "wood_omega",
-    "wood_score",
+    "wood_sample",
 ]
 
 
@@ -168,25 +167,33 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     )
 
 
-def wood_omega(dim: int, eps: Tensor, kappa: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """omega = h(eps, kappa) with 1 - omega and 1 + omega computed without cancellation; differentiable in kappa."""
+def wood_sample(
+    dim: int,
+    kappa: Tensor,
+    max_rounds: int = 1000,
+    score: bool = False,
+    ratio_method: RatioMethod = "accurate",
+    resultant: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Wood's component of a vMF draw on S^{dim-1} for every element of ``kappa``: ``(omega, sin_theta, score)``.
+
+    ``omega = h(eps, kappa)`` for an accepted proposal ``eps`` (:func:`wood_accepted_proposals`), differentiable in
+    ``kappa`` with ``eps`` fixed (the pathwise part), and ``sin_theta = sqrt(1 - omega^2)``, both computed from ``1 -
+    omega`` and ``1 + omega`` without cancellation. With ``score=True`` also the rejection-sampling correction: a tensor
+    whose value is 0 and whose gradient in ``kappa`` is ``d/dkappa log pi(eps; kappa)``, the score of the accepted
+    proposal's density (Naesseth et al. 2017), i.e. ``d/dkappa [log q(omega; kappa) + log |d omega / d eps|]`` (Oh et
+    al. 2020, supp. eq. 20); ``resultant`` is A_d(kappa) if the caller already has it (its value is used, not its
+    gradient). Shapes and dtype of ``kappa`` (the working precision).
+    """
+    eps = wood_accepted_proposals(dim, kappa, max_rounds)
     b, _ = wood_constants(dim, kappa)
     denom = 1 - (1 - b) * eps
     one_minus = 2 * b * eps / denom
-    one_plus = 2 * (1 - eps) / denom
-    return 1 - one_minus, one_minus, one_plus
-
-
-def wood_score(
-    dim: int, eps: Tensor, kappa: Tensor, ratio_method: RatioMethod = "accurate", resultant: Tensor | None = None
-) -> Tensor:
-    """The rejection-sampling correction of an accepted proposal ``eps``: a tensor whose value is 0 and whose gradient
-    in ``kappa`` is ``d/dkappa log pi(eps; kappa)``, the score of the accepted proposal's density (Naesseth et al.
-    2017), i.e. ``d/dkappa [log q(omega; kappa) + log |d omega / d eps|]`` with ``eps`` fixed (Oh et al. 2020, supp.
-    eq. 20). Shape and dtype of ``kappa`` (the working precision). ``resultant``: A_d(kappa) if the caller already has
-    it (its value is used, not its gradient)."""
-    b, _ = wood_constants(dim, kappa)
-    omega, one_minus, one_plus = wood_omega(dim, eps, kappa)
+    omega = 1 - one_minus
+    one_minus_sq = one_minus * (2 * (1 - eps) / denom)  # 1 - omega^2 = (1 - omega)(1 + omega)
+    sin_theta = torch.sqrt(one_minus_sq)
+    if not score:
+        return omega, sin_theta, None
     # log density of omega: -log(I_nu(kappa)/kappa^nu) + kappa omega + (d-3)/2 log(1 - omega^2) + const. Only
     # the score's first derivative matters (its value is 0): d/dkappa -log(I_nu/kappa^nu) = -A_d(kappa), so the
     # normaliser enters as -(kappa - kappa.detach()) * A_d, one Bessel ratio instead of a log-Bessel and its ratio.
@@ -194,11 +201,9 @@ def wood_score(
         a_d = bessel_ratio(dim / 2, _compact(kappa.detach()), method=ratio_method, validate=False)
     else:
         a_d = resultant.detach()
-    log_q = -(kappa - kappa.detach()) * a_d + kappa * omega
-    log_q = log_q + 0.5 * (dim - 3) * torch.log(one_minus * one_plus)
-    log_jac = torch.log(2 * b) - 2 * torch.log(1 - (1 - b) * eps)
-    log_pi = log_q + log_jac
-    return log_pi - log_pi.detach()
+    log_q = -(kappa - kappa.detach()) * a_d + kappa * omega + 0.5 * (dim - 3) * torch.log(one_minus_sq)
+    log_pi = log_q + torch.log(2 * b) - 2 * torch.log(denom)  # + log |d omega / d eps|
+    return omega, sin_theta, log_pi - log_pi.detach()
 
 
 class _HouseholderStats(torch.autograd.Function):
@@ -423,16 +428,15 @@ class VonMisesFisher(Distribution):
 
     # ------------------------------------------------------------------ sampling
 
-    def _sample(self, sample_shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
+    def _sample(self, sample_shape: torch.Size, score: bool) -> tuple[Tensor, Tensor | None]:
         shape = self._extended_shape(sample_shape)[:-1]
         kappa = self._kappa_work().expand(shape)
-        eps = wood_accepted_proposals(self.dim, kappa, self.max_rejection_rounds)
-        omega, one_minus, one_plus = wood_omega(self.dim, eps, kappa)
-        return householder_sample(self.loc, omega, torch.sqrt(one_minus * one_plus)), eps, kappa
+        omega, sin_theta, score_terms = wood_sample(self.dim, kappa, self.max_rejection_rounds, score, self.ratio_method)
+        return householder_sample(self.loc, omega, sin_theta), score_terms
 
     def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:
         """Samples of shape ``sample_shape + batch_shape + (d,)``; see the module docstring for the gradients."""
-        return self._sample(torch.Size(sample_shape))[0]
+        return self._sample(torch.Size(sample_shape), score=False)[0]
 
     def rsample_with_score(self, sample_shape: _size = torch.Size()) -> tuple[Tensor, Tensor]:
         """Samples and the rejection-sampling correction ``score`` (value 0, shape ``sample_shape + batch_shape``).
@@ -441,8 +445,9 @@ class VonMisesFisher(Distribution):
         ``d/dkappa log pi(eps; kappa)``, the score of the accepted proposal's density (Naesseth et al. 2017), i.e.
         ``d/dkappa [log q(omega; kappa) + log |d omega / d eps|]`` with ``eps`` fixed (Oh et al. 2020, supp. eq. 20).
         """
-        sample, eps, kappa = self._sample(torch.Size(sample_shape))
-        return sample, wood_score(self.dim, eps, kappa, self.ratio_method).to(self.loc.dtype)
+        sample, score = self._sample(torch.Size(sample_shape), score=True)
+        assert score is not None
+        return sample, score.to(self.loc.dtype)
 
     def __repr__(self) -> str:
         return f"VonMisesFisher(dim={self.dim}, batch_shape={tuple(self.batch_shape)}, ratio_method={self.ratio_method!r})"

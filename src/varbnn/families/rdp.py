@@ -38,9 +38,7 @@ from varbnn.distributions.vmf import (
     _log_sphere_area,
     householder_sample,
     log_normalizer_and_resultant,
-    wood_accepted_proposals,
-    wood_omega,
-    wood_score,
+    wood_sample,
 )
 from varbnn.divergence import family_kl, lognormal_gamma_kl, lognormal_inverse_gamma_kl, register_family_kl
 from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
@@ -222,19 +220,19 @@ class RadialDirectional(VariationalFamily):
         groups, dim = param.shape
         concentration = self.concentration(grouping).to(_work_dtype(param.device))
         kappa = concentration.expand(sample_shape + (groups,))
-        eps = wood_accepted_proposals(dim, kappa)
-        omega, one_minus, one_plus = wood_omega(dim, eps, kappa)
-        score = None
-        if self.score_correction and torch.is_grad_enabled():
+        score = resultant = None
+        with_score = self.score_correction and torch.is_grad_enabled()
+        if with_score:
             # The score needs A_d(kappa); the KL of this step needs it too, with log C_d(kappa): one fused Bessel
             # evaluation serves both (kept for the next KL of this grouping, see _normalizer_and_resultant).
             log_c, resultant = log_normalizer_and_resultant(dim, concentration, self.ratio_method)  # type: ignore[arg-type]
             self._normalizer_cache[grouping] = (self._concentration_key(grouping), log_c, resultant)
-            score_terms = wood_score(dim, eps, kappa, self.ratio_method, resultant)  # type: ignore[arg-type]
+        omega, sin_theta, score_terms = wood_sample(dim, kappa, 1000, with_score, self.ratio_method, resultant)  # type: ignore[arg-type]
+        if score_terms is not None:
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
         mean, variance = self.log_radius_moments(grouping)
         log_radius = mean + variance.sqrt() * torch.randn(sample_shape + mean.shape, dtype=mean.dtype, device=mean.device)
-        matrix = householder_sample(param, omega, torch.sqrt(one_minus * one_plus), log_radius.exp(), normalize=True)
+        matrix = householder_sample(param, omega, sin_theta, log_radius.exp(), normalize=True)
         return _from_groups(matrix, self._require_built(), grouping), score
 
     def _point(self, grouping: str, kind: str) -> torch.Tensor:
