@@ -14,6 +14,7 @@ from torch.distributions import Gamma, InverseGamma, LogNormal, kl_divergence
 
 from varbnn import BayesConv2d, BayesLinear, RadialDirectional, RadialDirectionalPrior, bayesianize, elbo_loss, kl
 from varbnn.distributions import HypersphericalUniform, VonMisesFisher
+from varbnn.distributions.vmf import log_normalizer_and_resultant
 from varbnn.families import MeanField
 from varbnn.families.rdp import _from_groups, _to_groups
 from varbnn.priors import Normal, banerjee_concentration
@@ -164,8 +165,9 @@ def test_kl_is_the_sum_of_direction_and_radius_parts():
 
 
 def test_the_kl_reuses_the_forward_passes_bessel_evaluation_once_and_never_a_stale_one():
-    """The draw's fused (log C_d, A_d) evaluation feeds the next KL of the same step: same value and gradient as a
-    fresh evaluation; used once (a second KL and its backward work); ignored after the concentration changes."""
+    """The draw's fused (log C_d, A_d) evaluation (both groupings in one call) feeds the next KL of the same step: same
+    value and gradient as a fresh evaluation; used once (a second KL and its backward work); ignored after the
+    concentration changes. The batched evaluation equals one evaluation per sphere."""
     prior = RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, concentration=7.0)
     family = rdp((4, 10), "double", init_resultant=0.7)
     rho = family.row_concentration_rho
@@ -175,11 +177,17 @@ def test_the_kl_reuses_the_forward_passes_bessel_evaluation_once_and_never_a_sta
         (grad,) = torch.autograd.grad(value, rho)
         return value.detach(), grad
 
+    batched = family.normalizers()
+    for grouping in ("row", "column"):
+        dim = family._param(grouping, "direction").shape[1]
+        single = log_normalizer_and_resultant(dim, family.concentration(grouping).double())
+        torch.testing.assert_close(batched[grouping][0], single[0], rtol=1e-13, atol=0)
+        torch.testing.assert_close(batched[grouping][1], single[1], rtol=1e-13, atol=0)
     fresh_value, fresh_grad = kl_and_grad()  # nothing cached yet
     family.rsample()  # grad enabled: caches both groupings' evaluations
-    assert set(family._normalizer_cache) == {"row", "column"}
+    assert family._normalizer_cache is not None and set(family._normalizer_cache[1]) == {"row", "column"}
     cached_value, cached_grad = kl_and_grad()
-    assert family._normalizer_cache == {}
+    assert family._normalizer_cache is None
     torch.testing.assert_close(cached_value, fresh_value, rtol=0, atol=0)
     torch.testing.assert_close(cached_grad, fresh_grad, rtol=1e-12, atol=0)
     again_value, _ = kl_and_grad()  # recomputed, not the consumed graph
@@ -188,7 +196,7 @@ def test_the_kl_reuses_the_forward_passes_bessel_evaluation_once_and_never_a_sta
     with torch.no_grad():
         rho.add_(0.5)  # an optimizer step: the cached evaluation is stale
     stale_value, _ = kl_and_grad()
-    family._normalizer_cache.clear()
+    family._normalizer_cache = None
     torch.testing.assert_close(stale_value, kl_and_grad()[0], rtol=0, atol=0)
     assert float(stale_value) != pytest.approx(float(fresh_value))
 

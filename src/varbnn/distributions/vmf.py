@@ -87,11 +87,14 @@ def _compact(t: Tensor) -> Tensor:
     return t
 
 
-def log_normalizer_and_resultant(dim: int, kappa: Tensor, ratio_method: RatioMethod = "accurate") -> tuple[Tensor, Tensor]:
+def log_normalizer_and_resultant(
+    dim: int | Tensor, kappa: Tensor, ratio_method: RatioMethod = "accurate"
+) -> tuple[Tensor, Tensor]:
     """``(log C_d(kappa), A_d(kappa))`` of a vMF on S^{d-1}, in ``kappa``'s dtype, from one fused Bessel evaluation (its
     backward needs none): ``log C_d = -(d/2) log(2 pi) - log(I_{d/2-1}(kappa) / kappa^{d/2-1})``, ``A_d = I_{d/2} /
-    I_{d/2-1}``. A concentration expanded from one value is evaluated once. ``ratio_method="bounds"`` and
-    ``"bounds-amos"`` take A_d from the paper's bounds instead."""
+    I_{d/2-1}``. A concentration expanded from one value is evaluated once; ``dim`` may be a tensor broadcastable with
+    ``kappa`` (several spheres in one evaluation). ``ratio_method="bounds"`` and ``"bounds-amos"`` take A_d from the
+    paper's bounds instead."""
     shape, work = kappa.shape, _compact(kappa)
     log_iv, ratio = log_bessel_iv_over_power_and_ratio(dim / 2 - 1, work, validate=False)
     if ratio_method != "accurate":

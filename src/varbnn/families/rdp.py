@@ -132,7 +132,8 @@ class RadialDirectional(VariationalFamily):
         self.score_correction = bool(score_correction)
         self.fallback_init_std = float(fallback_init_std)
         self.pending_score: torch.Tensor | None = None
-        self._normalizer_cache: dict[str, tuple[tuple[int, int], torch.Tensor, torch.Tensor]] = {}
+        self._normalizer_cache: tuple[tuple[tuple[int, int], ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._dims_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     # -- construction ---------------------------------------------------------------------------------
     @property
@@ -222,11 +223,9 @@ class RadialDirectional(VariationalFamily):
         kappa = concentration.expand(sample_shape + (groups,))
         score = resultant = None
         with_score = self.score_correction and torch.is_grad_enabled()
-        if with_score:
-            # The score needs A_d(kappa); the KL of this step needs it too, with log C_d(kappa): one fused Bessel
-            # evaluation serves both (kept for the next KL of this grouping, see _normalizer_and_resultant).
-            log_c, resultant = log_normalizer_and_resultant(dim, concentration, self.ratio_method)  # type: ignore[arg-type]
-            self._normalizer_cache[grouping] = (self._concentration_key(grouping), log_c, resultant)
+        if with_score:  # A_d(kappa) from the evaluation rsample() made for this draw and the step's KL
+            cached = self._normalizer_cache
+            resultant = cached[1][grouping][1] if cached is not None else self.normalizers()[grouping][1]
         omega, sin_theta, score_terms = wood_sample(dim, kappa, 1000, with_score, self.ratio_method, resultant)  # type: ignore[arg-type]
         if score_terms is not None:
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
@@ -272,6 +271,10 @@ class RadialDirectional(VariationalFamily):
         """Reparameterised weight samples ``sample_shape + shape``; records the vMF score term (see module doc)."""
         self._require_built()
         sample_shape = torch.Size(sample_shape)
+        if self.score_correction and torch.is_grad_enabled():
+            # The score needs A_d(kappa) of every grouping, and the step's KL needs (log C_d, A_d): one fused Bessel
+            # evaluation for all groupings serves both (kept for the next KL, see take_normalizers).
+            self._normalizer_cache = (self._concentration_keys(), self.normalizers())
         weight, score = self._sample_group(self.groupings[0], sample_shape)
         for grouping in self.groupings[1:]:
             other, other_score = self._sample_group(grouping, sample_shape)
@@ -286,23 +289,41 @@ class RadialDirectional(VariationalFamily):
         score, self.pending_score = self.pending_score, None
         return score
 
-    def _concentration_key(self, grouping: str) -> tuple[int, int]:
-        rho = self._param(grouping, "concentration_rho")
-        return id(rho), rho._version
+    def _concentration_keys(self) -> tuple[tuple[int, int], ...]:
+        keys = []
+        for grouping in self.groupings:
+            rho = self._param(grouping, "concentration_rho")
+            keys.append((id(rho), rho._version))
+        return tuple(keys)
 
-    def _normalizer_and_resultant(self, grouping: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(log C_d(kappa), A_d(kappa))`` of one grouping's directions, differentiable in kappa: taken from the last
-        forward pass if it computed them for the current concentration (once: a second KL recomputes, so no graph is
-        ever differentiated twice), else evaluated now."""
-        cached = self._normalizer_cache.pop(grouping, None)
-        if cached is not None and cached[0] == self._concentration_key(grouping) and torch.is_grad_enabled():
-            return cached[1], cached[2]
-        kappa = self.concentration(grouping).to(_work_dtype(self._param(grouping, "direction").device))
-        return log_normalizer_and_resultant(dim, kappa, self.ratio_method)  # type: ignore[arg-type]
+    def normalizers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``{grouping: (log C_d(kappa), A_d(kappa))}`` of the directions, in the working precision and differentiable in
+        the concentrations, from ONE fused Bessel evaluation over the groupings (double grouping: the row and the
+        column sphere together)."""
+        directions = [self._param(g, "direction") for g in self.groupings]
+        work = _work_dtype(directions[0].device)
+        kappas = [self.concentration(g).to(work) for g in self.groupings]
+        if len(kappas) == 1:
+            log_c, ratio = log_normalizer_and_resultant(directions[0].shape[1], kappas[0], self.ratio_method)  # type: ignore[arg-type]
+            return {self.groupings[0]: (log_c, ratio)}
+        key = (directions[0].device, work)
+        if key not in self._dims_cache:  # made once per device, so no host-to-device copy per step
+            self._dims_cache[key] = torch.tensor([float(d.shape[1]) for d in directions], dtype=work, device=key[0])
+        log_c, ratio = log_normalizer_and_resultant(self._dims_cache[key], torch.stack(kappas), self.ratio_method)  # type: ignore[arg-type]
+        return {g: (log_c[i], ratio[i]) for i, g in enumerate(self.groupings)}
+
+    def take_normalizers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`normalizers`, taken from the last draw if it evaluated them for the current concentrations (once: a
+        second KL evaluates again, so no graph is ever differentiated twice)."""
+        cached, self._normalizer_cache = self._normalizer_cache, None
+        if cached is not None and cached[0] == self._concentration_keys() and torch.is_grad_enabled():
+            return cached[1]
+        return self.normalizers()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
-        state["_normalizer_cache"] = {}  # graph-connected tensors cannot be deep-copied or pickled
+        state["_normalizer_cache"] = None  # graph-connected tensors cannot be deep-copied or pickled
+        state["_dims_cache"] = {}
         state["pending_score"] = None
         return state
 
@@ -314,7 +335,9 @@ def _log_normalizer_constant(dim: int, kappa: float) -> float:
     return -0.5 * dim * math.log(2 * math.pi) - log_i
 
 
-def _direction_kl(family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior) -> torch.Tensor:
+def _direction_kl(
+    family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior, normalizer: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
     """Sum over the groups of KL(vMF(mu_g, kappa_q) || vMF(mu_g, kappa_p)) (tied prior mean) or of KL(vMF || uniform):
     ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)``, the same for every group; with
     kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. One fused Bessel evaluation per grouping and step (none in backward)."""
@@ -322,14 +345,16 @@ def _direction_kl(family: RadialDirectional, grouping: str, prior: RadialDirecti
     groups, dim = direction.shape
     kappa_q = family.concentration(grouping).to(_work_dtype(direction.device))
     kappa_p = prior.direction_concentration(dim)
-    log_c_q, ratio = family._normalizer_and_resultant(grouping, dim)
+    log_c_q, ratio = normalizer
     log_c_p = -_log_sphere_area(dim) if kappa_p == 0.0 else _log_normalizer_constant(dim, float(kappa_p))
     kl = (kappa_q - kappa_p) * ratio + log_c_q - log_c_p
     return (groups * kl).to(direction.dtype)
 
 
-def _kl_grouping(family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior) -> torch.Tensor:
-    kl = _direction_kl(family, grouping, prior)
+def _kl_grouping(
+    family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior, normalizer: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    kl = _direction_kl(family, grouping, prior, normalizer)
     for part, scale in (("local", prior.local_scale), ("global", prior.global_scale)):
         loc = family._param(grouping, f"{part}_loc")
         sigma = F.softplus(family._param(grouping, f"{part}_rho"))
@@ -342,9 +367,10 @@ def _kl_grouping(family: RadialDirectional, grouping: str, prior: RadialDirectio
 @register_family_kl(RadialDirectional, RadialDirectionalPrior)
 def _rdp_kl(family: RadialDirectional, prior: RadialDirectionalPrior) -> torch.Tensor:
     """Direction (vMF) + local and global radius (log-normal vs Gamma / InvGamma) KLs of every grouping (eq. 12)."""
-    total = _kl_grouping(family, family.groupings[0], prior)
+    normalizers = family.take_normalizers()
+    total = _kl_grouping(family, family.groupings[0], prior, normalizers[family.groupings[0]])
     for grouping in family.groupings[1:]:
-        total = total + _kl_grouping(family, grouping, prior)
+        total = total + _kl_grouping(family, grouping, prior, normalizers[grouping])
     return total
 
 
