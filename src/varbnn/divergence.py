@@ -65,6 +65,42 @@ def _kl_radial_uniform(q: Radial, p: ImproperUniform) -> torch.Tensor:
     return -q.entropy()
 
 
+class _ScalarNormalNLL(torch.autograd.Function):
+    """-log N(w | m, s^2) summed over ``w`` for scalar (m, s) that are not learned by gradient:
+    ``(|w - m|^2 / s^2 + n log(2 pi s^2)) / 2``, with the gradient ``(w - m) / s^2`` in one pass (instead of the ~8
+    elementwise passes of the generic path). No host synchronisation: m and s stay tensors."""
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        diff = (value - loc).reshape(-1)
+        inv_var = scale.reciprocal().square()
+        ctx.save_for_backward(diff, inv_var)
+        ctx.shape = value.shape
+        log_norm = value.numel() * (scale.log() + 0.5 * math.log(2 * math.pi))
+        return 0.5 * inv_var * torch.dot(diff, diff) + log_norm
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:  # type: ignore[override]
+        diff, inv_var = ctx.saved_tensors
+        return (diff * (grad * inv_var)).view(ctx.shape), None, None
+
+
+def scalar_normal_nll_applies(prior: Any) -> bool:
+    """Whether :func:`scalar_normal_nll` can stand in for ``prior``'s log-density: a Normal prior whose loc and scale are
+    scalars that are not learned by gradient (adaptive priors are set in closed form, which is fine)."""
+    from varbnn.priors import Normal as NormalPrior
+
+    if not isinstance(prior, NormalPrior):
+        return False
+    loc, scale = prior.loc, prior.scale
+    return loc.dim() == 0 and scale.dim() == 0 and not (loc.requires_grad or scale.requires_grad)
+
+
+def scalar_normal_nll(value: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``-sum log N(value | loc, scale^2)`` for 0-d ``loc`` and ``scale`` without gradients, with a one-pass backward."""
+    return _ScalarNormalNLL.apply(value, loc, scale)
+
+
 def lognormal_gamma_kl(m: torch.Tensor, s: torch.Tensor, shape: float | torch.Tensor, rate: float | torch.Tensor) -> torch.Tensor:
     """KL(LN(m, s^2) || Gamma(shape a, rate b)) = -a log b + lgamma(a) - a m + b exp(m + s^2/2) - (log(2 pi s^2) + 1)/2
     (Louizos et al. 2017; from E[log x] = m, E[x] = exp(m + s^2/2) and H = m + log(2 pi e s^2)/2), elementwise."""

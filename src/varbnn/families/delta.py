@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from varbnn.distributions import Delta as DeltaDistribution
-from varbnn.divergence import register_family_kl
+from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import VariationalFamily, register_family
 from varbnn.priors import Normal as NormalPrior
 
@@ -50,33 +50,13 @@ class Delta(VariationalFamily):
         return self.value.expand(torch.Size(sample_shape) + self.value.shape)
 
 
-class _DeltaScalarNormalKL(torch.autograd.Function):
-    """-log N(w | m, s^2) summed over ``w`` for a scalar prior (m, s) that is not learned by gradient:
-    ``(|w - m|^2 / s^2 + n log(2 pi s^2)) / 2``, with the gradient ``(w - m) / s^2`` in one pass (instead of the ~8
-    elementwise passes of the generic path). No host synchronisation: m and s stay tensors."""
-
-    @staticmethod
-    def forward(ctx, value: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        diff = (value - loc).reshape(-1)
-        inv_var = scale.reciprocal().square()
-        ctx.save_for_backward(diff, inv_var)
-        ctx.shape = value.shape
-        log_norm = value.numel() * (scale.log() + 0.5 * math.log(2 * math.pi))
-        return 0.5 * inv_var * torch.dot(diff, diff) + log_norm
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:  # type: ignore[override]
-        diff, inv_var = ctx.saved_tensors
-        return (diff * (grad * inv_var)).view(ctx.shape), None, None
-
-
 @register_family_kl(Delta, NormalPrior)
 def _delta_normal_kl(family: Delta, prior: NormalPrior) -> torch.Tensor:
     """-log N(w | m, s^2) summed over the tensor, (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building
     distribution objects (scalar or elementwise m, s; a scalar prior that is not learned takes a one-pass path)."""
     loc, scale = prior.loc, prior.scale
-    if loc.dim() == 0 and scale.dim() == 0 and not (loc.requires_grad or scale.requires_grad):
-        return _DeltaScalarNormalKL.apply(family.value, loc, scale)
+    if scalar_normal_nll_applies(prior):
+        return scalar_normal_nll(family.value, loc, scale)
     diff = family.value - loc
     log_norm = (scale.log() + 0.5 * math.log(2 * math.pi)).expand_as(family.value).sum()
     return 0.5 * (diff.square() / scale.square()).sum() + log_norm

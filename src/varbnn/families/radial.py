@@ -18,7 +18,7 @@ from torch.distributions import Distribution
 
 from varbnn.distributions.radial import Radial as RadialDistribution
 from varbnn.distributions.radial import radial_entropy_constant, radial_normal_cross_entropy
-from varbnn.divergence import register_family_kl
+from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.families.gaussian import _rademacher, cached_softplus, inverse_softplus
 from varbnn.ops import WeightOp
@@ -150,8 +150,10 @@ def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
             )
         cross = radial_normal_cross_entropy(family.loc, family.scale, prior.loc, prior.scale)
         return cross - family.entropy()
-    p = prior.distribution(shape)
     w = family.rsample(torch.Size([family.kl_samples]))
+    if scalar_normal_nll_applies(prior):  # the common N(m, s^2) prior: one pass forward and backward
+        return scalar_normal_nll(w, prior.loc, prior.scale) / family.kl_samples - family.entropy()
+    p = prior.distribution(shape)
     return -family.entropy() - p.log_prob(w).mean(0)
 
 
