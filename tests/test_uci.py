@@ -1,5 +1,6 @@
 """UCI regression protocol: the Gamma-precision likelihood, the per-point predictive log-likelihood, the runner."""
 
+import dataclasses
 import json
 import math
 
@@ -85,6 +86,31 @@ def test_uci_quick_run_writes_results_and_resumes(data_dir, tmp_path):
     assert all(math.isfinite(row[v.label]["ll"][0]) and row[v.label]["rmse"][0] > 0 for v in config.variants)
     assert "| yacht | -1.30 |" in (tmp_path / "uci-quick.md").read_text()
     assert json.loads(lines[0])["protocol"] == config.protocol_hash()
+
+
+def test_uci_worker_processes_give_the_sequential_records(data_dir, tmp_path):
+    """workers=2 (spawned processes, one thread each) writes the same records as the sequential run (each job seeds
+    itself), and the records say they came from a worker."""
+    import warnings
+
+    config = dataclasses.replace(uci_config(quick=True), max_splits=1, variants=UCI_VARIANTS[1:3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            sequential = run_uci(config, out_dir=tmp_path / "seq", data_dir=str(data_dir), progress=False, command="t")
+        finally:
+            torch.set_num_threads(threads)
+        parallel = run_uci(config, out_dir=tmp_path / "par", data_dir=str(data_dir), progress=False, command="t", workers=2)
+    for a, b in zip(sequential["rows"], parallel["rows"]):
+        for variant in config.variants:
+            assert a[variant.label]["ll"][0] == pytest.approx(b[variant.label]["ll"][0], rel=1e-9)
+            assert a[variant.label]["rmse"][0] == pytest.approx(b[variant.label]["rmse"][0], rel=1e-9)
+    records = [json.loads(line) for line in (tmp_path / "par" / "uci-quick_runs.jsonl").read_text().splitlines()]
+    assert len(records) == len(config.variants) and all("(worker process)" in r["device"] for r in records)
+    with pytest.raises(ValueError, match="workers"):
+        run_uci(config, out_dir=tmp_path / "bad", data_dir=str(data_dir), progress=False, workers=0)
 
 
 def test_uci_max_splits_keeps_the_first_splits_and_the_protocol():

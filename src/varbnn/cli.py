@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="6,6",
         help="uci only: A,B of the Gamma(A, B) prior on the noise precision (default 6,6; the published RDP code uses 1,1)",
     )
+    rep.add_argument("--workers", type=int, default=1, help="uci only: N worker processes with one thread each (CPU; default 1)")
     rep.add_argument(
         "--splits", type=int, default=None, help="uci only: run only the first N splits of each dataset (a partial run)"
     )
@@ -105,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 parser.error(f"--noise-prior must be A,B (two positive numbers), got {args.noise_prior!r}")
             datasets = tuple(args.datasets.split(",")) if args.datasets else None
+            if args.workers < 1:
+                parser.error(f"--workers must be a positive integer, got {args.workers}")
             if args.splits is not None and args.splits < 1:
                 parser.error(f"--splits must be a positive integer, got {args.splits}")
             uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits)
@@ -112,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(str(error))
         uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                              progress=not args.no_progress, command=command, shard=shard,
-                             train=not args.no_train)  # fmt: skip
+                             train=not args.no_train, workers=args.workers)  # fmt: skip
         print(f"wrote {args.out}/{uci.name}.json, {args.out}/{uci.name}.md, {args.out}/{uci.name}_runs.jsonl")
         return 0 if uci_result["rows"] else 1
     if name in ("retina-referral", "retina-robustness"):

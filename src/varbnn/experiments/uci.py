@@ -25,10 +25,12 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import shlex
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,6 +188,24 @@ def build_regressor(variant: UCIVariant, in_features: int, hidden: int) -> nn.Mo
     return nn.Sequential(first, nn.ReLU(), output)
 
 
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_split_in_worker(
+    config: UCIConfig, variant: UCIVariant, dataset: str, split: int, data_dir: str | None, dev: torch.device
+) -> tuple[dict[str, Any], str]:
+    """One job in a worker process: its record and the worker's device description (1 thread)."""
+    import warnings
+
+    from varbnn.experiments.runner import describe_device
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. RDP's fallback notice for the output layer, once per job
+        record = _run_split(config, variant, dataset, split, data_dir, dev, False)
+    return record, describe_device(dev) + " (worker process)"
+
+
 def _run_split(
     config: UCIConfig, variant: UCIVariant, dataset: str, split: int, data_dir: str | None, dev: torch.device, progress: bool
 ) -> dict[str, Any]:
@@ -269,12 +289,15 @@ def run_uci(
     command: str | None = None,
     shard: tuple[int, int] | None = None,
     train: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json`` / ``.md``.
 
-    ``shard=(k, n)`` runs only every n-th pending job from the k-th, for n parallel processes (give each its own
-    ``out_dir`` and concatenate their ``_runs.jsonl`` files; the order of the jobs is fixed, so the shards partition
-    them). Jobs run smallest dataset first. ``train=False`` only renders the table from the saved runs."""
+    ``workers=N`` (> 1, CPU only) runs the pending jobs in N worker processes with one thread each; this process
+    appends each record as it arrives, so a killed run keeps every finished split. ``shard=(k, n)`` runs only every
+    n-th pending job from the k-th, for n processes on different machines (give each its own ``out_dir`` and
+    concatenate their ``_runs.jsonl`` files; the order of the jobs is fixed, so the shards partition them). Jobs run
+    smallest dataset first. ``train=False`` only renders the table from the saved runs."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
@@ -290,19 +313,30 @@ def run_uci(
             record = json.loads(line)
             if record.get("protocol") == protocol:
                 done[(record["dataset"], record["variant"], record["split"])] = record
-    jobs = uci_jobs(config, shard) if train else []
-    for dataset, variant, split in jobs:
-        key = (dataset, variant.label, split)
-        if key in done:
-            continue
-        record = _run_split(config, variant, dataset, split, data_dir, dev, progress)
-        record.update(protocol=protocol, commit=commit, device=describe_device(dev))
-        done[key] = record
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    if workers > 1 and dev.type != "cpu":
+        raise ValueError(f"workers > 1 runs CPU processes; got device {dev} (use workers=1 on an accelerator)")
+    pending = [job for job in (uci_jobs(config, shard) if train else []) if (job[0], job[1].label, job[2]) not in done]
+
+    def save(record: dict[str, Any], device_text: str) -> None:
+        record.update(protocol=protocol, commit=commit, device=device_text)
+        done[(record["dataset"], record["variant"], record["split"])] = record
         with cache.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         if progress:
-            print(f"[uci] {dataset} {variant.label} split {split}: rmse={record['rmse']:.4g} ll={record['ll']:.4g}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"[uci] {record['dataset']} {record['variant']} split {record['split']}: rmse={record['rmse']:.4g} "
+                  f"ll={record['ll']:.4g}", file=sys.stderr)  # fmt: skip
+
+    if workers > 1 and len(pending) > 1:
+        context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+        with ProcessPoolExecutor(min(workers, len(pending)), mp_context=context, initializer=_one_thread) as pool:
+            futures = [pool.submit(_run_split_in_worker, config, v, d, k, data_dir, dev) for d, v, k in pending]
+            for future in as_completed(futures):
+                save(*future.result())
+    else:
+        for dataset, variant, split in pending:
+            save(_run_split(config, variant, dataset, split, data_dir, dev, progress), describe_device(dev))
     rows = []
     for dataset in config.datasets:
         row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
