@@ -103,3 +103,32 @@ def test_bayesianize_and_training_reduce_the_loss():
 def test_bad_rank(rank):
     with pytest.raises(ValueError, match="rank must be an int >= 1"):
         KTied(rank=rank)
+
+
+def test_std_matrix_is_shared_within_a_step_with_exact_gradients_and_never_stale():
+    """U V^T is computed once per step (forward and KL share it; custom backward) with the gradients of the plain
+    product; dropped by the backward pass and after a parameter update; graphs built on it differentiate apart."""
+    family = KTied(rank=2, init_std=0.1).build((6, 5), torch.randn(6, 5, dtype=torch.float64))
+    prior = Normal(0.0, 0.5).double()
+    a = family.scale
+    assert family.scale is a
+    torch.manual_seed(0)
+    loss = (family.scale**3).sum() + family.kl(prior)
+    grads = torch.autograd.grad(loss, [family.log_u, family.log_v])
+    assert family._scale_cache is None
+    log_u, log_v = family.log_u.detach().requires_grad_(), family.log_v.detach().requires_grad_()
+    scale = log_u.exp() @ log_v.exp().T
+    reference = (scale**3).sum() + torch.distributions.kl_divergence(
+        torch.distributions.Normal(family.loc.detach(), scale), torch.distributions.Normal(0.0, 0.5)
+    ).sum()
+    for got, expected in zip(grads, torch.autograd.grad(reference, [log_u, log_v])):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    stale = family.scale
+    with torch.no_grad():
+        family.log_u.add_(0.3)
+    assert family.scale is not stale
+    torch.testing.assert_close(family.scale, (family.log_u.exp() @ family.log_v.exp().T).detach())
+    nll_like, kl = family.scale.sum(), family.kl(prior)  # two graphs on the one cached matrix
+    g_nll = torch.autograd.grad(nll_like, family.log_u)[0]
+    g_kl = torch.autograd.grad(kl, family.log_u)[0]
+    assert torch.isfinite(g_nll).all() and torch.isfinite(g_kl).all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any, overload
 
 import torch
@@ -60,30 +61,34 @@ class _SharedSoftplus(torch.autograd.Function):
         return grad * torch.sigmoid(ctx.rho.detach())
 
 
-def cached_softplus(family: Any) -> torch.Tensor:
-    """``softplus(family.rho)``, shared within a training step.
+def cached_per_step(
+    family: Any, sources: tuple[torch.Tensor, ...], shared: Callable[[], torch.Tensor], plain: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """A tensor computed from the parameters ``sources``, shared within a training step.
 
-    While gradients are recorded, the result is computed once per step and shared by the forward pass and the KL
-    (one softplus and one softplus-backward per step instead of two). The cache (``family._scale_cache``) is keyed
-    on the identity, version, device and dtype of ``rho`` and dropped as soon as a backward pass reaches it, so it
-    never outlives the step. The family must reset ``_scale_cache`` in ``__getstate__`` (copies, pickling).
+    While gradients are recorded, ``shared()`` (an autograd Function whose backward can run more than once, e.g.
+    :class:`_SharedSoftplus`) is computed once per step and shared by the forward pass and the KL. The cache
+    (``family._scale_cache``) is keyed on the identity, version, device and dtype of the sources and dropped as soon
+    as a backward pass reaches it, so it never outlives the step. Otherwise ``plain()``. The family must reset
+    ``_scale_cache`` in ``__getstate__`` (copies, pickling).
     """
-    rho = family.rho
-    if not (torch.is_grad_enabled() and rho.requires_grad) or _functorch_active():
-        return F.softplus(rho)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in sources)) or _functorch_active():
+        return plain()
+    key = tuple((id(t), t._version, t.device, t.dtype) for t in sources)
     cache = family._scale_cache
-    if (
-        cache is not None
-        and cache[0] is rho
-        and cache[1] == rho._version
-        and cache[2].device == rho.device
-        and cache[2].dtype == rho.dtype
-    ):
-        return cache[2]
-    sigma = _SharedSoftplus.apply(rho)
-    sigma.register_hook(functools.partial(_drop_scale_cache, weakref.ref(family)))
-    family._scale_cache = (rho, rho._version, sigma)
-    return sigma
+    if cache is not None and cache[0] == key:
+        return cache[1]
+    out = shared()
+    out.register_hook(functools.partial(_drop_scale_cache, weakref.ref(family)))
+    family._scale_cache = (key, out, sources)  # the sources are held so that their ids stay theirs
+    return out
+
+
+def cached_softplus(family: Any) -> torch.Tensor:
+    """``softplus(family.rho)``, shared within a training step (:func:`cached_per_step`): one softplus and one
+    softplus-backward per step instead of two."""
+    rho = family.rho
+    return cached_per_step(family, (rho,), lambda: _SharedSoftplus.apply(rho), lambda: F.softplus(rho))
 
 
 def _rademacher(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
@@ -131,7 +136,7 @@ class MeanField(VariationalFamily):
     loc: nn.Parameter
     rho: torch.Tensor
     weight_mask: torch.Tensor | None
-    _scale_cache: tuple[torch.Tensor, int, torch.Tensor] | None = None
+    _scale_cache: tuple[Any, torch.Tensor, Any] | None = None
 
     def __init__(self, init_std: float = 1e-2, estimator: str = "reparam", learn_std: bool = True) -> None:
         if not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):

@@ -21,9 +21,25 @@ import torch
 from torch import nn
 
 from varbnn.families.base import register_family
-from varbnn.families.gaussian import MeanField
+from varbnn.families.gaussian import MeanField, cached_per_step
 
 __all__ = ["KTied"]
+
+
+class _SharedExpOuter(torch.autograd.Function):
+    """``exp(log_u) @ exp(log_v).T`` whose backward can run more than once (the leaf parameters are kept on ``ctx``, not
+    saved tensors that autograd frees), so that the per-step cached std matrix can feed graphs differentiated apart.
+    Backward: ``dL/dlog_u = (G V) * U``, ``dL/dlog_v = (G^T U) * V``."""
+
+    @staticmethod
+    def forward(ctx, log_u: torch.Tensor, log_v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.log_u, ctx.log_v = log_u, log_v
+        return log_u.exp() @ log_v.exp().T
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        u, v = ctx.log_u.detach().exp(), ctx.log_v.detach().exp()
+        return (grad @ v) * u, (grad.T @ u) * v
 
 
 @register_family("ktied")
@@ -85,11 +101,18 @@ class KTied(MeanField):
 
     @property
     def scale(self) -> torch.Tensor:
-        """Posterior standard deviations: U V^T reshaped to the weight's shape (or softplus(rho) if untied)."""
+        """Posterior standard deviations: U V^T reshaped to the weight's shape (or softplus(rho) if untied), computed once
+        per training step and shared by the forward pass and the KL."""
         if not self.tied:
             return super().scale
         shape = self._require_built()
-        return (self.u @ self.v.T).reshape(shape)
+        log_u, log_v = self.log_u, self.log_v
+        return cached_per_step(
+            self,
+            (log_u, log_v),
+            lambda: _SharedExpOuter.apply(log_u, log_v).reshape(shape),
+            lambda: (self.u @ self.v.T).reshape(shape),
+        )
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.tied or not self.is_built else ", untied (per-element std)")

@@ -54,7 +54,7 @@ class Radial(VariationalFamily):
 
     loc: nn.Parameter
     rho: nn.Parameter
-    _scale_cache: tuple[torch.Tensor, int, torch.Tensor] | None = None
+    _scale_cache: tuple[Any, torch.Tensor, Any] | None = None
 
     def __init__(
         self,
