@@ -4,10 +4,12 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 (32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
-       [--mc-samples 2,4] [--only SUBSTRING,...] [--out benchmarks/results]
-Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on the CPU) and prints the
-ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash scripts/install_peers.sh``), in the
-same process and on the same model.
+       [--optimizer fit|adam] [--mc-samples 2,4] [--only SUBSTRING,...] [--out benchmarks/results]
+Every candidate (the deterministic baseline and the peers too) steps with the same optimizer: by default what
+``varbnn.fit`` uses (Adam, fused where torch supports it), or ``--optimizer adam`` (torch.optim.Adam's defaults; files
+get a ``_plain_adam`` suffix). Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on
+the CPU) and prints the ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash
+scripts/install_peers.sh``), in the same process and on the same model.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from torch import nn
 import varbnn
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
-from varbnn.train import _accumulated_elbo_gradient, resolve_device
+from varbnn.train import _accumulated_elbo_gradient, default_optimizer, resolve_device
 
 N_TRAIN = 60000
+OPTIMIZER = {"name": "fit"}  # "fit": varbnn.train.default_optimizer (Adam, fused where supported); "adam": torch's default
 SLOW_STEPS = 10  # steps per round for the Graves estimator's row
 MODELS = {  # name: (builder, input shape without batch, default batch, description)
     "mlp": (lambda: mlp(784, (400, 400), 10), (1, 28, 28), 128, "MLP 784-400-400-10"),
@@ -44,7 +47,10 @@ def make_step(
     """One Adam step on ``nll + kl / N``: varbnn models through ``varbnn.elbo_loss`` (``elbo``; it also adds the
     RDP rejection-score term), peers with their own KL function. ``mc_samples`` > 1: the gradient of ``varbnn.fit(...,
     mc_samples=S)``, S one-draw ELBO gradients accumulated (one backward per draw)."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if OPTIMIZER["name"] == "fit":
+        opt = default_optimizer(model.parameters(), 1e-3)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     graves = any(getattr(m, "estimator", None) == "graves" for m in model.modules())
 
@@ -201,6 +207,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median over all steps is reported")
     parser.add_argument(
+        "--optimizer",
+        default="fit",
+        choices=("fit", "adam"),
+        help="fit: what varbnn.fit uses (Adam, fused where torch supports it; default); adam: torch.optim.Adam's defaults",
+    )
+    parser.add_argument(
         "--mc-samples", default="2,4", help="S values > 1 for extra MeanField rows (fit(mc_samples=S)); '' for none"
     )
     parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
@@ -212,6 +224,7 @@ def main() -> None:
     if batch < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1:
         parser.error("--batch, --steps and --repeats must be positive, --warmup >= 0")
     torch.set_num_threads(args.threads)
+    OPTIMIZER["name"] = args.optimizer
     torch.manual_seed(0)
     start = time.perf_counter()
     try:
@@ -247,7 +260,7 @@ def main() -> None:
         "config": {
             "model": description,
             "batch": batch,
-            "optimizer": "Adam",
+            "optimizer": "Adam, fused where supported (varbnn.train.default_optimizer)" if args.optimizer == "fit" else "Adam",
             "mc_samples": list(mc_samples),
             "threads": args.threads,
             "steps": args.steps,
@@ -258,6 +271,7 @@ def main() -> None:
         "rows": rows,
     }
     stem = "step_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
+    stem += "" if args.optimizer == "fit" else "_plain_adam"
     notes = [
         f"wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps "
         f"(the Graves-estimator row: {args.repeats} x {min(args.steps, SLOW_STEPS)} steps)"
@@ -267,7 +281,8 @@ def main() -> None:
         "|---|---:|---:|---:|",
         *[f"| {r['model']} | {r['median_ms']:.2f} | {r['ratio']:.2f}x | {r['images_per_s']:,.0f} |" for r in rows],
     ]
-    path = write_result(args.out, stem, result, f"Training-step time, {description}, batch {batch}, Adam", notes, table)
+    title = f"Training-step time, {description}, batch {batch}, " + ("Adam (fused)" if args.optimizer == "fit" else "Adam")
+    path = write_result(args.out, stem, result, title, notes, table)
     print(f"wrote {path}.json and .md")
 
 

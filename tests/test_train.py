@@ -174,3 +174,26 @@ def test_mc_samples_average_one_draw_gradients_exactly_and_cut_their_variance():
     assert 0.15 < ratio < 0.4, ratio  # 1/4 expected
     with pytest.raises(ValueError, match="mc_samples"):
         fit(build(), loader, n_data=32, epochs=1, progress=False, mc_samples=0)
+
+
+def test_default_optimizer_is_adam_fused_where_supported_and_steps_like_adam():
+    from varbnn.train import default_optimizer
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    fused, plain = default_optimizer(a.parameters(), 1e-2), torch.optim.Adam(b.parameters(), lr=1e-2)
+    assert fused.defaults["fused"] is True and plain.defaults["fused"] is None
+    x = torch.randn(16, 5)
+    for _ in range(5):
+        for model, opt in ((a, fused), (b, plain)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # groups (dicts) and amsgrad pass through; a non-floating tensor gets the portable implementation
+    grouped = default_optimizer([{"params": list(a.parameters()), "lr": 0.5}], amsgrad=True)
+    assert grouped.defaults["fused"] is True and grouped.param_groups[0]["lr"] == 0.5 and grouped.defaults["amsgrad"]
+    counts = torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
+    assert default_optimizer([counts]).defaults["fused"] is None

@@ -22,6 +22,7 @@ from varbnn.priors import update_adaptive_priors
 
 __all__ = [
     "fit",
+    "default_optimizer",
     "evaluate_classifier",
     "evaluate_weight_samples",
     "save_checkpoint",
@@ -90,6 +91,23 @@ def _has_adaptive_prior(model: nn.Module) -> bool:
     return any(isinstance(m, Prior) and m.adaptive for m in model.modules())
 
 
+_FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+
+def default_optimizer(
+    params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]], lr: float = 1e-3, amsgrad: bool = False
+) -> torch.optim.Optimizer:
+    """What :func:`fit` (and the experiment runners) use when given no optimizer: ``torch.optim.Adam(params, lr,
+    amsgrad)``, with ``fused=True`` (one kernel per tensor for the whole update) where torch supports it for every
+    parameter (floating point, on the CPU or a GPU), else the default implementation. Same algorithm; the fused update
+    rounds differently in the last bits, and on the CPU it is several times faster for models with many tensors (a
+    Bayesian layer has two or more per weight)."""
+    groups: list[Any] = list(params)
+    tensors = [t for g in groups for t in (g["params"] if isinstance(g, dict) else [g])]
+    fused = bool(tensors) and all(t.is_floating_point() and t.device.type in _FUSED_ADAM_DEVICES for t in tensors)
+    return torch.optim.Adam(groups, lr=lr, amsgrad=amsgrad, fused=fused or None)
+
+
 def fit(
     model: nn.Module,
     loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -109,7 +127,7 @@ def fit(
     distributed: bool | None = None,
     mc_samples: int = 1,
 ) -> list[dict[str, float]]:
-    """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (or ``optimizer``).
+    """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
     Adaptive priors are set to their optimum after every step. Models with a ``MeanField(estimator="graves")`` tensor
     take their gradients from :func:`varbnn.objectives.graves_gradients` (a weight draw per example, Fisher
@@ -153,7 +171,7 @@ def fit(
         )
     dev = resolve_device(device)
     model.to(dev)
-    optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = optimizer or default_optimizer(model.parameters(), lr)
     adaptive = _has_adaptive_prior(model)
     graves = uses_graves_estimator(model)
     if graves and mc_samples != 1:

@@ -34,7 +34,7 @@ from varbnn.nn.base import BayesianModule
 from varbnn.objectives import linear_kl_annealing
 from varbnn.plots import reliability_diagram, std_heatmaps, trace_figure, variance_explained_figure
 from varbnn.priors import make_prior
-from varbnn.train import evaluate_classifier, evaluate_weight_samples, fit, resolve_device, seed_everything
+from varbnn.train import default_optimizer, evaluate_classifier, evaluate_weight_samples, fit, resolve_device, seed_everything
 
 __all__ = ["run_experiment", "render_markdown", "load_classification", "build_model", "describe_device", "git_commit"]
 
@@ -82,10 +82,11 @@ def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
 
 
 def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimizer:
-    """``"adam"`` or ``"amsgrad"`` (Adam with the AMSGrad correction)."""
+    """``"adam"`` or ``"amsgrad"`` (Adam with the AMSGrad correction), fused where torch supports it
+    (:func:`varbnn.train.default_optimizer`)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; allowed: {OPTIMIZERS}")
-    return torch.optim.Adam(parameters, lr=lr, amsgrad=name == "amsgrad")
+    return default_optimizer(parameters, lr, amsgrad=name == "amsgrad")
 
 
 def std_parameters(model: torch.nn.Module, tensor: str) -> list[torch.nn.Parameter]:

@@ -48,7 +48,7 @@ from varbnn.metrics import mean_and_standard_error
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.train import fit, resolve_device, seed_everything
+from varbnn.train import default_optimizer, fit, resolve_device, seed_everything
 
 __all__ = [
     "UCIVariant",
@@ -233,7 +233,7 @@ def _run_split(
         likelihood.update_posterior_(n)  # q(tau) at its optimum given the current q(w)
 
     noise_parameters = [] if closed_form else list(likelihood.parameters())
-    optimizer = torch.optim.Adam([*model.parameters(), *noise_parameters], lr=config.lr)
+    optimizer = default_optimizer([*model.parameters(), *noise_parameters], config.lr)
     t0 = time.perf_counter()
     fit(
         model, loader, n_data=n, epochs=epochs, optimizer=optimizer, nll=nll, device=dev, progress=progress,
