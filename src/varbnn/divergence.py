@@ -36,6 +36,8 @@ __all__ = [
     "family_kl",
     "lognormal_gamma_kl",
     "lognormal_inverse_gamma_kl",
+    "scalar_normal_nll",
+    "scalar_normal_nll_applies",
     "DEFAULT_KL_SAMPLES",
 ]
 

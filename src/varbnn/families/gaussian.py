@@ -18,7 +18,7 @@ from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, reg
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 
-__all__ = ["MeanField", "inverse_softplus", "cached_softplus", "normal_kl_elementwise"]
+__all__ = ["MeanField", "inverse_softplus", "cached_softplus", "cached_per_step", "normal_kl_elementwise"]
 
 _ESTIMATORS = ("reparam", "local", "flipout", "graves")
 
