@@ -222,6 +222,8 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
         assert row[key] == row_again[key]
     assert (tmp_path / "lenet5-prune_prune_histograms.png").stat().st_size > 1000
+    markdown = (tmp_path / "lenet5-prune.md").read_text()
+    assert "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |" in markdown and "| BC-GHS | 5-10-76-16 |" in markdown
 
 
 def test_resumable_runs_keep_their_traces_across_invocations(tmp_path):

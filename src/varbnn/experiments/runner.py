@@ -497,6 +497,28 @@ def _table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return lines
 
 
+# Published numbers shown beside a config's own results (kept out of ExperimentConfig, whose hash names the
+# checkpoints of running experiments).
+PAPER_TABLES: dict[str, list[str]] = {
+    "lenet5-prune": [
+        "Oh, Adamczewski, Park (2020), Table 2 (both versions): structured pruning of LeNet-5-Caffe 20-50-800-500 on "
+        "MNIST; architecture = units kept per layer. Goal of this reproduction: <= 1.0% error with <= 15K parameters "
+        "and <= 120K FLOPs.",
+        "",
+        "| method | architecture | FLOPs | parameters | error |",
+        "|---|---|---:|---:|---:|",
+        "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |",
+        "| BC-GNJ | 8-13-88-13 | 307K | 22K | 1.0% |",
+        "| BC-GHS | 5-10-76-16 | 169K | 15K | 1.0% |",
+        "| FDOO(100K) | 2-7-112-478 | 119K | 66K | 1.1% |",
+        "| FDOO(200K) | 3-8-128-499 | 163K | 81K | 1.0% |",
+        "| GL | 3-12-192-500 | 236K | 134K | 1.0% |",
+        "| GD | 7-13-208-16 | 298K | 49K | 1.1% |",
+        "| SBP | 3-18-284-283 | 295K | 164K | 0.9% |",
+    ],
+}
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     """The results tables (metrics as ``mean ± sem`` over seeds; ``*_wsem``: SEM over weight draws within a seed,
     averaged over seeds) with their provenance; traces (``name@step``) in a second table."""
@@ -524,6 +546,9 @@ def render_markdown(result: dict[str, Any]) -> str:
     legend = [f"- `{k}`: {text}" for k, text in _LEGEND.items() if k in main or any(t.startswith(k + "@") for t in trace)]
     if legend:
         lines += ["", *legend]
+    paper = PAPER_TABLES.get(str(result["name"]).removesuffix("-quick"))
+    if paper:
+        lines += ["", *paper]
     for figure in result.get("figures", []):
         lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"
