@@ -355,7 +355,7 @@ def run_uci(
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "commit": commit,
-        "device": describe_device(dev),
+        "device": describe_device(dev) + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else ""),
         "seconds": round(time.perf_counter() - start, 2),
         "config": dataclasses.asdict(config),
         "protocol": protocol,
