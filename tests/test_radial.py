@@ -225,3 +225,24 @@ def test_family_monte_carlo_kl_equals_the_distribution_log_prob_path(prior):
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     for a, b in zip(got_grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("elementwise", [False, True], ids=["scalar-prior", "elementwise-prior"])
+def test_family_closed_form_kl_equals_cross_entropy_minus_entropy(elementwise):
+    """The family's fused closed-form KL against radial_normal_cross_entropy - Radial.entropy() (value, gradients)."""
+    g = torch.Generator().manual_seed(5)
+    family = RadialFamily(cross_entropy="closed_form").build(SHAPE, torch.randn(SHAPE, generator=g, dtype=torch.float64))
+    with torch.no_grad():
+        family.rho.copy_(torch.randn(SHAPE, generator=g, dtype=torch.float64))
+    if elementwise:
+        prior = Normal(torch.randn(SHAPE, generator=g), torch.rand(SHAPE, generator=g) + 0.5).to(torch.float64)
+    else:
+        prior = Normal(0.3, 0.8).to(torch.float64)
+    got = family.kl(prior)
+    got_grads = torch.autograd.grad(got, [family.loc, family.rho])
+    q = Radial(family.loc, torch.nn.functional.softplus(family.rho))
+    expected = radial_normal_cross_entropy(q.loc, q.scale, prior.loc, prior.scale) - q.entropy()
+    expected_grads = torch.autograd.grad(expected, [family.loc, family.rho])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-10)
+    for a, b in zip(got_grads, expected_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

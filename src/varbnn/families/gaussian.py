@@ -254,28 +254,33 @@ class MeanField(VariationalFamily):
 
 
 class _MeanFieldNormalKL(torch.autograd.Function):
-    """KL(N(loc, sigma^2) || N(m, s^2)) summed over the tensor, with its gradient in closed form:
+    """KL(N(loc, v sigma^2) || N(m, s^2)) summed over the tensor (v = ``var_scale``, 1 for MeanField), up to the constant
+    ``n log(v) / 2``, with its gradient in closed form:
 
-        KL = sum[ log s - log sigma + (sigma^2 + (loc - m)^2) / (2 s^2) - 1/2 ]
-        dKL/dloc = (loc - m) / s^2,      dKL/dsigma = sigma / s^2 - 1 / sigma
+        KL = sum[ log s - log sigma + (v sigma^2 + (loc - m)^2) / (2 s^2) - 1/2 ]
+        dKL/dloc = (loc - m) / s^2,      dKL/dsigma = v sigma / s^2 - 1 / sigma
 
     ``sigma`` is the family's (cached) ``softplus(rho)``, so autograd adds the sigmoid(rho) factor once for
     the forward pass and the KL together. A handful of passes instead of the ~30 elementwise kernels of the
-    generic distribution path.
+    generic distribution path. (``v = 1/D`` gives the radial family's closed form, whose elementwise variance is
+    sigma^2 / D.)
     """
 
     @staticmethod
-    def forward(ctx, loc: torch.Tensor, sigma: torch.Tensor, prior_loc: torch.Tensor, prior_scale: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, loc: torch.Tensor, sigma: torch.Tensor, prior_loc: torch.Tensor, prior_scale: torch.Tensor, var_scale: float = 1.0
+    ) -> torch.Tensor:
         diff = loc - prior_loc
         inv_var = prior_scale.reciprocal().square()
         if prior_scale.dim() == 0 and prior_loc.dim() == 0:
             flat_sigma, flat_diff = sigma.reshape(-1), diff.reshape(-1)
-            quadratic = (torch.dot(flat_sigma, flat_sigma) + torch.dot(flat_diff, flat_diff)) * inv_var
+            quadratic = (var_scale * torch.dot(flat_sigma, flat_sigma) + torch.dot(flat_diff, flat_diff)) * inv_var
             log_prior = prior_scale.log() * loc.numel()
         else:
-            quadratic = ((sigma.square() + diff.square()) * inv_var).sum()
+            quadratic = ((var_scale * sigma.square() + diff.square()) * inv_var).sum()
             log_prior = prior_scale.log().expand_as(loc).sum()
         ctx.save_for_backward(diff, sigma, inv_var)
+        ctx.var_scale = var_scale
         return log_prior - sigma.log().sum() + 0.5 * quadratic - 0.5 * loc.numel()
 
     @staticmethod
@@ -283,8 +288,16 @@ class _MeanFieldNormalKL(torch.autograd.Function):
         diff, sigma, inv_var = ctx.saved_tensors
         scaled = inv_var * grad
         grad_loc = diff * scaled
-        grad_sigma = sigma.reciprocal().mul_(-grad).addcmul_(sigma, scaled)
-        return grad_loc, grad_sigma, None, None
+        grad_sigma = sigma.reciprocal().mul_(-grad).addcmul_(sigma, scaled * ctx.var_scale)
+        return grad_loc, grad_sigma, None, None, None
+
+
+def fused_normal_kl(
+    loc: torch.Tensor, sigma: torch.Tensor, prior_loc: torch.Tensor, prior_scale: torch.Tensor, var_scale: float = 1.0
+) -> torch.Tensor:
+    """``sum[log s - log sigma + (var_scale sigma^2 + (loc - m)^2) / (2 s^2) - 1/2]`` with a closed-form backward: the
+    Gaussian KL for ``var_scale=1``; the radial family's closed form (up to constants) for ``var_scale=1/D``."""
+    return _MeanFieldNormalKL.apply(loc, sigma, prior_loc, prior_scale, var_scale)
 
 
 def normal_kl_elementwise(
@@ -301,7 +314,7 @@ def _meanfield_normal_kl(family: MeanField, prior: Any) -> torch.Tensor:
     if family.weight_mask is not None:  # pruned weights are fixed at 0: no complexity cost
         terms = normal_kl_elementwise(family.loc, family.scale, prior.loc, prior.scale)
         return (terms * family.weight_mask).sum()
-    return _MeanFieldNormalKL.apply(family.loc, family.scale, prior.loc, prior.scale)
+    return fused_normal_kl(family.loc, family.scale, prior.loc, prior.scale)
 
 
 register_family_kl(MeanField, NormalPrior)(_meanfield_normal_kl)
