@@ -379,3 +379,11 @@ def test_householder_sample_equals_the_explicit_reflection_and_passes_gradcheck(
 
         inputs = tuple(t.clone().requires_grad_() for t in (base, omega, sin_theta, radius))
         assert torch.autograd.gradcheck(fn, inputs)
+    # a zero row (as F.normalize leaves it: direction e_1 up to sign) still gives a point on the sphere
+    zero = mu.clone()
+    zero[0] = 0
+    zero.requires_grad_()
+    out = householder_sample(zero, omega, sin_theta, radius, normalize=True, noise=noise)
+    torch.testing.assert_close(torch.linalg.vector_norm(out, dim=-1), radius, rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert torch.isfinite(zero.grad).all()

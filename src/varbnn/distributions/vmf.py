@@ -294,8 +294,8 @@ def householder_sample(
     squared_norm, dot, first = _HouseholderStats.apply(mu, x)
     s = torch.where(first.detach() >= 0, 1.0, -1.0).to(dtype)
     if normalize:
-        norm = squared_norm.sqrt()
-        first_hat, rest_sq, dot = first / norm, 1 - (first / norm).square(), dot / norm
+        norm = squared_norm.clamp_min(torch.finfo(dtype).tiny).sqrt()  # as F.normalize: a zero row stays finite
+        first_hat, rest_sq, dot = first / norm, (squared_norm - first.square()) / norm.square(), dot / norm
     else:
         norm, first_hat, rest_sq = None, first, squared_norm - first.square()
     u1 = first_hat + s
