@@ -342,3 +342,25 @@ def test_lognormal_kls_take_python_number_priors_without_changing_the_value():
         as_tensors = fn(m, s, torch.tensor(0.5, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64))
         torch.testing.assert_close(fn(m, s, 0.5, 2.0), as_tensors, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(fn(m.float(), s.float(), 0.5, 2.0), as_tensors.float())
+
+
+@pytest.mark.parametrize("shape", [(2,), (7, 2)], ids=["global-pair", "local-pairs"])
+def test_half_cauchy_pair_kl_equals_the_two_lognormal_kls_with_gradients(shape):
+    from varbnn.divergence import half_cauchy_pair_kl, lognormal_gamma_kl, lognormal_inverse_gamma_kl
+
+    g = torch.Generator().manual_seed(2)
+    loc = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).requires_grad_()
+    sigma = (torch.rand(shape, generator=g, dtype=torch.float64) + 0.05).requires_grad_()
+    rate = 0.37
+    got = half_cauchy_pair_kl(loc, sigma, rate)
+    expected = (
+        lognormal_gamma_kl(loc[..., 0], sigma[..., 0], 0.5, rate).sum()
+        + lognormal_inverse_gamma_kl(loc[..., 1], sigma[..., 1], 0.5, 1.0).sum()
+    )
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got, [loc, sigma]), torch.autograd.grad(expected, [loc, sigma])):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="rate"):
+        half_cauchy_pair_kl(loc, sigma, -1.0)
+    with pytest.raises(ValueError, match=r"\[\.\.\., 2\]"):
+        half_cauchy_pair_kl(loc[..., :1], sigma[..., :1], rate)

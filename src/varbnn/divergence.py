@@ -36,6 +36,7 @@ __all__ = [
     "family_kl",
     "lognormal_gamma_kl",
     "lognormal_inverse_gamma_kl",
+    "half_cauchy_pair_kl",
     "scalar_normal_nll",
     "scalar_normal_nll_applies",
     "DEFAULT_KL_SAMPLES",
@@ -101,6 +102,48 @@ def scalar_normal_nll_applies(prior: Any) -> bool:
 def scalar_normal_nll(value: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``-sum log N(value | loc, scale^2)`` for 0-d ``loc`` and ``scale`` without gradients, with a one-pass backward."""
     return _ScalarNormalNLL.apply(value, loc, scale)
+
+
+class _HalfCauchyPairKL(torch.autograd.Function):
+    """Sum over rows of KL(LN(m_a, s_a^2) || Gamma(1/2, rate)) + KL(LN(m_b, s_b^2) || InvGamma(1/2, scale 1)) for pairs
+    ``[..., 2]`` = (a, b): the two log-normal halves of a squared half-Cauchy variable (:func:`lognormal_gamma_kl` and
+    :func:`lognormal_inverse_gamma_kl` summed), with the closed-form gradient
+
+        d/dm_a = rate e_a - 1/2,  d/dm_b = 1/2 - e_b,  d/ds_a = rate e_a s_a - 1/s_a,  d/ds_b = e_b s_b - 1/s_b,
+
+    ``e_a = exp(m_a + s_a^2/2)``, ``e_b = exp(-m_b + s_b^2/2)``."""
+
+    @staticmethod
+    def forward(ctx, loc: torch.Tensor, sigma: torch.Tensor, rate: float) -> torch.Tensor:  # type: ignore[override]
+        half_var = 0.5 * sigma.square()
+        e_a = torch.exp(loc[..., 0] + half_var[..., 0])
+        e_b = torch.exp(half_var[..., 1] - loc[..., 1])
+        rows = e_a.numel()
+        constant = rows * (-0.5 * math.log(rate) + 2 * math.lgamma(0.5) - (_LOG_2PI + 1))
+        means = loc.reshape(-1, 2).sum(0)  # (sum m_a, sum m_b)
+        ctx.save_for_backward(sigma, e_a, e_b)
+        ctx.rate = rate
+        return constant - 0.5 * (means[0] - means[1]) + rate * e_a.sum() + e_b.sum() - sigma.log().sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        sigma, e_a, e_b = ctx.saved_tensors
+        rate = ctx.rate
+        grad_loc = torch.stack([rate * e_a - 0.5, 0.5 - e_b], dim=-1) * grad
+        grad_sigma = (torch.stack([rate * e_a, e_b], dim=-1) * sigma - sigma.reciprocal()) * grad
+        return grad_loc, grad_sigma, None
+
+
+def half_cauchy_pair_kl(loc: torch.Tensor, sigma: torch.Tensor, rate: float) -> torch.Tensor:
+    """``sum[lognormal_gamma_kl(loc[..., 0], sigma[..., 0], 1/2, rate) + lognormal_inverse_gamma_kl(loc[..., 1],
+    sigma[..., 1], 1/2, 1)]`` in a few operations with a closed-form backward (``rate`` a positive number)."""
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"half_cauchy_pair_kl: rate must be a finite number > 0, got {rate!r}")
+    if loc.shape != sigma.shape or loc.shape[-1:] != (2,):
+        raise ValueError(
+            f"half_cauchy_pair_kl: loc and sigma must have the same shape [..., 2], got {tuple(loc.shape)}, {tuple(sigma.shape)}"
+        )
+    return _HalfCauchyPairKL.apply(loc, sigma, float(rate))
 
 
 def lognormal_gamma_kl(m: torch.Tensor, s: torch.Tensor, shape: float | torch.Tensor, rate: float | torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ from varbnn.distributions.vmf import (
     log_normalizer_and_resultant,
     wood_sample,
 )
-from varbnn.divergence import family_kl, lognormal_gamma_kl, lognormal_inverse_gamma_kl, register_family_kl
+from varbnn.divergence import family_kl, half_cauchy_pair_kl, register_family_kl
 from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
 from varbnn.families.gaussian import MeanField, inverse_softplus
 from varbnn.priors import Prior, RadialDirectionalPrior, banerjee_concentration
@@ -359,8 +359,7 @@ def _kl_grouping(
         loc = family._param(grouping, f"{part}_loc")
         sigma = F.softplus(family._param(grouping, f"{part}_rho"))
         # z^2 = a b with a ~ Gamma(1/2, rate 1/scale^2) and b ~ InvGamma(1/2, scale 1)
-        kl = kl + lognormal_gamma_kl(loc[..., 0], sigma[..., 0], 0.5, scale**-2).sum()
-        kl = kl + lognormal_inverse_gamma_kl(loc[..., 1], sigma[..., 1], 0.5, 1.0).sum()
+        kl = kl + half_cauchy_pair_kl(loc, sigma, float(scale) ** -2)
     return kl
 
 
