@@ -195,15 +195,11 @@ def _one_thread() -> None:
 def _run_split_in_worker(
     config: UCIConfig, variant: UCIVariant, dataset: str, split: int, data_dir: str | None, dev: torch.device
 ) -> tuple[dict[str, Any], str]:
-    """One job in a worker process: its record and the worker's device description (1 thread)."""
-    import warnings
-
+    """One job in a worker process: its record and the worker's device description (1 thread). Warnings are the
+    sequential run's (printed by the worker)."""
     from varbnn.experiments.runner import describe_device
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. RDP's fallback notice for the output layer, once per job
-        record = _run_split(config, variant, dataset, split, data_dir, dev, False)
-    return record, describe_device(dev) + " (worker process)"
+    return _run_split(config, variant, dataset, split, data_dir, dev, False), describe_device(dev) + " (worker process)"
 
 
 def _run_split(

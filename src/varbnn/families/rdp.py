@@ -340,7 +340,8 @@ def _direction_kl(
 ) -> torch.Tensor:
     """Sum over the groups of KL(vMF(mu_g, kappa_q) || vMF(mu_g, kappa_p)) (tied prior mean) or of KL(vMF || uniform):
     ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)``, the same for every group; with
-    kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. One fused Bessel evaluation per grouping and step (none in backward)."""
+    kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. ``normalizer`` is (log C_d(kappa_q), A_d(kappa_q)) from the family's one
+    fused Bessel evaluation per step (:meth:`RadialDirectional.take_normalizers`; none in backward)."""
     direction = family._param(grouping, "direction")  # only its shape and dtype: no normalisation needed
     groups, dim = direction.shape
     kappa_q = family.concentration(grouping).to(_work_dtype(direction.device))
