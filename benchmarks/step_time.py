@@ -41,17 +41,19 @@ MODELS = {  # name: (builder, input shape without batch, default batch, descript
 }
 
 
+def _optimizer(params: Any) -> torch.optim.Optimizer:
+    if OPTIMIZER["name"] == "fit":
+        return default_optimizer(params, 1e-3)
+    return torch.optim.Adam(params, lr=1e-3)
+
+
 def make_step(
     model: nn.Module, kl_fn: Callable[[], torch.Tensor] | None, elbo: bool = False, mc_samples: int = 1
 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """One Adam step on ``nll + kl / N``: varbnn models through ``varbnn.elbo_loss`` (``elbo``; it also adds the
     RDP rejection-score term), peers with their own KL function. ``mc_samples`` > 1: the gradient of ``varbnn.fit(...,
     mc_samples=S)``, S one-draw ELBO gradients accumulated (one backward per draw)."""
-    if OPTIMIZER["name"] == "fit":
-        opt = default_optimizer(model.parameters(), 1e-3)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
+    opt = _optimizer(model.parameters())
     graves = any(getattr(m, "estimator", None) == "graves" for m in model.modules())
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -99,6 +101,36 @@ def time_steps(
         sync()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def floor_step(
+    base: Callable[[], nn.Module], device: torch.device, draw_noise: bool, twin: bool
+) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """A lower bound for a family's step, not a family: the deterministic step plus only the work that every mean-field
+    Gaussian estimator of a kind must do. Every such family also trains a second tensor (the stds) per weight, so Adam
+    updates twice the parameters (the second set's gradient is fixed). ``draw_noise``: one N(0, 1) draw per weight
+    and step (any family that samples whole weights: reparameterization, Radial, flipout); ``twin``: a second network
+    applied to ``x * x`` in forward and backward (local reparameterization's variance product ``x^2 sigma^2^T`` and its
+    gradients, per layer)."""
+    model, second = base().to(device), base().to(device)
+    for p in second.parameters():
+        p.grad = torch.randn_like(p)  # kept across steps: only `model` is zeroed
+    opt = _optimizer([*model.parameters(), *second.parameters()])
+    shapes = [(p.shape, p.dtype) for p in model.parameters()]
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        if draw_noise:
+            for shape, dtype in shapes:
+                torch.randn(shape, dtype=dtype, device=device)
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        if twin:
+            second.zero_grad(set_to_none=True)
+            loss = loss + F.cross_entropy(second(x * x), y)
+        loss.backward()
+        opt.step()
+
+    return step
 
 
 def _torchbnn_convert(module: nn.Module, torchbnn: Any) -> None:
@@ -153,6 +185,12 @@ def candidates(
     table["varbnn Radial-reparam (MC cross-entropy)"] = family(lambda: varbnn.Radial())
     table["varbnn Radial-reparam (closed-form cross-entropy)"] = family(lambda: varbnn.Radial(cross_entropy="closed_form"))
     table["varbnn Radial-flipout (MC cross-entropy)"] = family(lambda: varbnn.Radial(estimator="flipout"))
+    table["floor: deterministic + one N(0, 1) draw per weight + Adam on 2x parameters"] = lambda: floor_step(
+        base, device, draw_noise=True, twin=False
+    )
+    table["floor: deterministic + a second network on x^2 (local reparam.) + Adam on 2x parameters"] = lambda: floor_step(
+        base, device, draw_noise=False, twin=True
+    )
     for grouping in ("row", "double"):
         table[f"varbnn RadialDirectional({grouping})"] = family(
             lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior
