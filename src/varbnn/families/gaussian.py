@@ -18,7 +18,15 @@ from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, reg
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 
-__all__ = ["MeanField", "inverse_softplus", "cached_softplus", "cached_per_step", "normal_kl_elementwise"]
+__all__ = [
+    "MeanField",
+    "inverse_softplus",
+    "cached_softplus",
+    "cached_per_step",
+    "softplus_stats",
+    "normal_kl_from_stats",
+    "normal_kl_elementwise",
+]
 
 _ESTIMATORS = ("reparam", "local", "flipout", "graves")
 
@@ -45,29 +53,13 @@ def _drop_scale_cache(family_ref: weakref.ref, grad: torch.Tensor) -> None:  # t
         family._scale_cache = None
 
 
-class _SharedSoftplus(torch.autograd.Function):
-    """softplus whose backward can run more than once: ``rho`` (a leaf parameter, so no reference cycle) is
-    kept on ``ctx`` rather than as a saved tensor that autograd frees after the first backward. This lets
-    the per-step cached sigma feed several graphs that are differentiated separately (e.g. the NLL and
-    the KL with two ``autograd.grad`` calls)."""
-
-    @staticmethod
-    def forward(ctx, rho: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.rho = rho
-        return F.softplus(rho)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return grad * torch.sigmoid(ctx.rho.detach())
-
-
 def cached_per_step(
     family: Any, sources: tuple[torch.Tensor, ...], shared: Callable[[], torch.Tensor], plain: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
     """A tensor computed from the parameters ``sources``, shared within a training step.
 
     While gradients are recorded, ``shared()`` (an autograd Function whose backward can run more than once, e.g.
-    :class:`_SharedSoftplus`) is computed once per step and shared by the forward pass and the KL. The cache
+    k-tied's ``_SharedExpOuter``) is computed once per step and shared by the forward pass and the KL. The cache
     (``family._scale_cache``) is keyed on the identity, version, device and dtype of the sources and dropped as soon
     as a backward pass reaches it, so it never outlives the step. Otherwise ``plain()``. The family must reset
     ``_scale_cache`` in ``__getstate__`` (copies, pickling).
@@ -84,11 +76,119 @@ def cached_per_step(
     return out
 
 
-def cached_softplus(family: Any) -> torch.Tensor:
-    """``softplus(family.rho)``, shared within a training step (:func:`cached_per_step`): one softplus and one
-    softplus-backward per step instead of two."""
+class _SoftplusStats(torch.autograd.Function):
+    """``sigma = softplus(rho)``, optionally ``sigma^2``, and the KL's sigma statistics ``sum(log sigma)`` and
+    ``sum(sigma^2)`` as outputs of one node, so that everything a mean-field step does with sigma (the forward pass's
+    ``sigma * eps`` or ``x^2 sigma^2``, and the KL) meets in one backward:
+
+        d/d rho = sigmoid(rho) * (g_sigma + 2 sigma (g_square + g_sumsq) + g_sumlog / sigma)
+
+    a handful of passes over the tensor instead of the separate backwards of the square, the KL and the softplus and
+    the accumulations between them. The backward can run more than once, e.g. for the NLL and the KL differentiated
+    apart (``rho`` and a detached ``sigma`` are kept on ``ctx`` rather than as saved tensors that autograd frees after
+    the first backward)."""
+
+    @staticmethod
+    def forward(
+        ctx, rho: torch.Tensor, with_square: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        sigma = F.softplus(rho)
+        square = sigma * sigma if with_square else None
+        flat = sigma.reshape(-1)
+        sum_sq = square.sum() if square is not None else torch.dot(flat, flat)
+        ctx.rho, ctx.sigma = rho, sigma.detach()
+        ctx.set_materialize_grads(False)
+        return sigma, square, torch.log(sigma).sum(), sum_sq
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx, g_sigma: torch.Tensor | None, g_square: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, None]:
+        sigma, rho = ctx.sigma, ctx.rho.detach()
+        grad: torch.Tensor | None = None
+        if g_square is not None:  # 2 sigma (g_square + g_sq)
+            grad = (torch.add(2 * g_sq, g_square, alpha=2) if g_sq is not None else g_square * 2).mul_(sigma)
+        elif g_sq is not None:
+            grad = sigma * (2 * g_sq)
+        if g_log is not None:
+            grad = torch.div(g_log, sigma) if grad is None else grad.addcdiv_(g_log.expand_as(sigma), sigma)
+        if g_sigma is not None:
+            grad = g_sigma.clone() if grad is None else grad.add_(g_sigma)
+        if grad is None:
+            return None, None
+        return grad.mul_(torch.sigmoid(rho)), None
+
+
+def softplus_stats(
+    family: Any, with_square: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """``(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2))`` for ``sigma = softplus(family.rho)``, shared within a
+    training step (:func:`cached_per_step`'s cache and rules) from one :class:`_SoftplusStats` node. ``with_square``
+    asks for ``sigma^2`` as an output of the node (the local reparameterization's variance); a cached node built without
+    it serves ``sigma^2`` as ``sigma.square()``. Without gradients every value is computed directly."""
     rho = family.rho
-    return cached_per_step(family, (rho,), lambda: _SharedSoftplus.apply(rho), lambda: F.softplus(rho))
+    if not (torch.is_grad_enabled() and rho.requires_grad) or _functorch_active():
+        sigma = F.softplus(rho)
+        flat = sigma.reshape(-1)
+        return sigma, sigma.square() if with_square else None, torch.log(sigma).sum(), torch.dot(flat, flat)
+    key = ("softplus_stats", id(rho), rho._version, rho.device, rho.dtype)
+    cache = family._scale_cache
+    if cache is not None and cache[0] == key:
+        sigma, square, sum_log, sum_sq = cache[1]
+        if with_square and square is None:
+            square = sigma.square()
+        return sigma, square, sum_log, sum_sq
+    outputs = _SoftplusStats.apply(rho, with_square)
+    drop = functools.partial(_drop_scale_cache, weakref.ref(family))
+    for out in outputs:
+        if out is not None:
+            out.register_hook(drop)
+    family._scale_cache = (key, outputs, (rho,))
+    return outputs
+
+
+def cached_softplus(family: Any) -> torch.Tensor:
+    """``softplus(family.rho)``, shared within a training step by the forward pass and the KL (:func:`softplus_stats`):
+    one softplus and one fused backward per step."""
+    return softplus_stats(family)[0]
+
+
+def normal_kl_from_stats(
+    loc: torch.Tensor,
+    sum_log_sigma: torch.Tensor,
+    sum_sq_sigma: torch.Tensor,
+    prior_loc: torch.Tensor,
+    prior_scale: torch.Tensor,
+    var_scale: float = 1.0,
+) -> torch.Tensor:
+    """``sum[log s - log sigma + (var_scale sigma^2 + (loc - m)^2) / (2 s^2) - 1/2]`` for a SCALAR prior scale ``s``
+    from the sigma statistics of :func:`softplus_stats` (prior mean ``m`` scalar or elementwise): the same value as
+    :func:`fused_normal_kl`, with the sigma part's gradient flowing into the statistics' fused node."""
+    if prior_scale.dim() != 0:
+        raise ValueError(f"normal_kl_from_stats needs a scalar prior scale, got shape {tuple(prior_scale.shape)}")
+    n = loc.numel()
+    half_precision = 0.5 / prior_scale.square()
+    quadratic = _SquaredDistance.apply(loc, prior_loc)
+    if var_scale != 1.0:
+        sum_sq_sigma = sum_sq_sigma * var_scale
+    return n * prior_scale.log() - sum_log_sigma + (sum_sq_sigma + quadratic) * half_precision - 0.5 * n
+
+
+class _SquaredDistance(torch.autograd.Function):
+    """``sum((loc - m)^2)`` with the backward ``2 g (loc - m)`` for ``loc`` (one pass; none for the prior mean ``m``,
+    which the priors never train by gradient)."""
+
+    @staticmethod
+    def forward(ctx, loc: torch.Tensor, prior_loc: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        diff = loc - prior_loc
+        ctx.save_for_backward(diff)
+        flat = diff.reshape(-1)
+        return torch.dot(flat, flat)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        (diff,) = ctx.saved_tensors
+        return diff * (2 * grad), None
 
 
 def _rademacher(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
@@ -192,6 +292,29 @@ class MeanField(VariationalFamily):
         """Posterior standard deviations, softplus(rho), computed once per training step (:func:`cached_softplus`)."""
         return cached_softplus(self)
 
+    def _softplus_scale(self) -> bool:
+        """Whether ``scale`` is ``softplus(rho)`` (subclasses with another parameterisation say False)."""
+        return True
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node of
+        :func:`softplus_stats`."""
+        if self._softplus_scale():
+            square = softplus_stats(self, with_square=True)[1]
+            assert square is not None
+            return square
+        return self.scale.square()
+
+    def sigma_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sum(log sigma), sum(sigma^2))`` over the (unmasked) tensor: what the KL to a scalar-scale Normal needs of
+        sigma."""
+        if self._softplus_scale():
+            return softplus_stats(self)[2:]
+        sigma = self.scale
+        flat = sigma.reshape(-1)
+        return torch.log(sigma).sum(), torch.dot(flat, flat)
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
         state["_scale_cache"] = None  # a graph-connected tensor cannot be deep-copied or pickled
@@ -212,8 +335,8 @@ class MeanField(VariationalFamily):
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.weight_mask is None:
-            return self.loc, self.scale.square()
-        return self.loc * self.weight_mask, self.scale.square() * self.weight_mask
+            return self.loc, self.variance
+        return self.loc * self.weight_mask, self.variance * self.weight_mask
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
@@ -230,10 +353,9 @@ class MeanField(VariationalFamily):
     ) -> torch.Tensor:
         if mode != "sample" or self.estimator in ("reparam", "graves"):
             return super().forward_op(op, x, bias, mode)
-        loc, sigma = self.mean, self.scale
-        if self.weight_mask is not None:
-            sigma = sigma * self.weight_mask
+        loc = self.mean
         if self.estimator == "local":
+            variance = self.variance if self.weight_mask is None else self.variance * self.weight_mask
             bias_mean = bias_var = None
             sampled_bias = None
             if bias is not None:
@@ -242,10 +364,11 @@ class MeanField(VariationalFamily):
                 except NotImplementedError:
                     sampled_bias = bias.weight("sample")
             mean = op(x, loc, bias_mean)
-            var = op(x * x, sigma * sigma, bias_var)
+            var = op(x * x, variance, bias_var)
             out = mean + var.clamp_min(1e-30).sqrt() * torch.randn_like(mean)
             return op.add_bias(out, sampled_bias) if sampled_bias is not None else out
         # flipout
+        sigma = self.scale if self.weight_mask is None else self.scale * self.weight_mask
         b = bias.weight("sample") if bias is not None else None
         mean = op(x, loc, b)
         delta = sigma * torch.randn_like(sigma)
@@ -314,6 +437,8 @@ def _meanfield_normal_kl(family: MeanField, prior: Any) -> torch.Tensor:
     if family.weight_mask is not None:  # pruned weights are fixed at 0: no complexity cost
         terms = normal_kl_elementwise(family.loc, family.scale, prior.loc, prior.scale)
         return (terms * family.weight_mask).sum()
+    if prior.scale.dim() == 0:  # the sigma part through the step's fused softplus node
+        return normal_kl_from_stats(family.loc, *family.sigma_stats(), prior.loc, prior.scale)
     return fused_normal_kl(family.loc, family.scale, prior.loc, prior.scale)
 
 

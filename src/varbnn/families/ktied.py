@@ -99,6 +99,9 @@ class KTied(MeanField):
         """V = exp(log_v), shape (n, k)."""
         return self.log_v.exp()
 
+    def _softplus_scale(self) -> bool:
+        return not self.tied
+
     @property
     def scale(self) -> torch.Tensor:
         """Posterior standard deviations: U V^T reshaped to the weight's shape (or softplus(rho) if untied), computed once

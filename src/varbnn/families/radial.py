@@ -20,7 +20,14 @@ from varbnn.distributions.radial import Radial as RadialDistribution
 from varbnn.distributions.radial import radial_entropy_constant
 from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
-from varbnn.families.gaussian import _rademacher, cached_softplus, fused_normal_kl, inverse_softplus
+from varbnn.families.gaussian import (
+    _rademacher,
+    cached_softplus,
+    fused_normal_kl,
+    inverse_softplus,
+    normal_kl_from_stats,
+    softplus_stats,
+)
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 from varbnn.priors import Prior
@@ -109,7 +116,7 @@ class Radial(VariationalFamily):
 
     def entropy(self) -> torch.Tensor:
         """Analytic entropy (nats), constants included."""
-        return self.scale.log().sum() + radial_entropy_constant(self.loc.numel())
+        return softplus_stats(self)[2] + radial_entropy_constant(self.loc.numel())
 
     def _noise(self, sample_shape: torch.Size) -> torch.Tensor:
         """``(eps / ||eps||) * r`` of shape ``sample_shape + shape``: one direction and one radius per draw."""
@@ -152,6 +159,9 @@ def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
         # with variance factor 1/D, in a few passes with a closed-form backward
         n = family.loc.numel()
         constant = n * (0.5 + 0.5 * math.log(2 * math.pi)) - radial_entropy_constant(n)
+        if prior.scale.dim() == 0:  # the sigma part through the step's fused softplus node
+            _, _, sum_log, sum_sq = softplus_stats(family)
+            return normal_kl_from_stats(family.loc, sum_log, sum_sq, prior.loc, prior.scale, 1.0 / n) + constant
         return fused_normal_kl(family.loc, family.scale, prior.loc, prior.scale, 1.0 / n) + constant
     w = family.rsample(torch.Size([family.kl_samples]))
     if scalar_normal_nll_applies(prior):  # the common N(m, s^2) prior: one pass forward and backward
