@@ -132,3 +132,57 @@ def test_std_matrix_is_shared_within_a_step_with_exact_gradients_and_never_stale
     g_nll = torch.autograd.grad(nll_like, family.log_u)[0]
     g_kl = torch.autograd.grad(kl, family.log_u)[0]
     assert torch.isfinite(g_nll).all() and torch.isfinite(g_kl).all()
+
+
+_USED = [(1, 1, 1, 1), (1, 0, 1, 1), (0, 1, 1, 1), (1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (1, 1, 0, 0)]
+
+
+@pytest.mark.parametrize(("with_square", "used"), [(True, u) for u in _USED] + [(False, u) for u in _USED if not u[1]])
+def test_exp_outer_stats_node_gradcheck_float64(with_square, used):
+    """The fused k-tied node (sigma = U V^T in a conv weight's shape, sigma^2, sum log sigma, sum sigma^2) against finite
+    differences for every subset of outputs a step uses, and its values against the plain formulas."""
+    from varbnn.families.ktied import _ExpOuterStats
+
+    shape = torch.Size((4, 3, 1, 2))
+    log_u = (0.3 * torch.randn(4, 2, dtype=torch.float64)).requires_grad_()
+    log_v = (0.3 * torch.randn(6, 2, dtype=torch.float64)).requires_grad_()
+    w1, w2 = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        sigma, square, sum_log, sum_sq = _ExpOuterStats.apply(a, b, with_square, shape)
+        total = torch.zeros((), dtype=torch.float64)
+        if used[0]:
+            total = total + (sigma * w1).sum()
+        if used[1]:
+            total = total + (square * w2).sum()
+        if used[2]:
+            total = total + 0.7 * sum_log
+        if used[3]:
+            total = total - 1.3 * sum_sq
+        return total
+
+    assert torch.autograd.gradcheck(f, (log_u, log_v))
+    sigma, square, sum_log, sum_sq = _ExpOuterStats.apply(log_u, log_v, with_square, shape)
+    reference = (log_u.exp() @ log_v.exp().T).reshape(shape)
+    torch.testing.assert_close(sigma, reference)
+    torch.testing.assert_close(sum_log, reference.log().sum())
+    torch.testing.assert_close(sum_sq, reference.square().sum())
+    assert (square is None) != with_square
+
+
+@pytest.mark.parametrize("estimator", ["local", "reparam"])
+def test_ktied_step_through_the_fused_node_equals_plain_autograd(estimator):
+    family = KTied(rank=2, init_std=0.1).build((6, 5), torch.randn(6, 5, dtype=torch.float64))
+    prior = Normal(0.1, 0.5).double()
+    x, eps = torch.randn(7, 5, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
+    fit_part = (x.square() @ family.variance.T).sum() if estimator == "local" else (x @ (family.loc + family.scale * eps).T).sum()
+    (fit_part + family.kl(prior)).backward()
+    assert family._scale_cache is None
+    loc = family.loc.detach().requires_grad_()
+    log_u, log_v = family.log_u.detach().requires_grad_(), family.log_v.detach().requires_grad_()
+    sigma = log_u.exp() @ log_v.exp().T
+    plain_fit = (x.square() @ sigma.square().T).sum() if estimator == "local" else (x @ (loc + sigma * eps).T).sum()
+    plain_kl = torch.distributions.kl_divergence(torch.distributions.Normal(loc, sigma), torch.distributions.Normal(0.1, 0.5))
+    (plain_fit + plain_kl.sum()).backward()
+    for got, expected in [(family.log_u.grad, log_u.grad), (family.log_v.grad, log_v.grad), (family.loc.grad, loc.grad)]:
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)

@@ -22,7 +22,8 @@ __all__ = [
     "MeanField",
     "inverse_softplus",
     "cached_softplus",
-    "cached_per_step",
+    "stats_per_step",
+    "plain_stats",
     "softplus_stats",
     "normal_kl_from_stats",
     "normal_kl_elementwise",
@@ -53,27 +54,49 @@ def _drop_scale_cache(family_ref: weakref.ref, grad: torch.Tensor) -> None:  # t
         family._scale_cache = None
 
 
-def cached_per_step(
-    family: Any, sources: tuple[torch.Tensor, ...], shared: Callable[[], torch.Tensor], plain: Callable[[], torch.Tensor]
-) -> torch.Tensor:
-    """A tensor computed from the parameters ``sources``, shared within a training step.
+ScaleStats = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor]
 
-    While gradients are recorded, ``shared()`` (an autograd Function whose backward can run more than once, e.g.
-    k-tied's ``_SharedExpOuter``) is computed once per step and shared by the forward pass and the KL. The cache
-    (``family._scale_cache``) is keyed on the identity, version, device and dtype of the sources and dropped as soon
-    as a backward pass reaches it, so it never outlives the step. Otherwise ``plain()``. The family must reset
+
+def stats_per_step(
+    family: Any,
+    sources: tuple[torch.Tensor, ...],
+    node: Callable[[bool], ScaleStats],
+    plain: Callable[[bool], ScaleStats],
+    with_square: bool = False,
+) -> ScaleStats:
+    """``(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2))`` of a Gaussian family whose stds are computed from the
+    parameters ``sources``, shared within a training step.
+
+    While gradients are recorded, ``node(with_square)`` (an autograd Function whose backward can run more than once,
+    e.g. :class:`_SoftplusStats`) is evaluated once per step and its outputs are shared by the forward pass (``sigma *
+    eps``, or ``x^2 sigma^2`` with ``with_square``) and the KL (the two sums), so that all their gradients meet in the
+    node's one backward. The cache (``family._scale_cache``) is keyed on the identity, version, device and dtype of the
+    sources and dropped as soon as a backward pass reaches any output, so it never outlives the step; a cached node
+    built without ``sigma^2`` serves it as ``sigma.square()``. Otherwise ``plain(with_square)``. The family must reset
     ``_scale_cache`` in ``__getstate__`` (copies, pickling).
     """
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in sources)) or _functorch_active():
-        return plain()
+        return plain(with_square)
     key = tuple((id(t), t._version, t.device, t.dtype) for t in sources)
     cache = family._scale_cache
     if cache is not None and cache[0] == key:
-        return cache[1]
-    out = shared()
-    out.register_hook(functools.partial(_drop_scale_cache, weakref.ref(family)))
-    family._scale_cache = (key, out, sources)  # the sources are held so that their ids stay theirs
-    return out
+        sigma, square, sum_log, sum_sq = cache[1]
+        if with_square and square is None:
+            square = sigma.square()
+        return sigma, square, sum_log, sum_sq
+    outputs = node(with_square)
+    drop = functools.partial(_drop_scale_cache, weakref.ref(family))
+    for out in outputs:
+        if out is not None:
+            out.register_hook(drop)
+    family._scale_cache = (key, outputs, sources)  # the sources are held so that their ids stay theirs
+    return outputs
+
+
+def plain_stats(sigma: torch.Tensor, with_square: bool) -> ScaleStats:
+    """The same four values computed directly from ``sigma`` (no fusion; outside training steps)."""
+    flat = sigma.reshape(-1)
+    return sigma, sigma.square() if with_square else None, torch.log(sigma).sum(), torch.dot(flat, flat)
 
 
 class _SoftplusStats(torch.autograd.Function):
@@ -119,32 +142,16 @@ class _SoftplusStats(torch.autograd.Function):
         return grad.mul_(torch.sigmoid(rho)), None
 
 
-def softplus_stats(
-    family: Any, with_square: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """``(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2))`` for ``sigma = softplus(family.rho)``, shared within a
-    training step (:func:`cached_per_step`'s cache and rules) from one :class:`_SoftplusStats` node. ``with_square``
-    asks for ``sigma^2`` as an output of the node (the local reparameterization's variance); a cached node built without
-    it serves ``sigma^2`` as ``sigma.square()``. Without gradients every value is computed directly."""
+def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
+    """:func:`stats_per_step` for ``sigma = softplus(family.rho)`` through one :class:`_SoftplusStats` node."""
     rho = family.rho
-    if not (torch.is_grad_enabled() and rho.requires_grad) or _functorch_active():
-        sigma = F.softplus(rho)
-        flat = sigma.reshape(-1)
-        return sigma, sigma.square() if with_square else None, torch.log(sigma).sum(), torch.dot(flat, flat)
-    key = ("softplus_stats", id(rho), rho._version, rho.device, rho.dtype)
-    cache = family._scale_cache
-    if cache is not None and cache[0] == key:
-        sigma, square, sum_log, sum_sq = cache[1]
-        if with_square and square is None:
-            square = sigma.square()
-        return sigma, square, sum_log, sum_sq
-    outputs = _SoftplusStats.apply(rho, with_square)
-    drop = functools.partial(_drop_scale_cache, weakref.ref(family))
-    for out in outputs:
-        if out is not None:
-            out.register_hook(drop)
-    family._scale_cache = (key, outputs, (rho,))
-    return outputs
+    return stats_per_step(
+        family,
+        (rho,),
+        lambda square: _SoftplusStats.apply(rho, square),
+        lambda square: plain_stats(F.softplus(rho), square),
+        with_square,
+    )
 
 
 def cached_softplus(family: Any) -> torch.Tensor:
@@ -290,30 +297,25 @@ class MeanField(VariationalFamily):
     @property
     def scale(self) -> torch.Tensor:
         """Posterior standard deviations, softplus(rho), computed once per training step (:func:`cached_softplus`)."""
-        return cached_softplus(self)
+        return self._scale_stats()[0]
 
-    def _softplus_scale(self) -> bool:
-        """Whether ``scale`` is ``softplus(rho)`` (subclasses with another parameterisation say False)."""
-        return True
+    def _scale_stats(self, with_square: bool = False) -> ScaleStats:
+        """(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2)) from the step's fused node (:func:`stats_per_step`);
+        subclasses with another parameterisation of sigma override this."""
+        return softplus_stats(self, with_square)
 
     @property
     def variance(self) -> torch.Tensor:
-        """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node of
-        :func:`softplus_stats`."""
-        if self._softplus_scale():
-            square = softplus_stats(self, with_square=True)[1]
-            assert square is not None
-            return square
-        return self.scale.square()
+        """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node."""
+        square = self._scale_stats(with_square=True)[1]
+        assert square is not None
+        return square
 
     def sigma_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(sum(log sigma), sum(sigma^2))`` over the (unmasked) tensor: what the KL to a scalar-scale Normal needs of
         sigma."""
-        if self._softplus_scale():
-            return softplus_stats(self)[2:]
-        sigma = self.scale
-        flat = sigma.reshape(-1)
-        return torch.log(sigma).sum(), torch.dot(flat, flat)
+        _, _, sum_log, sum_sq = self._scale_stats()
+        return sum_log, sum_sq
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())

@@ -21,25 +21,58 @@ import torch
 from torch import nn
 
 from varbnn.families.base import register_family
-from varbnn.families.gaussian import MeanField, cached_per_step
+from varbnn.families.gaussian import MeanField, ScaleStats, stats_per_step
 
 __all__ = ["KTied"]
 
 
-class _SharedExpOuter(torch.autograd.Function):
-    """``exp(log_u) @ exp(log_v).T`` whose backward can run more than once (the leaf parameters are kept on ``ctx``, not
-    saved tensors that autograd frees), so that the per-step cached std matrix can feed graphs differentiated apart.
-    Backward: ``dL/dlog_u = (G V) * U``, ``dL/dlog_v = (G^T U) * V``."""
+class _ExpOuterStats(torch.autograd.Function):
+    """The k-tied stds ``sigma = exp(log_u) @ exp(log_v).T`` (returned in the weight's shape), optionally ``sigma^2``,
+    and the KL's statistics ``sum(log sigma)`` and ``sum(sigma^2) = sum((U^T U) * (V^T V))`` (from k x k matrices) as
+    outputs of one node. With ``G = g_sigma + 2 sigma g_square + g_sumlog / sigma`` (one or two passes over the
+    matrix) the backward is
+
+        dL/dlog_u = ((G V) + 2 g_sumsq U (V^T V)) * U,    dL/dlog_v = ((G^T U) + 2 g_sumsq V (U^T U)) * V.
+
+    It can run more than once (the leaf parameters and a detached sigma are kept on ``ctx``, not as saved tensors
+    that autograd frees), so that the step's outputs can feed graphs differentiated apart."""
 
     @staticmethod
-    def forward(ctx, log_u: torch.Tensor, log_v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.log_u, ctx.log_v = log_u, log_v
-        return log_u.exp() @ log_v.exp().T
+    def forward(  # type: ignore[override]
+        ctx, log_u: torch.Tensor, log_v: torch.Tensor, with_square: bool, shape: torch.Size
+    ) -> ScaleStats:
+        u, v = log_u.exp(), log_v.exp()
+        sigma = u @ v.T
+        sum_sq = ((u.T @ u) * (v.T @ v)).sum()
+        ctx.log_u, ctx.log_v, ctx.sigma = log_u, log_v, sigma.detach()
+        ctx.set_materialize_grads(False)
+        square = (sigma * sigma).reshape(shape) if with_square else None
+        return sigma.reshape(shape), square, torch.log(sigma).sum(), sum_sq
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def backward(  # type: ignore[override]
+        ctx, g_sigma: torch.Tensor | None, g_square: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        sigma = ctx.sigma
         u, v = ctx.log_u.detach().exp(), ctx.log_v.detach().exp()
-        return (grad @ v) * u, (grad.T @ u) * v
+        grad: torch.Tensor | None = None  # G / factor
+        factor = 1.0
+        if g_square is not None:
+            grad, factor = g_square.reshape(sigma.shape) * sigma, 2.0
+        if g_log is not None:
+            g = g_log / factor
+            grad = torch.div(g, sigma) if grad is None else grad.addcdiv_(g.expand_as(sigma), sigma)
+        if g_sigma is not None:
+            g_matrix = g_sigma.reshape(sigma.shape)
+            grad = g_matrix if grad is None else grad.add_(g_matrix, alpha=1.0 / factor)  # only read from here on
+        g_u = g_v = None
+        if grad is not None:
+            g_u, g_v = (grad @ v).mul_(factor), (grad.T @ u).mul_(factor)
+        if g_sq is not None:
+            extra_u, extra_v = (u @ (v.T @ v)) * (2 * g_sq), (v @ (u.T @ u)) * (2 * g_sq)
+            g_u = extra_u if g_u is None else g_u.add_(extra_u)
+            g_v = extra_v if g_v is None else g_v.add_(extra_v)
+        return (g_u * u if g_u is not None else None), (g_v * v if g_v is not None else None), None, None
 
 
 @register_family("ktied")
@@ -99,23 +132,28 @@ class KTied(MeanField):
         """V = exp(log_v), shape (n, k)."""
         return self.log_v.exp()
 
-    def _softplus_scale(self) -> bool:
-        return not self.tied
+    def _scale_stats(self, with_square: bool = False) -> ScaleStats:
+        """U V^T reshaped to the weight's shape (or softplus(rho) if untied) with its statistics, from one node per
+        training step (:func:`~varbnn.families.gaussian.stats_per_step`)."""
+        if not self.tied:
+            return super()._scale_stats(with_square)
+        shape = self._require_built()
+        log_u, log_v = self.log_u, self.log_v
+
+        def plain(square: bool) -> ScaleStats:
+            u, v = self.u, self.v
+            sigma = (u @ v.T).reshape(shape)
+            return sigma, sigma.square() if square else None, torch.log(sigma).sum(), ((u.T @ u) * (v.T @ v)).sum()
+
+        return stats_per_step(
+            self, (log_u, log_v), lambda square: _ExpOuterStats.apply(log_u, log_v, square, shape), plain, with_square
+        )
 
     @property
     def scale(self) -> torch.Tensor:
         """Posterior standard deviations: U V^T reshaped to the weight's shape (or softplus(rho) if untied), computed once
         per training step and shared by the forward pass and the KL."""
-        if not self.tied:
-            return super().scale
-        shape = self._require_built()
-        log_u, log_v = self.log_u, self.log_v
-        return cached_per_step(
-            self,
-            (log_u, log_v),
-            lambda: _SharedExpOuter.apply(log_u, log_v).reshape(shape),
-            lambda: (self.u @ self.v.T).reshape(shape),
-        )
+        return self._scale_stats()[0]
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.tied or not self.is_built else ", untied (per-element std)")
