@@ -246,3 +246,48 @@ def test_family_closed_form_kl_equals_cross_entropy_minus_entropy(elementwise):
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-10)
     for a, b in zip(got_grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_monte_carlo_kl_reuses_the_forward_draw_once_within_a_step():
+    """kl_samples=1, reparam: the KL after a forward pass is -log p(w) - H(q) at THAT pass's weight (Blundell et al.
+    2015), used once; a second call, a backward pass or a parameter update (or no grad) make it draw afresh."""
+    family = RadialFamily(init_std=0.3).build((6, 5), torch.randn(6, 5, dtype=torch.float64))
+    prior = Normal(0.1, 0.8).double()
+    torch.manual_seed(0)
+    w = family.weight("sample")
+    expected = -torch.distributions.Normal(0.1, 0.8).log_prob(w).sum() - family.entropy()
+    got = family.kl(prior)
+    torch.testing.assert_close(got, expected)
+    g_got = torch.autograd.grad(got, [family.loc, family.rho], retain_graph=True)
+    g_expected = torch.autograd.grad(expected, [family.loc, family.rho])
+    for a, b in zip(g_got, g_expected):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(family.kl(prior), got)  # taken once: the next call draws afresh
+    w = family.weight("sample")
+    (w.sum() + 0 * family.entropy()).backward()  # a backward pass through the draw ends the step
+    assert family.take_forward_draw() is None
+    family.weight("sample")
+    with torch.no_grad():
+        family.loc.add_(0.1)  # an optimizer step: the draw is stale
+    assert family.take_forward_draw() is None
+    family.weight("sample")
+    with torch.no_grad():
+        assert family.take_forward_draw() is None
+    several = RadialFamily(init_std=0.3, kl_samples=3).build((6, 5), torch.randn(6, 5, dtype=torch.float64))
+    w = several.weight("sample")
+    assert several._forward_draw is not None
+    several.kl(prior)
+    assert several._forward_draw is not None  # several draws: not consumed
+
+
+def test_layer_training_step_pairs_its_kl_with_the_forward_weight():
+    layer = varbnn.bayesianize(torch.nn.Linear(5, 3), RadialFamily(init_std=0.2), Normal(0.0, 1.0))
+    x = torch.randn(4, 5)
+    out = layer(x)
+    weight_family = layer.posteriors["weight"]
+    w = weight_family._forward_draw[1]
+    bias = layer.posteriors["bias"]._forward_draw[1]
+    torch.testing.assert_close(out, x @ w.T + bias)
+    kl = varbnn.kl(layer)
+    assert weight_family._forward_draw is None and layer.posteriors["bias"]._forward_draw is None
+    assert torch.isfinite(kl)

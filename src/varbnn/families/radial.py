@@ -9,7 +9,9 @@ prior, averaged over ``kl_samples`` fresh draws (paper eq. 4 and Appendix A-B); 
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from varbnn.distributions.radial import radial_entropy_constant
 from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.families.gaussian import (
+    _functorch_active,
     _rademacher,
     cached_softplus,
     fused_normal_kl,
@@ -49,7 +52,10 @@ class Radial(VariationalFamily):
         estimator: ``"reparam"`` (one draw per forward pass, any layer) or ``"flipout"`` (Linear, Conv2d: the
             perturbation ``sigma * u * r`` times per-example random signs; sign flips keep a uniform direction
             uniform, so each example sees an exact radial draw).
-        kl_samples: Monte Carlo draws for the cross-entropy with the prior (default 1), averaged.
+        kl_samples: Monte Carlo draws for the cross-entropy with the prior (default 1), averaged. With 1 draw and the
+            ``"reparam"`` estimator, a KL evaluated in a training step after the forward pass uses that pass's weight
+            draw (once), as Blundell et al. (2015) and the paper do: unbiased, and one draw of the weight instead of
+            two. Otherwise (no forward draw in this step, flipout, several draws, a second KL call) it draws afresh.
         cross_entropy: ``"monte_carlo"`` (default, the paper's estimator; any prior) or ``"closed_form"`` (Normal
             priors only: ``E[(w_i - m_i)^2] = (loc_i - m_i)^2 + sigma_i^2 / D``).
 
@@ -61,7 +67,8 @@ class Radial(VariationalFamily):
 
     loc: nn.Parameter
     rho: nn.Parameter
-    _scale_cache: tuple[Any, torch.Tensor, Any] | None = None
+    _scale_cache: tuple[Any, Any, Any] | None = None
+    _forward_draw: tuple[Any, torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -96,6 +103,7 @@ class Radial(VariationalFamily):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
         state["_scale_cache"] = None
+        state["_forward_draw"] = None
         return state
 
     def distribution(self) -> Distribution:
@@ -131,6 +139,25 @@ class Radial(VariationalFamily):
         self._require_built()
         return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
 
+    def _draw_key(self) -> tuple[Any, ...]:
+        return tuple((id(t), t._version, t.device, t.dtype) for t in (self.loc, self.rho))
+
+    def weight(self, mode: SampleMode = "sample") -> torch.Tensor:
+        """As :meth:`VariationalFamily.weight`; in a training step a draw is also kept for the Monte Carlo KL (see
+        ``kl_samples``)."""
+        w = super().weight(mode)
+        if mode == "sample" and torch.is_grad_enabled() and w.requires_grad and not _functorch_active():
+            self._forward_draw = (self._draw_key(), w)
+            w.register_hook(functools.partial(_drop_forward_draw, weakref.ref(self)))
+        return w
+
+    def take_forward_draw(self) -> torch.Tensor | None:
+        """The weight drawn by this step's forward pass (current parameters, not yet backpropagated), once; else None."""
+        draw, self._forward_draw = self._forward_draw, None
+        if draw is None or draw[0] != self._draw_key() or not torch.is_grad_enabled():
+            return None
+        return draw[1]
+
     def forward_op(
         self,
         op: WeightOp,
@@ -145,6 +172,12 @@ class Radial(VariationalFamily):
         delta = self.scale * self._noise(torch.Size())
         perturbation = op(x * _rademacher(op.input_sign_shape(x), x), delta, None)
         return mean + perturbation * _rademacher(op.output_sign_shape(perturbation), perturbation)
+
+
+def _drop_forward_draw(family_ref: weakref.ref, grad: torch.Tensor) -> None:  # type: ignore[type-arg]
+    family = family_ref()
+    if family is not None:
+        family._forward_draw = None
 
 
 def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
@@ -163,7 +196,8 @@ def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
             _, _, sum_log, sum_sq = softplus_stats(family)
             return normal_kl_from_stats(family.loc, sum_log, sum_sq, prior.loc, prior.scale, 1.0 / n) + constant
         return fused_normal_kl(family.loc, family.scale, prior.loc, prior.scale, 1.0 / n) + constant
-    w = family.rsample(torch.Size([family.kl_samples]))
+    forward = family.take_forward_draw() if family.kl_samples == 1 else None
+    w = forward.unsqueeze(0) if forward is not None else family.rsample(torch.Size([family.kl_samples]))
     if scalar_normal_nll_applies(prior):  # the common N(m, s^2) prior: one pass forward and backward
         return scalar_normal_nll(w, prior.loc, prior.scale) / family.kl_samples - family.entropy()
     p = prior.distribution(shape)
