@@ -285,3 +285,23 @@ def test_normal_kl_from_stats_needs_a_scalar_prior_scale():
 
     with pytest.raises(ValueError, match="scalar prior scale"):
         normal_kl_from_stats(torch.zeros(3), torch.tensor(0.0), torch.tensor(1.0), torch.tensor(0.0), torch.ones(3))
+
+
+@pytest.mark.parametrize("var_scale", [1.0, 0.3])
+def test_normal_kl_from_stats_gradcheck_and_value(var_scale):
+    from varbnn.families.gaussian import normal_kl_from_stats
+
+    loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    rho = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    prior_loc, prior_scale = torch.randn(4, 3, dtype=torch.float64) * 0.2, torch.tensor(0.7, dtype=torch.float64)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        sigma = torch.nn.functional.softplus(b)
+        return normal_kl_from_stats(a, sigma.log().sum(), sigma.square().sum(), prior_loc, prior_scale, var_scale)
+
+    assert torch.autograd.gradcheck(f, (loc, rho))
+    sigma = torch.nn.functional.softplus(rho) * math.sqrt(var_scale)
+    expected = torch.distributions.kl_divergence(
+        torch.distributions.Normal(loc, sigma), torch.distributions.Normal(prior_loc, prior_scale)
+    ).sum() + 0.5 * loc.numel() * math.log(var_scale)  # the formula omits the constant n log(v) / 2
+    torch.testing.assert_close(f(loc, rho), expected)
