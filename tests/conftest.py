@@ -19,3 +19,24 @@ def data_dir() -> Path:
     if not (DATA_DIR / "mnist").exists():
         pytest.skip(f"shared datasets not found at {DATA_DIR} (set VARBNN_DATA)")
     return DATA_DIR
+
+
+@pytest.fixture
+def stats_objective():
+    """``objective(outputs, used, w1, w2)``: a scalar from a fused std node's outputs (sigma, sigma^2, sum log sigma,
+    sum sigma^2), using only the outputs flagged in ``used``: every subset a training step can meet."""
+
+    def objective(outputs, used, w1, w2):
+        sigma, square, sum_log, sum_sq = outputs
+        total = torch.zeros((), dtype=w1.dtype)
+        if used[0]:
+            total = total + (sigma * w1).sum()
+        if used[1]:
+            total = total + (square * w2).sum()
+        if used[2]:
+            total = total + 0.7 * sum_log
+        if used[3]:
+            total = total - 1.3 * sum_sq
+        return total
+
+    return objective

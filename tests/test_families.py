@@ -214,7 +214,7 @@ _USED = [(1, 1, 1, 1), (1, 0, 1, 1), (0, 1, 1, 1), (1, 0, 0, 0), (0, 1, 0, 0), (
 
 
 @pytest.mark.parametrize(("with_square", "used"), [(True, u) for u in _USED] + [(False, u) for u in _USED if not u[1]])
-def test_softplus_stats_node_gradcheck_float64(with_square, used):
+def test_softplus_stats_node_gradcheck_float64(with_square, used, stats_objective):
     """The fused node's backward against finite differences, for every subset of its outputs that a step uses."""
     from varbnn.families.gaussian import _SoftplusStats
 
@@ -222,17 +222,7 @@ def test_softplus_stats_node_gradcheck_float64(with_square, used):
     w1, w2 = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
 
     def f(r: torch.Tensor) -> torch.Tensor:
-        sigma, square, sum_log, sum_sq = _SoftplusStats.apply(r, with_square)
-        total = torch.zeros((), dtype=torch.float64)
-        if used[0]:
-            total = total + (sigma * w1).sum()
-        if used[1]:
-            total = total + (square * w2).sum()
-        if used[2]:
-            total = total + 0.7 * sum_log
-        if used[3]:
-            total = total - 1.3 * sum_sq
-        return total
+        return stats_objective(_SoftplusStats.apply(r, with_square), used, w1, w2)
 
     assert torch.autograd.gradcheck(f, (rho,))
     sigma, square, sum_log, sum_sq = _SoftplusStats.apply(rho, with_square)
