@@ -23,6 +23,8 @@ __all__ = [
     "inverse_softplus",
     "cached_softplus",
     "stats_per_step",
+    "step_key",
+    "cache_until_backward",
     "plain_stats",
     "softplus_stats",
     "normal_kl_from_stats",
@@ -48,10 +50,24 @@ def _functorch_active() -> bool:
     return bool(active()) if active is not None else False
 
 
-def _drop_scale_cache(family_ref: weakref.ref, grad: torch.Tensor) -> None:  # type: ignore[type-arg]
+def _clear_on_backward(family_ref: weakref.ref, attribute: str, grad: torch.Tensor) -> None:  # type: ignore[type-arg]
+    """Tensor hook: a backward pass reached a per-step cached tensor; forget ``family.<attribute>``."""
     family = family_ref()
     if family is not None:
-        family._scale_cache = None
+        setattr(family, attribute, None)
+
+
+def step_key(sources: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """Identity, version, device and dtype of parameters: a per-step cache built from them is valid while this holds."""
+    return tuple((id(t), t._version, t.device, t.dtype) for t in sources)
+
+
+def cache_until_backward(family: Any, attribute: str, tensors: Any) -> None:
+    """Drop ``family.<attribute>`` as soon as a backward pass reaches any of ``tensors`` (None entries skipped)."""
+    drop = functools.partial(_clear_on_backward, weakref.ref(family), attribute)
+    for tensor in tensors:
+        if tensor is not None:
+            tensor.register_hook(drop)
 
 
 ScaleStats = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor]
@@ -77,7 +93,7 @@ def stats_per_step(
     """
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in sources)) or _functorch_active():
         return plain(with_square)
-    key = tuple((id(t), t._version, t.device, t.dtype) for t in sources)
+    key = step_key(sources)
     cache = family._scale_cache
     if cache is not None and cache[0] == key:
         sigma, square, sum_log, sum_sq = cache[1]
@@ -85,10 +101,7 @@ def stats_per_step(
             square = sigma.square()
         return sigma, square, sum_log, sum_sq
     outputs = node(with_square)
-    drop = functools.partial(_drop_scale_cache, weakref.ref(family))
-    for out in outputs:
-        if out is not None:
-            out.register_hook(drop)
+    cache_until_backward(family, "_scale_cache", outputs)
     family._scale_cache = (key, outputs, sources)  # the sources are held so that their ids stay theirs
     return outputs
 

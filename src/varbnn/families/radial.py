@@ -9,9 +9,7 @@ prior, averaged over ``kl_samples`` fresh draws (paper eq. 4 and Appendix A-B); 
 
 from __future__ import annotations
 
-import functools
 import math
-import weakref
 from typing import Any
 
 import torch
@@ -25,11 +23,13 @@ from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, reg
 from varbnn.families.gaussian import (
     _functorch_active,
     _rademacher,
+    cache_until_backward,
     cached_softplus,
     fused_normal_kl,
     inverse_softplus,
     normal_kl_from_stats,
     softplus_stats,
+    step_key,
 )
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
@@ -139,22 +139,19 @@ class Radial(VariationalFamily):
         self._require_built()
         return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
 
-    def _draw_key(self) -> tuple[Any, ...]:
-        return tuple((id(t), t._version, t.device, t.dtype) for t in (self.loc, self.rho))
-
     def weight(self, mode: SampleMode = "sample") -> torch.Tensor:
         """As :meth:`VariationalFamily.weight`; in a training step a draw is also kept for the Monte Carlo KL (see
         ``kl_samples``)."""
         w = super().weight(mode)
         if mode == "sample" and torch.is_grad_enabled() and w.requires_grad and not _functorch_active():
-            self._forward_draw = (self._draw_key(), w)
-            w.register_hook(functools.partial(_drop_forward_draw, weakref.ref(self)))
+            self._forward_draw = (step_key((self.loc, self.rho)), w)
+            cache_until_backward(self, "_forward_draw", (w,))
         return w
 
     def take_forward_draw(self) -> torch.Tensor | None:
         """The weight drawn by this step's forward pass (current parameters, not yet backpropagated), once; else None."""
         draw, self._forward_draw = self._forward_draw, None
-        if draw is None or draw[0] != self._draw_key() or not torch.is_grad_enabled():
+        if draw is None or draw[0] != step_key((self.loc, self.rho)) or not torch.is_grad_enabled():
             return None
         return draw[1]
 
@@ -172,12 +169,6 @@ class Radial(VariationalFamily):
         delta = self.scale * self._noise(torch.Size())
         perturbation = op(x * _rademacher(op.input_sign_shape(x), x), delta, None)
         return mean + perturbation * _rademacher(op.output_sign_shape(perturbation), perturbation)
-
-
-def _drop_forward_draw(family_ref: weakref.ref, grad: torch.Tensor) -> None:  # type: ignore[type-arg]
-    family = family_ref()
-    if family is not None:
-        family._forward_draw = None
 
 
 def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
