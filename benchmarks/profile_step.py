@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--candidate", required=True, help="a substring of a step_time candidate name")
+    parser.add_argument("--candidate", required=True, help="a step_time candidate name, or a substring matching only one")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rows", type=int, default=30)
@@ -33,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     device = resolve_device(args.device)
     table = candidates(args.model, device)
-    matches = [k for k in table if args.candidate in k]
+    matches = [args.candidate] if args.candidate in table else [k for k in table if args.candidate in k]
     if len(matches) != 1:
         parser.error(f"--candidate must match exactly one of {sorted(table)}, matched {matches}")
     name = matches[0]

@@ -206,6 +206,19 @@ def test_graves_gradients_of_a_delta_model_equal_ordinary_backprop():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_per_example_gradients_refuse_batch_norm_in_training_mode_and_accept_it_in_eval_mode():
+    model = nn.Sequential(BayesLinear(6, 5, family=Delta()), nn.BatchNorm1d(5), nn.Linear(5, 4))
+    x, y = torch.randn(8, 6), torch.randint(0, 4, (8,))
+    with pytest.raises(ValueError, match=r"batch normalisation.*\['1'\].*eval mode"):
+        per_example_gradients(model, x, y)
+    model.eval()  # running statistics: each example's output is its own, so the loop oracle applies
+    grads, values = per_example_gradients(model, x, y)
+    model.zero_grad()
+    F.cross_entropy(model(x[2:3]), y[2:3]).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name][2], p.grad, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("weight_draws", ["example", "batch"])
 def test_graves_variance_gradient_matches_the_second_derivative_form_on_a_quadratic_loss(weight_draws):
     """On l_n(w) = (y_n - w.x_n)^2 / 2 with y_n = w*.x_n + N(0, 1) and q centred at w*, the empirical Fisher equals the

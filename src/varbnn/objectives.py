@@ -165,6 +165,13 @@ def per_example_gradients(
     unknown = names - set(named)
     if unknown:
         raise ValueError(f"wrt names parameters the model does not have: {sorted(unknown)}")
+    coupled = [name or type(model).__name__ for name, m in model.named_modules() if _couples_examples(m)]
+    if coupled:
+        raise ValueError(
+            f"per-example gradients (Graves' estimator) are undefined for batch normalisation in training mode, which "
+            f"couples the examples of a batch: {coupled[:3]}{' ...' if len(coupled) > 3 else ''}. Put those modules in "
+            f"eval mode, replace them (e.g. nn.GroupNorm), or use estimator='reparam', 'local' or 'flipout'"
+        )
     params = {k: v for k, v in named.items() if k in names}
     constants = {k: v for k, v in named.items() if k not in names}
     buffers = dict(model.named_buffers())
@@ -177,6 +184,11 @@ def per_example_gradients(
     grads, values = vmap(grad_and_value(loss), in_dims=(None, 0, 0), randomness=randomness, chunk_size=chunk_size)(params, x, y)
     score_correction(model)  # drop score terms a rejection-sampling family recorded inside the transform
     return grads, values
+
+
+def _couples_examples(module: nn.Module) -> bool:
+    """Batch normalisation in training mode: its output for one example depends on the rest of the batch."""
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training
 
 
 def uses_graves_estimator(model: nn.Module) -> bool:
