@@ -15,6 +15,7 @@ from torch.distributions import Gamma, InverseGamma, LogNormal, kl_divergence
 from varbnn import BayesConv2d, BayesLinear, RadialDirectional, RadialDirectionalPrior, bayesianize, elbo_loss, kl
 from varbnn.distributions import HypersphericalUniform, VonMisesFisher
 from varbnn.distributions.vmf import log_normalizer_and_resultant
+from varbnn.divergence import half_cauchy_pair_kl
 from varbnn.families import MeanField
 from varbnn.families.rdp import _from_groups, _to_groups
 from varbnn.priors import Normal, banerjee_concentration
@@ -105,6 +106,38 @@ def test_row_and_double_posteriors_start_at_the_initial_weight():
     double = RadialDirectional(grouping="double").build((7, 9), init)
     torch.testing.assert_close(row.mode, init, rtol=1e-3, atol=1e-5)
     torch.testing.assert_close(double.mode, init, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("grouping", ["row", "double"])
+def test_prior_radius_init_keeps_the_weights_and_puts_the_gamma_factors_at_their_kl_minimum(grouping):
+    torch.manual_seed(0)
+    prior = RadialDirectionalPrior(global_scale=1e-4, local_scale=5e-3)
+    init = torch.randn(6, 8)
+    even = RadialDirectional(grouping=grouping, radius_init="even").build((6, 8), init)
+    adapted = RadialDirectional(grouping=grouping, radius_init="prior").build((6, 8), init)
+    even.adapt_to_prior(prior)  # a no-op for "even"
+    adapted.adapt_to_prior(prior)
+    torch.testing.assert_close(adapted.mode, even.mode, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(adapted.mean, even.mean, rtol=1e-5, atol=1e-7)
+    # the KL terms (checked against Monte Carlo above) of the Gamma factors and of the global InvGamma factor are
+    # stationary in their locations; the local InvGamma factor carries the radius
+    for g in adapted.groupings:
+        for part, scale, stationary in (("local", 5e-3, [0]), ("global", 1e-4, [0, 1])):
+            loc = adapted._param(g, f"{part}_loc").detach().double().requires_grad_(True)
+            sigma = F.softplus(adapted._param(g, f"{part}_rho").detach().double())
+            (grad,) = torch.autograd.grad(half_cauchy_pair_kl(loc, sigma, scale**-2).sum(), loc)
+            assert grad[..., stationary].abs().max() < 1e-6, (g, part, grad)
+    assert float(adapted.kl(prior)) < 1e-3 * float(even.kl(prior))  # ~1e8 nats of global-scale KL are gone
+
+
+def test_layers_adapt_the_family_to_its_prior():
+    prior = RadialDirectionalPrior(global_scale=1e-3, local_scale=1e-2)
+    layer = BayesLinear(8, 6, family=RadialDirectional(grouping="row"), prior=prior)
+    family = layer.posteriors["weight"]
+    var = F.softplus(family.row_global_rho.detach()).square()
+    torch.testing.assert_close(family.row_global_loc.detach()[0], math.log(1e-3**2 / 2) - var[0] / 2)
+    plain = BayesLinear(8, 6, family=RadialDirectional(grouping="row"), prior=Normal(0.0, 1.0))
+    assert float(plain.posteriors["weight"].row_global_loc.detach().abs().max()) == 0.0  # no RDP prior: unchanged
 
 
 @pytest.mark.parametrize("grouping", ["row", "column", "double"])
@@ -231,6 +264,7 @@ def test_fallbacks_and_prior_errors():
         (lambda: RadialDirectional(init_log_std=0.0), "init_log_std"),
         (lambda: RadialDirectional(init_resultant=1.0), "init_resultant"),
         (lambda: RadialDirectional(ratio_method="fast"), "ratio_method"),
+        (lambda: RadialDirectional(radius_init="uniform"), r"radius_init must be one of \('prior', 'even'\)"),
         (lambda: RadialDirectionalPrior(global_scale=-1.0), "global_scale"),
         (lambda: RadialDirectionalPrior(direction="north"), "direction must be one of"),
         (lambda: RadialDirectionalPrior(concentration=0.0), "concentration"),

@@ -77,6 +77,10 @@ class VariationalFamily(nn.Module):
     def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def adapt_to_prior(self, prior: Any) -> None:
+        """Adjust a built family's initial parameters to the prior it will be paired with (a no-op here). Layers call
+        it right after building each tensor; call it yourself when you build a family by hand."""
+
     def check_layer(self, layer_kind: str) -> None:
         """Raise a clear error if this family's estimator cannot run inside a ``layer_kind`` layer."""
         allowed = self.estimator_layers.get(self.estimator, ())

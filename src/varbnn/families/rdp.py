@@ -74,6 +74,9 @@ def _from_groups(matrix: torch.Tensor, shape: torch.Size, grouping: str) -> torc
     return swapped.transpose(len(batch), len(batch) + 1)
 
 
+RADIUS_INITS = ("prior", "even")
+
+
 @register_family("rdp")
 class RadialDirectional(VariationalFamily):
     """Radial-and-directional posterior over a weight tensor (Oh et al. 2020); use with
@@ -90,6 +93,14 @@ class RadialDirectional(VariationalFamily):
         score_correction: record the rejection-sampling score term for :func:`varbnn.objectives.elbo_loss`
             (default True; False keeps only the biased pathwise kappa gradient).
         fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2).
+        radius_init: how the initial log radius is split over the four log-normal factors. ``"prior"`` (default): once
+            the layer pairs the family with a :class:`~varbnn.priors.RadialDirectionalPrior`, the two Gamma factors
+            and the global InvGamma factor start where their own KL terms are smallest (``m = log(scale^2 / 2) -
+            v / 2`` and ``m = log 2 + v / 2``) and the local InvGamma factor, whose KL grows only logarithmically,
+            carries the rest of each group's radius. ``"even"``: the two local factors share the log radius and the
+            global pair starts at 0 (the behaviour before ``radius_init`` existed). The initial weights are the same
+            either way; with small prior scales (e.g. global 1e-4) ``"even"`` starts with a KL of ~1e9 nats that Adam
+            needs tens of epochs to shed, during which weak units die.
 
     Initialisation: at the posterior mode the weight equals the initial (He-normal or pretrained) tensor: row
     directions are its normalised rows and row radii their norms; a column factor (double grouping) starts with
@@ -108,7 +119,10 @@ class RadialDirectional(VariationalFamily):
         ratio_method: str = "accurate",
         score_correction: bool = True,
         fallback_init_std: float = 1e-2,
+        radius_init: str = "prior",
     ) -> None:
+        if radius_init not in RADIUS_INITS:
+            raise ValueError(f"RadialDirectional: radius_init must be one of {RADIUS_INITS}, got {radius_init!r}")
         if grouping not in GROUPINGS:
             raise ValueError(f"RadialDirectional: grouping must be one of {GROUPINGS}, got {grouping!r}")
         if not (isinstance(init_log_std, (int, float)) and math.isfinite(init_log_std) and init_log_std > 0):
@@ -124,7 +138,9 @@ class RadialDirectional(VariationalFamily):
             ratio_method=ratio_method,
             score_correction=bool(score_correction),
             fallback_init_std=float(fallback_init_std),
+            radius_init=radius_init,
         )
+        self.radius_init = radius_init
         self.grouping = grouping
         self.init_log_std = float(init_log_std)
         self.init_resultant = float(init_resultant)
@@ -177,6 +193,25 @@ class RadialDirectional(VariationalFamily):
             setattr(self, f"{prefix}_local_rho", nn.Parameter(torch.full((groups, 2), rho, dtype=dtype)))
             setattr(self, f"{prefix}_global_loc", nn.Parameter(torch.zeros(2, dtype=dtype)))
             setattr(self, f"{prefix}_global_rho", nn.Parameter(torch.full((2,), rho, dtype=dtype)))
+
+    @torch.no_grad()
+    def adapt_to_prior(self, prior: Any) -> None:
+        """With ``radius_init="prior"`` and a :class:`RadialDirectionalPrior`: re-split each group's initial log
+        radius over the four log-normal factors (see the class docstring); the sum of their locations, hence the
+        weights at the mode and the mean, is unchanged."""
+        if self.radius_init != "prior" or not isinstance(prior, RadialDirectionalPrior):
+            return
+        self._require_built()
+        for grouping in self.groupings:
+            local_loc, global_loc = self._param(grouping, "local_loc"), self._param(grouping, "global_loc")
+            local_var = F.softplus(self._param(grouping, "local_rho")).square()
+            global_var = F.softplus(self._param(grouping, "global_rho")).square()
+            total = local_loc.sum(-1) + global_loc.sum()
+            # argmin_m KL(LN(m, v) || Gamma(1/2, rate 1/c^2)) = log(c^2 / 2) - v/2; || InvGamma(1/2, 1): log 2 + v/2
+            global_loc[0] = math.log(prior.global_scale**2 / 2) - global_var[0] / 2
+            global_loc[1] = math.log(2.0) + global_var[1] / 2
+            local_loc[:, 0] = math.log(prior.local_scale**2 / 2) - local_var[:, 0] / 2
+            local_loc[:, 1] = total - local_loc[:, 0] - global_loc.sum()
 
     # -- per-grouping pieces ------------------------------------------------------------------------------
     def _param(self, grouping: str, name: str) -> torch.Tensor:

@@ -58,6 +58,7 @@ class BayesianModule(nn.Module):
         family.check_layer(self.layer_kind)
         self.posteriors[name] = family.build(shape, init)
         self.priors[name] = resolve_prior(prior, name)
+        self.posteriors[name].adapt_to_prior(self.priors[name])  # type: ignore[operator]
 
     def bayesian_tensors(self) -> Iterator[tuple[str, VariationalFamily, Prior]]:
         """(name, posterior, prior) for every random tensor of this layer."""
