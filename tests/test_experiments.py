@@ -14,7 +14,7 @@ from varbnn import Delta, KTied, MeanField, bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments import get_config, run_experiment
 from varbnn.experiments.config import ExperimentConfig, Variant
-from varbnn.experiments.runner import build_model, render_markdown, std_parameters
+from varbnn.experiments.runner import _BestOfLast, build_model, render_markdown, std_parameters
 from varbnn.models import make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
 from varbnn.train import evaluate_weight_samples, fit
@@ -221,9 +221,35 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     assert row["pruned_architecture"].count("-") == 3 and row["pruned_parameters"] <= row["dense_parameters"] == 431080
     for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
         assert row[key] == row_again[key]
+    assert row["selected_epoch"] == row_again["selected_epoch"] in (1.0, 2.0)
     assert (tmp_path / "lenet5-prune_prune_histograms.png").stat().st_size > 1000
     markdown = (tmp_path / "lenet5-prune.md").read_text()
     assert "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |" in markdown and "| BC-GHS | 5-10-76-16 |" in markdown
+
+
+def test_best_of_last_keeps_the_lowest_training_nll_of_the_last_epochs_and_survives_a_restart(tmp_path):
+    checkpoint = tmp_path / "run.pt"
+    checkpoint.write_bytes(b"")  # only its existence matters to the selector
+    model = nn.Linear(2, 1)
+    selector = _BestOfLast(model, epochs=5, last=3, checkpoint=checkpoint)
+    states = {}
+    for epoch, nll in enumerate([0.1, 0.5, 0.4, 0.3, 0.35], start=1):  # epoch 1 is best overall but not in the last 3
+        with torch.no_grad():
+            model.weight.fill_(float(epoch))
+        states[epoch] = model.weight.detach().clone()
+        selector(epoch, {"nll": nll})
+        if epoch == 4:  # a killed run: a new selector reads the saved best back
+            selector = _BestOfLast(model, epochs=5, last=3, checkpoint=checkpoint)
+    assert selector.restore() == 4
+    torch.testing.assert_close(model.weight, states[4])
+
+
+def test_select_best_of_last_is_validated_and_only_changes_the_hash_when_set():
+    base = get_config("mnist-mlp")
+    assert "select_best_of_last" not in base.to_dict()  # saved checkpoints of configs without it keep their hashes
+    assert dataclasses.replace(base, select_best_of_last=2).to_dict()["select_best_of_last"] == 2
+    with pytest.raises(ValueError, match=r"select_best_of_last must be an integer in \[0, epochs="):
+        dataclasses.replace(base, select_best_of_last=base.epochs + 1)
 
 
 def test_resumable_runs_keep_their_traces_across_invocations(tmp_path):

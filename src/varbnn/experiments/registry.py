@@ -220,8 +220,16 @@ register_config(
         kl_annealing_epochs=20,
         resumable=True,
         prune=True,
+        select_best_of_last=10,  # the paper: "the best training cross-entropy during last 10 epochs"
         figures=("prune_histograms", "reliability"),
-        quick={"epochs": 1, "train_limit": 600, "test_limit": 300, "eval_samples": 2, "kl_annealing_epochs": 1},
+        quick={
+            "epochs": 2,
+            "train_limit": 600,
+            "test_limit": 300,
+            "eval_samples": 2,
+            "kl_annealing_epochs": 1,
+            "select_best_of_last": 2,
+        },
     )
 )
 

@@ -216,6 +216,35 @@ class _Sidecar:
         os.replace(tmp, self.path)
 
 
+class _BestOfLast:
+    """``select_best_of_last``: keeps the state of the epoch with the lowest mean training NLL among the last K
+    epochs; for resumable runs in ``<checkpoint>.best.pt`` (written atomically, read back on resume)."""
+
+    def __init__(self, model: torch.nn.Module, epochs: int, last: int, checkpoint: Path | None) -> None:
+        self.model, self.first = model, epochs - last + 1
+        self.path = checkpoint.with_suffix(".best.pt") if checkpoint is not None else None
+        self.best: dict[str, Any] | None = None
+        if self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
+            self.best = torch.load(self.path, map_location="cpu", weights_only=True)
+
+    def __call__(self, epoch: int, record: dict[str, float]) -> None:
+        if epoch < self.first or (self.best is not None and record["nll"] >= self.best["nll"]):
+            return
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.best = {"epoch": epoch, "nll": float(record["nll"]), "model": state}
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            torch.save(self.best, tmp)
+            os.replace(tmp, self.path)
+
+    def restore(self) -> int:
+        """Load the selected state into the model; returns its epoch."""
+        if self.best is None:
+            raise RuntimeError("select_best_of_last: no epoch was recorded (did training run?)")
+        self.model.load_state_dict(self.best["model"])
+        return int(self.best["epoch"])
+
+
 def _sem(values: torch.Tensor) -> float:
     return float(values.std() / math.sqrt(values.numel())) if values.numel() > 1 else float("nan")
 
@@ -293,6 +322,8 @@ def run_experiment(
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
     world = 1
+    if distributed and config.select_best_of_last:
+        raise ValueError(f"{config.name}: select_best_of_last is not supported with distributed training")
     if distributed:
         context = vdist.setup(device=device if device not in (None, "auto") else None)
         if context.world_size < 2:
@@ -338,15 +369,25 @@ def run_experiment(
             t0 = time.perf_counter()
             checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
             sidecar = _Sidecar(checkpoint, tracer, t0)
+            best = None
+            if config.select_best_of_last:
+                best = _BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
+            callbacks = [c for c in (sidecar if checkpoint is not None else None, best) if c is not None]
+
+            def on_epoch_end(epoch: int, record: dict[str, float], callbacks: list[Any] = callbacks) -> None:
+                for callback in callbacks:
+                    callback(epoch, record)
+
             history = fit(
                 model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
                 optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
                 beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
                 on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
-                on_epoch_end=sidecar if checkpoint is not None else None, distributed=distributed,
+                on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
                 mc_samples=config.mc_samples if variant.family != "plain" else 1,
             )  # fmt: skip
             train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
+            selected_epoch = best.restore() if best is not None else None
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
             for rank in config.posthoc_ranks if variant.family != "plain" else ():
                 results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
@@ -358,6 +399,8 @@ def run_experiment(
                         train_seconds=train_seconds,
                         final_train_loss=history[-1]["loss"] if history else float("nan"),
                     )
+                    if selected_epoch is not None:
+                        scores["selected_epoch"] = float(selected_epoch)
                     if config.prune and variant.family != "plain":
                         scores.update(_prune_scores(config, model, x_test, y_test, dev))
                     for record in tracer.records if tracer else []:
@@ -480,6 +523,7 @@ _LEGEND = {
     "pruned_parameters": "weights + biases of the exported plain model",
     "pruned_flops": "FLOPs of the exported model, Oh et al.'s formulas",
     "pruned_test_error": "test error of the exported plain model (posterior-mode weights, pruned units removed)",
+    "selected_epoch": "the epoch evaluated: lowest mean training NLL among the last select_best_of_last epochs",
 }
 
 
