@@ -130,6 +130,21 @@ def test_prior_radius_init_keeps_the_weights_and_puts_the_gamma_factors_at_their
     assert float(adapted.kl(prior)) < 1e-3 * float(even.kl(prior))  # ~1e8 nats of global-scale KL are gone
 
 
+def test_log_concentration_parameter_starts_at_the_same_kappa_and_moves_it_by_a_factor_per_adam_step():
+    init = torch.randn(6, 300)
+    soft = RadialDirectional(grouping="row", concentration_param="softplus").build((6, 300), init)
+    log = RadialDirectional(grouping="row", concentration_param="log").build((6, 300), init)
+    kappa0 = float(soft.concentration("row"))
+    assert float(log.concentration("row")) == pytest.approx(kappa0, rel=1e-5)
+    torch.testing.assert_close(log.mode, soft.mode)
+    for family in (soft, log):  # one Adam step that lowers kappa (a pure KL pull towards a weaker prior)
+        optimizer = torch.optim.Adam([family.row_concentration_rho], lr=1e-2)
+        family.concentration("row").backward()
+        optimizer.step()
+    assert kappa0 - float(soft.concentration("row")) == pytest.approx(1e-2, rel=1e-3)  # rho ~= kappa: -0.01
+    assert float(log.concentration("row")) == pytest.approx(kappa0 * math.exp(-1e-2), rel=1e-4)  # x e^-0.01
+
+
 def test_layers_adapt_the_family_to_its_prior():
     prior = RadialDirectionalPrior(global_scale=1e-3, local_scale=1e-2)
     layer = BayesLinear(8, 6, family=RadialDirectional(grouping="row"), prior=prior)
@@ -265,6 +280,7 @@ def test_fallbacks_and_prior_errors():
         (lambda: RadialDirectional(init_resultant=1.0), "init_resultant"),
         (lambda: RadialDirectional(ratio_method="fast"), "ratio_method"),
         (lambda: RadialDirectional(radius_init="uniform"), r"radius_init must be one of \('prior', 'even'\)"),
+        (lambda: RadialDirectional(concentration_param="sqrt"), r"concentration_param must be one of \('softplus', 'log'\)"),
         (lambda: RadialDirectionalPrior(global_scale=-1.0), "global_scale"),
         (lambda: RadialDirectionalPrior(direction="north"), "direction must be one of"),
         (lambda: RadialDirectionalPrior(concentration=0.0), "concentration"),

@@ -106,7 +106,8 @@ UCI_VARIANTS = (
     UCIVariant(
         "RDP (double)",
         "rdp",
-        {"grouping": "double", "radius_init": "even"},  # the init every saved RDP run used (see protocol_hash)
+        # the init and kappa parameterisation every saved RDP run used (see protocol_hash)
+        {"grouping": "double", "radius_init": "even", "concentration_param": "softplus"},
         prior="radial_directional",
         prior_options={"global_scale": 1.0, "local_scale": 1.0},
     ),
@@ -151,9 +152,10 @@ class UCIConfig:
         data.pop("name")
         if data["noise_update"] == "gradient":  # the protocol before noise_update existed: its saved runs stay valid
             data.pop("noise_update")
-        for variant in data["variants"]:  # likewise RDP's init from before radius_init existed
-            if variant["family_options"].get("radius_init") == "even":
-                variant["family_options"].pop("radius_init")
+        for variant in data["variants"]:  # likewise RDP's options from before they existed, at their old behaviour
+            for option, old in (("radius_init", "even"), ("concentration_param", "softplus")):
+                if variant["family_options"].get(option) == old:
+                    variant["family_options"].pop(option)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

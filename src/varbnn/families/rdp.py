@@ -75,6 +75,7 @@ def _from_groups(matrix: torch.Tensor, shape: torch.Size, grouping: str) -> torc
 
 
 RADIUS_INITS = ("prior", "even")
+CONCENTRATION_PARAMS = ("softplus", "log")
 
 
 @register_family("rdp")
@@ -101,6 +102,10 @@ class RadialDirectional(VariationalFamily):
             global pair starts at 0 (the behaviour before ``radius_init`` existed). The initial weights are the same
             either way; with small prior scales (e.g. global 1e-4) ``"even"`` starts with a KL of ~1e9 nats that Adam
             needs tens of epochs to shed, during which weak units die.
+        concentration_param: ``kappa = exp(rho)`` (``"log"``, default) or ``softplus(rho)`` (``"softplus"``, the
+            published code's choice). With softplus, rho ~= kappa for the concentrations of big layers (hundreds to
+            thousands), and Adam moves a parameter by about its learning rate per step, so kappa hardly leaves its
+            initial value (a LeNet-5 run: ~120 of ~5,000 in 120,000 steps); ``"log"`` lets it move by a factor per step.
 
     Initialisation: at the posterior mode the weight equals the initial (He-normal or pretrained) tensor: row
     directions are its normalised rows and row radii their norms; a column factor (double grouping) starts with
@@ -120,7 +125,12 @@ class RadialDirectional(VariationalFamily):
         score_correction: bool = True,
         fallback_init_std: float = 1e-2,
         radius_init: str = "prior",
+        concentration_param: str = "log",
     ) -> None:
+        if concentration_param not in CONCENTRATION_PARAMS:
+            raise ValueError(
+                f"RadialDirectional: concentration_param must be one of {CONCENTRATION_PARAMS}, got {concentration_param!r}"
+            )
         if radius_init not in RADIUS_INITS:
             raise ValueError(f"RadialDirectional: radius_init must be one of {RADIUS_INITS}, got {radius_init!r}")
         if grouping not in GROUPINGS:
@@ -139,8 +149,10 @@ class RadialDirectional(VariationalFamily):
             score_correction=bool(score_correction),
             fallback_init_std=float(fallback_init_std),
             radius_init=radius_init,
+            concentration_param=concentration_param,
         )
         self.radius_init = radius_init
+        self.concentration_param = concentration_param
         self.grouping = grouping
         self.init_log_std = float(init_log_std)
         self.init_resultant = float(init_resultant)
@@ -187,7 +199,8 @@ class RadialDirectional(VariationalFamily):
             kappa = banerjee_concentration(dim, self.init_resultant)
             rho = inverse_softplus(self.init_log_std)
             setattr(self, f"{prefix}_direction", nn.Parameter(direction))
-            setattr(self, f"{prefix}_concentration_rho", nn.Parameter(torch.tensor(inverse_softplus(kappa), dtype=dtype)))
+            rho_kappa = math.log(kappa) if self.concentration_param == "log" else inverse_softplus(kappa)
+            setattr(self, f"{prefix}_concentration_rho", nn.Parameter(torch.tensor(rho_kappa, dtype=dtype)))
             # log r = (m_a + m_b + m_sa + m_sb) / 2: the local pair carries log(radius), the global pair starts at 0
             setattr(self, f"{prefix}_local_loc", nn.Parameter(radius.log()[:, None].expand(groups, 2).clone()))
             setattr(self, f"{prefix}_local_rho", nn.Parameter(torch.full((groups, 2), rho, dtype=dtype)))
@@ -223,7 +236,8 @@ class RadialDirectional(VariationalFamily):
 
     def concentration(self, grouping: str) -> torch.Tensor:
         """The layer's shared vMF concentration for one grouping (a scalar)."""
-        return F.softplus(self._param(grouping, "concentration_rho"))
+        rho = self._param(grouping, "concentration_rho")
+        return rho.exp() if self.concentration_param == "log" else F.softplus(rho)
 
     def log_radius_moments(self, grouping: str, local_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of log r_g (``local_only``: of log z_g, the part that ranks groups), ``[groups]``."""
