@@ -224,3 +224,15 @@ def test_protocol_hashes_of_the_saved_runs_do_not_change():
     (including a library default it relies on, such as RDP's radius_init) must not silently reuse or orphan them."""
     assert uci_config().protocol_hash() == "44642503e4"
     assert uci_config(noise_prior=(1.0, 1.0)).protocol_hash() == "cacd4beaca"
+
+
+def test_rdp_defaults_variant_uses_the_library_defaults_under_its_own_protocol_hash():
+    pinned, fresh = uci_config(), uci_config(rdp_defaults=True)
+    assert [v.label for v in fresh.variants] == ["RDP (double, library defaults)"]
+    assert fresh.protocol_hash() != pinned.protocol_hash()
+    net = build_regressor(fresh.variants[0], in_features=8, hidden=50)
+    family = net[0].posteriors["weight"]
+    assert isinstance(family, RadialDirectional)
+    assert (family.radius_init, family.concentration_param) == ("prior", "log")
+    old = build_regressor(pinned.variants[0], in_features=8, hidden=50)[0].posteriors["weight"]
+    assert (old.radius_init, old.concentration_param) == ("even", "softplus")

@@ -54,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--splits", type=int, default=None, help="uci only: run only the first N splits of each dataset (a partial run)"
     )
+    rep.add_argument(
+        "--rdp-defaults",
+        action="store_true",
+        help="uci only: run only RDP, with RadialDirectional's current defaults (radius_init=prior, "
+        "concentration_param=log) instead of the published code's choices; use its own --out",
+    )
     rep.add_argument("--no-train", action="store_true", help="retina-*, uci: render the results from the runs already saved")
     rep.add_argument(
         "--shard", default=None, help="retina-*, uci: K/N runs every N-th job from the K-th (0-based), for parallel processes"
@@ -110,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--workers must be a positive integer, got {args.workers}")
             if args.splits is not None and args.splits < 1:
                 parser.error(f"--splits must be a positive integer, got {args.splits}")
-            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits)
+            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits, args.rdp_defaults)
         except ValueError as error:
             parser.error(str(error))
         uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,

@@ -165,10 +165,13 @@ def uci_config(
     noise_update: str = "closed_form",
     noise_prior: tuple[float, float] = (6.0, 6.0),
     max_splits: int | None = None,
+    rdp_defaults: bool = False,
 ) -> UCIConfig:
     """The full protocol, or its ``--quick`` form (yacht, 2 splits, a few hundred steps, 8 draws); ``max_splits`` runs
     only each set's first splits (a partial run: the tables count the splits per cell; the protocol hash is unchanged,
-    so a later full run adds the missing splits)."""
+    so a later full run adds the missing splits). ``rdp_defaults``: only the RDP variant, with RadialDirectional's
+    current defaults (``radius_init="prior"``, ``concentration_param="log"``) instead of the pinned published-code
+    choices; its own protocol hash, so write it to its own ``--out`` directory."""
     if max_splits is not None and (isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1):
         raise ValueError(f"max_splits must be a positive integer or None, got {max_splits!r}")
     config = UCIConfig(noise_update=noise_update, prior_shape=float(noise_prior[0]), prior_rate=float(noise_prior[1]))
@@ -183,6 +186,9 @@ def uci_config(
         config = dataclasses.replace(config, datasets=tuple(datasets))
     if max_splits is not None:
         config = dataclasses.replace(config, max_splits=max_splits)
+    if rdp_defaults:
+        rdp = dataclasses.replace(UCI_VARIANTS[0], label="RDP (double, library defaults)", family_options={"grouping": "double"})
+        config = dataclasses.replace(config, variants=(rdp,))
     return config
 
 
