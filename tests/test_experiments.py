@@ -227,6 +227,18 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     assert "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |" in markdown and "| BC-GHS | 5-10-76-16 |" in markdown
 
 
+def test_lenet5_radius_init_quick_run_shows_the_even_splits_huge_kl(data_dir, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = get_config("lenet5-radius-init", quick=True)
+        result = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
+    rows = {row["variant"]: row for row in result["rows"]}
+    even, prior = rows["RDP double, radius_init=even"], rows["RDP double, radius_init=prior"]
+    assert even["final_train_loss"] > 100 * prior["final_train_loss"]  # KL / N of ~1e8-1e9 nats vs ~1e5
+
+
 def test_best_of_last_keeps_the_lowest_training_nll_of_the_last_epochs_and_survives_a_restart(tmp_path):
     checkpoint = tmp_path / "run.pt"
     checkpoint.write_bytes(b"")  # only its existence matters to the selector

@@ -234,6 +234,35 @@ register_config(
     )
 )
 
+# Diagnostic for lenet5-prune's first run: the same model, prior and optimiser for 4 epochs (KL annealed over 2), with
+# the radius split over the log-normal factors "evenly" (that run) or by the prior (the default since); no model
+# selection. Shows the ~1e9-nat initial KL of the even split and what it does to the units and the error.
+_LENET = CONFIGS["lenet5-prune"]
+register_config(
+    dataclasses.replace(
+        _LENET,
+        name="lenet5-radius-init",
+        description=(
+            "Diagnostic: LeNet-5 RDP (lenet5-prune's model, prior and optimiser) for 4 epochs with the initial radius "
+            "split evenly over the log-normal factors vs by the prior (radius_init); KL, error, pruned architecture."
+        ),
+        variants=tuple(
+            dataclasses.replace(
+                _LENET.variants[0],
+                label=f"RDP double, radius_init={init}",
+                family_options={**_LENET.variants[0].family_options, "radius_init": init},
+            )
+            for init in ("even", "prior")
+        ),
+        epochs=4,
+        kl_annealing_epochs=2,
+        resumable=False,
+        select_best_of_last=0,
+        figures=(),
+        quick={"epochs": 1, "train_limit": 300, "test_limit": 200, "eval_samples": 2, "kl_annealing_epochs": 1},
+    )
+)
+
 # The paper anneals over its whole ~300-epoch run (beta ~ 0.009 at step 1000); ktied-mnist anneals over its 25 epochs
 # (beta = 0.1 at step 1000). This diagnostic keeps everything else and anneals over 300 epochs' worth of steps, to see
 # how the gradient SNR of the std parameters depends on the KL weight at the logged steps.
