@@ -238,3 +238,31 @@ def test_fused_gradients_need_no_bessel_evaluation_and_are_exact():
     log_iv, ratio = special.log_bessel_iv_over_power_and_ratio(nu, z)
     torch.testing.assert_close(log_iv, log_bessel_iv_over_power(nu, z), rtol=0, atol=0)
     torch.testing.assert_close(ratio, bessel_ratio(nu + 1, z), rtol=0, atol=0)
+
+
+def test_cpu_scalar_path_matches_mpmath_and_the_tensor_path(oracle):
+    """Inputs of <= 8 elements on the CPU take the Python-float path: every oracle point one at a time, against mpmath
+    and against the tensor path (the same formulas, so equal up to rounding)."""
+    nu, z = oracle["nu"], oracle["z"]
+    tensor_path = [fn(_t(nu), _t(z)).numpy() for fn in (bessel_ratio, log_bessel_iv, log_bessel_iv_over_power)]
+    assert len(nu) > special._SCALAR_MAX  # the grid itself takes the tensor path
+    scalar = np.array(
+        [
+            [fn(_t(nu[i : i + 1]), _t(z[i : i + 1])).item() for fn in (bessel_ratio, log_bessel_iv, log_bessel_iv_over_power)]
+            for i in range(len(nu))
+        ]
+    )
+    assert np.abs(scalar[:, 0] / oracle["ratio"] - 1).max() < 1e-12
+    assert _log_err(scalar[:, 1], oracle["log_iv"]).max() < 1e-12
+    assert _log_err(scalar[:, 2] + nu * np.log(z), oracle["log_iv"]).max() < 1e-12
+    for column, want in enumerate(tensor_path):
+        np.testing.assert_allclose(scalar[:, column], want, rtol=1e-13, atol=1e-13)
+    # fused call on a few values (a vMF's concentration), values and closed-form gradient
+    nu_f = torch.tensor([0.0, 391.0, 199.0, 4.0], dtype=torch.float64)
+    z_f = torch.tensor([0.0, 25.0, 3e3, 60.0], dtype=torch.float64)
+    log_iv, ratio = special.log_bessel_iv_over_power_and_ratio(nu_f, z_f)
+    big = special.log_bessel_iv_over_power_and_ratio(nu_f.repeat(3), z_f.repeat(3))  # 12 elements: tensor path
+    torch.testing.assert_close(log_iv, big[0][:4], rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(ratio, big[1][:4], rtol=1e-13, atol=1e-13)
+    assert log_bessel_iv(torch.tensor([0.0, 1.0]), torch.zeros(2, dtype=torch.float64)).tolist() == [0.0, -math.inf]
+    assert bessel_ratio(torch.tensor([0.0, 3.0]), torch.zeros(2, dtype=torch.float64)).tolist() == [math.inf, 0.0]

@@ -387,3 +387,43 @@ def test_householder_sample_equals_the_explicit_reflection_and_passes_gradcheck(
     torch.testing.assert_close(torch.linalg.vector_norm(out, dim=-1), radius, rtol=1e-12, atol=1e-12)
     out.sum().backward()
     assert torch.isfinite(zero.grad).all()
+
+
+def _wood_transform_autograd(dim: int, kappa: torch.Tensor, eps: torch.Tensor, a_d: torch.Tensor):
+    """The Wood transform and its score written as plain tensor operations (autograd differentiates them): the oracle
+    for the closed-form backward of ``wood_sample``."""
+    m1 = dim - 1.0
+    b = m1 / (2 * kappa + torch.sqrt(4 * kappa * kappa + m1 * m1))
+    denom = 1 - (1 - b) * eps
+    one_minus = 2 * b * eps / denom
+    one_minus_sq = one_minus * (2 * (1 - eps) / denom)
+    omega = 1 - one_minus
+    log_q = -(kappa - kappa.detach()) * a_d + kappa * omega + 0.5 * (dim - 3) * torch.log(one_minus_sq)
+    log_pi = log_q + torch.log(2 * b) - 2 * torch.log(denom)
+    return omega, torch.sqrt(one_minus_sq), log_pi - log_pi.detach()
+
+
+@pytest.mark.parametrize("dim", [3, 10, 785])
+def test_wood_sample_closed_form_backward_matches_autograd_of_the_formula(dim, monkeypatch):
+    from varbnn.distributions import vmf
+
+    kappa0 = torch.tensor([0.05, 1.0, 30.0, 2e3, 1e5], dtype=torch.float64)
+    eps = torch.tensor([0.3, 0.55, 0.01, 0.9, 0.5], dtype=torch.float64)
+    monkeypatch.setattr(vmf, "wood_accepted_proposals", lambda d, k, rounds: eps.clone())
+    a_d = torch.tensor(0.7, dtype=torch.float64)
+    weights = torch.tensor([[0.3, -1.2, 0.7], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 2.0]], dtype=torch.float64)
+    for w in weights:
+        grads = []
+        fused = lambda k: vmf.wood_sample(dim, k, score=True, resultant=a_d)  # noqa: E731
+        for fn in (fused, lambda k: _wood_transform_autograd(dim, k, eps, a_d)):
+            kappa = kappa0.clone().requires_grad_(True)
+            omega, sin_theta, score = fn(kappa)
+            (w[0] * omega + w[1] * sin_theta + w[2] * score).sum().backward()
+            grads.append((omega.detach(), sin_theta.detach(), score.detach(), kappa.grad))
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-300)
+    # without the score: two outputs, no Bessel ratio needed
+    kappa = kappa0.clone().requires_grad_(True)
+    omega, sin_theta, none = vmf.wood_sample(dim, kappa)
+    assert none is None
+    torch.autograd.gradcheck(lambda k: vmf.wood_sample(dim, k)[:2], (kappa,))

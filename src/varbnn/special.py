@@ -5,7 +5,9 @@ A vMF distribution on the sphere S^{d-1} needs ``log I_{d/2-1}(kappa)`` (its nor
 d up to ~1e4 and kappa from ~0 to ~1e5. ``scipy.special.ive`` under/overflows over much of that range, and
 torch has no ``I_nu`` of non-integer order. Everything here is elementwise on tensors, works in float32 and
 float64 on any device (internally float64, except on devices without it) and is differentiable in ``z``
-(double-differentiable too); orders ``nu`` are data, not parameters, and get no gradient.
+(double-differentiable too); orders ``nu`` are data, not parameters, and get no gradient. On the CPU, inputs of at
+most 8 elements (a layer's one concentration) are evaluated with the same formulas in Python floats, which is ~10x
+faster than dispatching the tensor operations; the tests hold both paths to the same oracle.
 
 Methods
 -------
@@ -267,6 +269,81 @@ def _accurate_log_iv_over_power(nu: Tensor, z: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The accurate method on a few CPU scalars: the same series / Debye split in Python floats. A layer's vMF has ONE
+# concentration, and ~130 tensor operations on 0-d tensors cost ~0.3 ms a call where these loops cost ~30 us.
+# ---------------------------------------------------------------------------------------------------------
+
+_SCALAR_MAX = 8  # CPU inputs with at most this many elements take the Python-float path
+
+
+def _scalar_path(z: Tensor) -> bool:
+    return z.device.type == "cpu" and z.numel() <= _SCALAR_MAX and not torch.compiler.is_compiling()
+
+
+def _series_sum_scalar(nu: float, z: float) -> float:
+    """S_nu of :func:`_series_sums` for one (nu, z)."""
+    q, term, total = z * z / 4, 1.0, 1.0
+    for k in range(1, _SERIES_TERMS + 1):
+        term *= q / (k * (nu + k))
+        total += term
+    return total
+
+
+def _debye_sums_scalar(nu: float, z: float) -> tuple[float, float, float]:
+    """(S, U, V) of :func:`_debye_sums` for one (nu, z) (each polynomial by Horner's rule)."""
+    s = math.sqrt(nu * nu + z * z)
+    t = nu / s
+    u = v = 0.0
+    inv_s_power = 1.0
+    for p, q in zip(*_debye_coefficients(_DEBYE_TERMS)):
+        u += inv_s_power * _horner(p, t)
+        v += inv_s_power * _horner(q, t)
+        inv_s_power /= s
+    return s, u, v
+
+
+def _horner(coefficients: tuple[float, ...], t: float) -> float:
+    out = 0.0
+    for c in reversed(coefficients):
+        out = out * t + c
+    return out
+
+
+def _scalar_ratio(nu: float, z: float) -> float:
+    """:func:`_accurate_ratio` for one (nu, z)."""
+    if z == 0:
+        return math.inf if nu == 0 else 0.0
+    if math.sqrt(nu * nu + z * z) < _SERIES_RADIUS:
+        return z / (2 * nu + z * z / (2 * (nu + 1)) * (_series_sum_scalar(nu + 1, z) / _series_sum_scalar(nu, z)))
+    s, u, v = _debye_sums_scalar(nu, z)
+    return z / (s * v / u + nu)
+
+
+def _scalar_log_iv_over_power(nu: float, z: float) -> float:
+    """:func:`_accurate_log_iv_over_power` for one (nu, z)."""
+    if math.sqrt(nu * nu + z * z) < _SERIES_RADIUS:
+        return -nu * math.log(2) - math.lgamma(nu + 1) + math.log(_series_sum_scalar(nu, z))
+    s, u, _ = _debye_sums_scalar(nu, z)
+    return s - nu * math.log(nu + s) - 0.5 * math.log(2 * math.pi * s) + math.log(u)
+
+
+def _scalar_log_iv(nu: float, z: float) -> float:
+    """:func:`_accurate_log_iv` for one (nu, z)."""
+    if z == 0:
+        return 0.0 if nu == 0 else -math.inf
+    if math.sqrt(nu * nu + z * z) < _SERIES_RADIUS:
+        return nu * math.log(z / 2) - math.lgamma(nu + 1) + math.log(_series_sum_scalar(nu, z))
+    s, u, _ = _debye_sums_scalar(nu, z)
+    return s + (nu * math.log(z / (nu + s)) if nu != 0 else 0.0) - 0.5 * math.log(2 * math.pi * s) + math.log(u)
+
+
+def _elementwise(fn: Callable[[float, float], float], nu: Tensor, z: Tensor) -> Tensor:
+    """``fn`` on every (nu, z) pair of two same-shape CPU tensors, as a tensor like ``z``."""
+    values = [fn(n, x) for n, x in zip(nu.reshape(-1).tolist(), z.reshape(-1).tolist())]
+    return torch.tensor(values, dtype=z.dtype).reshape(z.shape)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The paper's bound-based approximations (Oh et al. 2020, supplementary Sections 3 and 5)
 # ---------------------------------------------------------------------------------------------------------
 
@@ -333,7 +410,7 @@ class _BesselRatio(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, nu: Tensor, z: Tensor) -> Tensor:  # type: ignore[override]
-        out = _accurate_ratio(nu, z)
+        out = _elementwise(_scalar_ratio, nu, z) if _scalar_path(z) else _accurate_ratio(nu, z)
         ctx.save_for_backward(nu, z, out)
         return out
 
@@ -351,6 +428,8 @@ class _LogBessel(torch.autograd.Function):
     def forward(ctx, nu: Tensor, z: Tensor, over_power: bool) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(nu, z)
         ctx.over_power = over_power
+        if _scalar_path(z):
+            return _elementwise(_scalar_log_iv_over_power if over_power else _scalar_log_iv, nu, z)
         return _accurate_log_iv_over_power(nu, z) if over_power else _accurate_log_iv(nu, z)
 
     @staticmethod
@@ -367,8 +446,10 @@ class _LogNormalizerAndRatio(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        log_iv = _accurate_log_iv_over_power(nu, z)
-        ratio = _accurate_ratio(nu + 1, z)
+        if _scalar_path(z):
+            log_iv, ratio = _elementwise(_scalar_log_iv_over_power, nu, z), _elementwise(_scalar_ratio, nu + 1, z)
+        else:
+            log_iv, ratio = _accurate_log_iv_over_power(nu, z), _accurate_ratio(nu + 1, z)
         ctx.save_for_backward(nu, z, ratio)
         return log_iv, ratio
 
