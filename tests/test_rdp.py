@@ -414,3 +414,33 @@ def test_half_cauchy_pair_kl_equals_the_two_lognormal_kls_with_gradients(shape):
         half_cauchy_pair_kl(loc, sigma, -1.0)
     with pytest.raises(ValueError, match=r"\[\.\.\., 2\]"):
         half_cauchy_pair_kl(loc[..., :1], sigma[..., :1], rate)
+
+
+@pytest.mark.parametrize("sample_shape", [(), (3,)], ids=["one-draw", "three-draws"])
+def test_fused_radius_draw_matches_autograd_of_the_moments(sample_shape):
+    """The one-node radius draw exp(m + sqrt(v) z) against autograd through log_radius_moments, and gradcheck."""
+    from varbnn.families.rdp import _RADIUS_PARAMS, _LogNormalRadius
+
+    torch.manual_seed(0)
+    fam = RadialDirectional(grouping="row").build((5, 7), torch.randn(5, 7, dtype=torch.float64))
+    with torch.no_grad():  # spread the standard deviations, one rho above softplus's linear threshold (20)
+        fam.row_local_rho.copy_(torch.randn(5, 2, dtype=torch.float64) * 2)
+        fam.row_local_rho[0, 1] = 21.0
+        fam.row_global_rho.copy_(torch.tensor([-1.0, 0.5], dtype=torch.float64))
+    params = [getattr(fam, f"row_{name}") for name in _RADIUS_PARAMS]
+    z = torch.randn(sample_shape + (5,), dtype=torch.float64)
+    weights = torch.randn(sample_shape + (5,), dtype=torch.float64)
+    got = _LogNormalRadius.apply(*params, z)
+    (got * weights).sum().backward()
+    fused_grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    mean, variance = fam.log_radius_moments("row")
+    want = torch.exp(mean + variance.sqrt() * z)
+    (want * weights).sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
+    # rtol 1e-9: above rho = 20 torch's softplus backward uses 1 for sigmoid(rho) (1 - 2e-9 at 20), the node sigmoid itself
+    for fused, reference in zip(fused_grads, (p.grad for p in params)):
+        torch.testing.assert_close(fused, reference, rtol=1e-9, atol=1e-14)
+    inputs = tuple(p.detach().clone().requires_grad_() for p in params)
+    assert torch.autograd.gradcheck(lambda *a: _LogNormalRadius.apply(*a, z), inputs)

@@ -119,15 +119,22 @@ def wood_constants(dim: int, kappa: Tensor) -> tuple[Tensor, Tensor]:
     return b, 2 * b / (1 + b)
 
 
-def _wood_proposals(dim: int, kappa: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """``k`` Beta proposals per element of ``kappa`` ([k, m]) and whether Wood's test accepts each."""
-    work, device = kappa.dtype, kappa.device
+def _wood_proposals(
+    dim: int, kappa: Tensor | float, k: int, n: int, work: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """``k`` Beta proposals for each of ``n`` elements ([k, n]) and whether Wood's test accepts each; ``kappa`` is
+    ``[n]``, 0-d or a Python float (one concentration shared by all: the envelope's constants are computed once)."""
     m1 = dim - 1.0
-    b, one_minus_x0 = wood_constants(dim, kappa)
+    if isinstance(kappa, float):
+        b = m1 / (2 * kappa + math.sqrt(4 * kappa * kappa + m1 * m1))
+        one_minus_x0 = 2 * b / (1 + b)
+        log_1mx0_sq: Tensor | float = math.log(one_minus_x0) + math.log(2 / (1 + b))
+    else:
+        b, one_minus_x0 = wood_constants(dim, kappa)  # type: ignore[assignment]
+        log_1mx0_sq = torch.log(one_minus_x0) + torch.log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
     x0 = 1 - one_minus_x0
-    log_1mx0_sq = torch.log(one_minus_x0) + torch.log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
-    gammas = torch._standard_gamma(torch.full((2, k, kappa.numel()), m1 / 2, dtype=work, device=device))
-    e = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(work).tiny)  # Beta(alpha, alpha), [k, m]
+    gammas = torch._standard_gamma(torch.full((2, k, n), m1 / 2, dtype=work, device=device))
+    e = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(work).tiny)  # Beta(alpha, alpha), [k, n]
     one_minus_omega = 2 * b * e / (1 - (1 - b) * e)
     log_u = torch.log(torch.rand(e.shape, dtype=work, device=device))
     # kappa (omega - x0) + (d - 1) log((1 - x0 omega) / (1 - x0^2)) >= log u, written without cancellation
@@ -143,12 +150,19 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     sequential sampler's draw (the proposals are i.i.d.). The first round draws ``PROPOSALS_FIRST_ROUND`` (8) per
     element without any boolean indexing, so the common case costs one host synchronisation (the check that all
     were accepted): with an acceptance rate >= ~0.68 for all d and kappa, an element needs a second round with
-    probability <= 0.32^8 ~ 1e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4) proposals.
+    probability <= 0.32^8 ~ 1e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4) proposals. A concentration
+    expanded from one value (a layer's) is used as that value (on the CPU as a Python float).
     """
-    shape = kappa.shape
-    kappa_all = kappa.detach().reshape(-1)
-    n = kappa_all.numel()
-    e, accept = _wood_proposals(dim, kappa_all, PROPOSALS_FIRST_ROUND)
+    shape, work, device = kappa.shape, kappa.dtype, kappa.device
+    n = kappa.numel()
+    shared = _compact(kappa.detach())
+    kappa_all: Tensor | None = None
+    kappa_arg: Tensor | float
+    if shared.dim() == 0:
+        kappa_arg = float(shared) if device.type == "cpu" else shared
+    else:
+        kappa_all = kappa_arg = shared.reshape(-1)
+    e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIRST_ROUND, n, work, device)
     first = accept.to(torch.uint8).argmax(0)  # index of the first accepted proposal (0 if none)
     eps = e.gather(0, first.unsqueeze(0)).squeeze(0)
     done = accept.any(0)
@@ -156,7 +170,8 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
         return eps.reshape(shape)
     pending = (~done).nonzero().squeeze(-1)
     for _ in range(1, max_rounds):
-        e, accept = _wood_proposals(dim, kappa_all[pending], PROPOSALS_PER_ROUND)
+        pending_kappa = kappa_arg if kappa_all is None else kappa_all[pending]
+        e, accept = _wood_proposals(dim, pending_kappa, PROPOSALS_PER_ROUND, pending.numel(), work, device)
         first = accept.to(torch.uint8).argmax(0)
         done = accept.any(0)
         eps[pending[done]] = e.gather(0, first.unsqueeze(0)).squeeze(0)[done]
@@ -166,7 +181,7 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     raise RejectionSamplingError(
         f"VonMisesFisher.rsample: Wood's sampler left {pending.numel()} of {n} elements unaccepted after "
         f"max_rejection_rounds={max_rounds} rounds (d={dim}, kappa in "
-        f"[{float(kappa_all.min()):.3g}, {float(kappa_all.max()):.3g}])"
+        f"[{float(shared.min()):.3g}, {float(shared.max()):.3g}])"
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from varbnn.distributions.vmf import (
@@ -72,6 +72,38 @@ def _from_groups(matrix: torch.Tensor, shape: torch.Size, grouping: str) -> torc
         return matrix.reshape(*batch, *shape)
     swapped = matrix.reshape(*batch, shape[1], shape[0], *shape[2:])
     return swapped.transpose(len(batch), len(batch) + 1)
+
+
+_RADIUS_PARAMS = ("local_loc", "local_rho", "global_loc", "global_rho")
+
+
+class _LogNormalRadius(torch.autograd.Function):
+    """Radius draws ``r = exp(m + sqrt(v) z)`` of every group, with ``m = (sum local_loc + sum global_loc) / 2`` and ``v =
+    (sum softplus(local_rho)^2 + sum softplus(global_rho)^2) / 4`` (see :meth:`RadialDirectional.log_radius_moments`),
+    as one autograd node: ``d log r / d loc = 1/2``, ``d log r / d rho_i = z softplus(rho_i) sigmoid(rho_i) / (4 sqrt(v))``."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, local_loc: Tensor, local_rho: Tensor, global_loc: Tensor, global_rho: Tensor, z: Tensor
+    ) -> Tensor:
+        local_sigma, global_sigma = F.softplus(local_rho), F.softplus(global_rho)
+        mean = 0.5 * (local_loc.sum(-1) + global_loc.sum())
+        sd = (0.25 * (local_sigma.square().sum(-1) + global_sigma.square().sum())).sqrt()
+        radius = torch.exp(mean + sd * z)
+        ctx.save_for_backward(local_rho, global_rho, local_sigma, global_sigma, sd, z, radius)
+        return radius
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        local_rho, global_rho, local_sigma, global_sigma, sd, z, radius = ctx.saved_tensors
+        g_log = grad * radius  # [*S, groups]
+        g_mean = g_log.sum_to_size(sd.shape)
+        g_sd = (g_log * z).sum_to_size(sd.shape)
+        g_var_sigma = (0.25 * g_sd / sd).unsqueeze(-1)  # d/d sigma_i of v is sigma_i / 2, of sd: sigma_i / (4 sd)
+        g_local_rho = g_var_sigma * local_sigma * torch.sigmoid(local_rho)
+        g_global_rho = g_var_sigma.sum() * global_sigma * torch.sigmoid(global_rho)
+        half = 0.5 * g_mean
+        return half.unsqueeze(-1).expand(local_rho.shape), g_local_rho, half.sum().expand(global_rho.shape), g_global_rho, None
 
 
 RADIUS_INITS = ("prior", "even")
@@ -278,9 +310,9 @@ class RadialDirectional(VariationalFamily):
         omega, sin_theta, score_terms = wood_sample(dim, kappa, 1000, with_score, self.ratio_method, resultant)  # type: ignore[arg-type]
         if score_terms is not None:
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
-        mean, variance = self.log_radius_moments(grouping)
-        log_radius = mean + variance.sqrt() * torch.randn(sample_shape + mean.shape, dtype=mean.dtype, device=mean.device)
-        matrix = householder_sample(param, omega, sin_theta, log_radius.exp(), normalize=True)
+        noise = torch.randn(sample_shape + (groups,), dtype=param.dtype, device=param.device)
+        radius = _LogNormalRadius.apply(*(self._param(grouping, name) for name in _RADIUS_PARAMS), noise)
+        matrix = householder_sample(param, omega, sin_theta, radius, normalize=True)
         return _from_groups(matrix, self._require_built(), grouping), score
 
     def _point(self, grouping: str, kind: str) -> torch.Tensor:
