@@ -125,12 +125,14 @@ def _wood_proposals(
     """``k`` Beta proposals for each of ``n`` elements ([k, n]) and whether Wood's test accepts each; ``kappa`` is
     ``[n]``, 0-d or a Python float (one concentration shared by all: the envelope's constants are computed once)."""
     m1 = dim - 1.0
+    b: Tensor | float
+    one_minus_x0: Tensor | float
     if isinstance(kappa, float):
         b = m1 / (2 * kappa + math.sqrt(4 * kappa * kappa + m1 * m1))
         one_minus_x0 = 2 * b / (1 + b)
         log_1mx0_sq: Tensor | float = math.log(one_minus_x0) + math.log(2 / (1 + b))
     else:
-        b, one_minus_x0 = wood_constants(dim, kappa)  # type: ignore[assignment]
+        b, one_minus_x0 = wood_constants(dim, kappa)
         log_1mx0_sq = torch.log(one_minus_x0) + torch.log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
     x0 = 1 - one_minus_x0
     gammas = torch._standard_gamma(torch.full((2, k, n), m1 / 2, dtype=work, device=device))
