@@ -427,4 +427,4 @@ def test_wood_sample_closed_form_backward_matches_autograd_of_the_formula(dim, m
     kappa = kappa0.clone().requires_grad_(True)
     omega, sin_theta, none = vmf.wood_sample(dim, kappa)
     assert none is None
-    torch.autograd.gradcheck(lambda k: vmf.wood_sample(dim, k)[:2], (kappa,))
+    assert torch.autograd.gradcheck(lambda k: vmf.wood_sample(dim, k)[:2], (kappa,))

@@ -28,6 +28,7 @@ weights.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -112,10 +113,18 @@ PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
 
 
-def wood_constants(dim: int, kappa: Tensor) -> tuple[Tensor, Tensor]:
-    """b and 1 - x0 of Wood's (1994) envelope on S^{dim-1}, in forms without cancellation at large kappa."""
+def _wood_root_and_b(dim: int, kappa: Any) -> tuple[Any, Any]:
+    """``S = sqrt(4 kappa^2 + (d-1)^2)`` and ``b = (d-1) / (2 kappa + S)`` (no cancellation at large kappa), for a
+    tensor or a Python float ``kappa``."""
     m1 = dim - 1.0
-    b = m1 / (2 * kappa + torch.sqrt(4 * kappa * kappa + m1 * m1))
+    root = (4 * kappa * kappa + m1 * m1) ** 0.5
+    return root, m1 / (2 * kappa + root)
+
+
+def wood_constants(dim: int, kappa: Any) -> tuple[Any, Any]:
+    """b and 1 - x0 of Wood's (1994) envelope on S^{dim-1}, in forms without cancellation at large kappa (``kappa`` a
+    tensor or a Python float)."""
+    _, b = _wood_root_and_b(dim, kappa)
     return b, 2 * b / (1 + b)
 
 
@@ -125,15 +134,9 @@ def _wood_proposals(
     """``k`` Beta proposals for each of ``n`` elements ([k, n]) and whether Wood's test accepts each; ``kappa`` is
     ``[n]``, 0-d or a Python float (one concentration shared by all: the envelope's constants are computed once)."""
     m1 = dim - 1.0
-    b: Tensor | float
-    one_minus_x0: Tensor | float
-    if isinstance(kappa, float):
-        b = m1 / (2 * kappa + math.sqrt(4 * kappa * kappa + m1 * m1))
-        one_minus_x0 = 2 * b / (1 + b)
-        log_1mx0_sq: Tensor | float = math.log(one_minus_x0) + math.log(2 / (1 + b))
-    else:
-        b, one_minus_x0 = wood_constants(dim, kappa)
-        log_1mx0_sq = torch.log(one_minus_x0) + torch.log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
+    b, one_minus_x0 = wood_constants(dim, kappa)
+    log = math.log if isinstance(kappa, float) else torch.log
+    log_1mx0_sq = log(one_minus_x0) + log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
     x0 = 1 - one_minus_x0
     gammas = torch._standard_gamma(torch.full((2, k, n), m1 / 2, dtype=work, device=device))
     e = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(work).tiny)  # Beta(alpha, alpha), [k, n]
@@ -230,9 +233,7 @@ class _WoodTransform(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kappa: Tensor, eps: Tensor, a_d: Tensor | None, dim: int) -> tuple[Tensor, Tensor, Tensor | None]:  # type: ignore[override]
-        m1 = dim - 1.0
-        root = torch.sqrt(4 * kappa * kappa + m1 * m1)
-        b = m1 / (2 * kappa + root)
+        root, b = _wood_root_and_b(dim, kappa)
         denom = 1 - (1 - b) * eps
         one_minus = 2 * b * eps / denom
         sin_theta = torch.sqrt(one_minus * (2 * (1 - eps) / denom))  # sqrt((1 - omega)(1 + omega))

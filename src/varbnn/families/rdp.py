@@ -77,6 +77,25 @@ def _from_groups(matrix: torch.Tensor, shape: torch.Size, grouping: str) -> torc
 _RADIUS_PARAMS = ("local_loc", "local_rho", "global_loc", "global_rho")
 
 
+def _log_radius_moments(
+    local_loc: Tensor,
+    local_rho: Tensor,
+    global_loc: Tensor | None = None,
+    global_rho: Tensor | None = None,
+    softplus: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Mean ``(sum local_loc + sum global_loc) / 2`` and variance ``(sum sigma_local^2 + sum sigma_global^2) / 4`` of each
+    group's log radius (``sigma = softplus(rho)``, or the rhos are already sigmas with ``softplus=False``); without the
+    global pair, of the local part only."""
+    sigma = F.softplus(local_rho) if softplus else local_rho
+    mean, variance = 0.5 * local_loc.sum(-1), 0.25 * sigma.square().sum(-1)
+    if global_loc is not None and global_rho is not None:
+        g_sigma = F.softplus(global_rho) if softplus else global_rho
+        mean = mean + 0.5 * global_loc.sum()
+        variance = variance + 0.25 * g_sigma.square().sum()
+    return mean, variance
+
+
 class _LogNormalRadius(torch.autograd.Function):
     """Radius draws ``r = exp(m + sqrt(v) z)`` of every group, with ``m = (sum local_loc + sum global_loc) / 2`` and ``v =
     (sum softplus(local_rho)^2 + sum softplus(global_rho)^2) / 4`` (see :meth:`RadialDirectional.log_radius_moments`),
@@ -87,8 +106,8 @@ class _LogNormalRadius(torch.autograd.Function):
         ctx, local_loc: Tensor, local_rho: Tensor, global_loc: Tensor, global_rho: Tensor, z: Tensor
     ) -> Tensor:
         local_sigma, global_sigma = F.softplus(local_rho), F.softplus(global_rho)
-        mean = 0.5 * (local_loc.sum(-1) + global_loc.sum())
-        sd = (0.25 * (local_sigma.square().sum(-1) + global_sigma.square().sum())).sqrt()
+        mean, variance = _log_radius_moments(local_loc, local_sigma, global_loc, global_sigma, softplus=False)
+        sd = variance.sqrt()
         radius = torch.exp(mean + sd * z)
         ctx.save_for_backward(local_rho, global_rho, local_sigma, global_sigma, sd, z, radius)
         return radius
@@ -273,14 +292,10 @@ class RadialDirectional(VariationalFamily):
 
     def log_radius_moments(self, grouping: str, local_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of log r_g (``local_only``: of log z_g, the part that ranks groups), ``[groups]``."""
-        loc = self._param(grouping, "local_loc")
-        var = F.softplus(self._param(grouping, "local_rho")).square()
-        mean, variance = 0.5 * loc.sum(-1), 0.25 * var.sum(-1)
-        if not local_only:
-            g_var = F.softplus(self._param(grouping, "global_rho")).square()
-            mean = mean + 0.5 * self._param(grouping, "global_loc").sum()
-            variance = variance + 0.25 * g_var.sum()
-        return mean, variance
+        local_loc, local_rho, global_loc, global_rho = (self._param(grouping, name) for name in _RADIUS_PARAMS)
+        if local_only:
+            return _log_radius_moments(local_loc, local_rho)
+        return _log_radius_moments(local_loc, local_rho, global_loc, global_rho)
 
     def log_radius_mode(self, grouping: str) -> torch.Tensor:
         """Log of the mode of each group's LOCAL radius log-normal, ``m - v`` (the pruning score, paper section 3.3)."""
