@@ -9,6 +9,11 @@ from typing import Any
 __all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES"]
 
 OPTIMIZERS = ("adam", "amsgrad")
+# fields that do not change what is trained (see ExperimentConfig.training_dict)
+_AFTER_TRAINING = (
+    "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
+    "prune", "prune_threshold", "prune_min_gap",
+)  # fmt: skip
 FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
 
 
@@ -125,4 +130,13 @@ class ExperimentConfig:
         data.pop("quick")
         if not data["select_best_of_last"]:  # added later: configs without it keep their checkpoint hashes
             data.pop("select_best_of_last")
+        return data
+
+    def training_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the fields that only act after training (evaluation, pruning, figures, wording):
+        what a resumable run's checkpoint hash covers, so that changing how a finished run is evaluated or pruned
+        reuses its training instead of starting over."""
+        data = self.to_dict()
+        for name in _AFTER_TRAINING:
+            data.pop(name, None)
         return data

@@ -219,6 +219,7 @@ register_config(
         seeds=(0,),
         eval_samples=16,
         kl_annealing_epochs=20,
+        validation_size=10_000,  # the published code's split: train on 50,000, hold out the last 10,000
         resumable=True,
         prune=True,
         select_best_of_last=10,  # the paper: "the best training cross-entropy during last 10 epochs"
@@ -227,6 +228,7 @@ register_config(
             "epochs": 2,
             "train_limit": 600,
             "test_limit": 300,
+            "validation_size": 500,
             "eval_samples": 2,
             "kl_annealing_epochs": 1,
             "select_best_of_last": 2,
@@ -256,6 +258,7 @@ register_config(
         ),
         epochs=4,
         kl_annealing_epochs=2,
+        validation_size=0,  # as committed: trained on all 60,000
         resumable=False,
         select_best_of_last=0,
         figures=(),

@@ -271,8 +271,9 @@ def _evaluate(
 
 
 def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
-    """``OUT/.checkpoints/NAME-<config hash>/<variant>-seed<seed>.pt``: a changed config never resumes a stale run."""
-    digest = hashlib.sha1(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    """``OUT/.checkpoints/NAME-<hash>/<variant>-seed<seed>.pt``, the hash over :meth:`ExperimentConfig.training_dict`:
+    a changed training setup never resumes a stale run; a changed evaluation or pruning reuses the finished one."""
+    digest = hashlib.sha1(json.dumps(config.training_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
     slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
     return Path(out_dir) / ".checkpoints" / f"{config.name}-{digest}" / f"{slug}-seed{seed}.pt"
 
