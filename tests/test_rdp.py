@@ -444,3 +444,68 @@ def test_fused_radius_draw_matches_autograd_of_the_moments(sample_shape):
         torch.testing.assert_close(fused, reference, rtol=1e-9, atol=1e-14)
     inputs = tuple(p.detach().clone().requires_grad_() for p in params)
     assert torch.autograd.gradcheck(lambda *a: _LogNormalRadius.apply(*a, z), inputs)
+
+
+def _labelled_by_itself(model, n=200, seed=0):
+    """Inputs and the unpruned point model's own labels (its validation error is 0)."""
+    from varbnn.convert import to_deterministic
+
+    x = torch.randn(n, model[0].in_features, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        y = to_deterministic(model, "mode")(x).argmax(-1)
+    return x, y
+
+
+def test_validation_thresholds_stay_within_the_budget_and_no_single_removal_fits_more():
+    from varbnn.prune import classification_error, export, unit_scores, validation_thresholds
+
+    torch.manual_seed(1)
+    model = bayesianize(nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)), RadialDirectional(), RadialDirectionalPrior())
+    _kill(model[0].posteriors["weight"], "row", [4])  # one dead hidden unit: the gap rule's start
+    x, y = _labelled_by_itself(model)
+    tolerance = 0.1
+    keep, report = validation_thresholds(model, x, y, tolerance=tolerance)
+    assert report["base_error"] == 0.0 and report["start_error"] == 0.0
+    # the masks are the lowest-scored groups, counted in the report, with at least one kept per grouping
+    scores = unit_scores(model)
+    for key, mask in keep.items():
+        n = report["removed"][f"{key[0]}/{key[1]}"]
+        assert int((~mask).sum()) == n and bool(mask.any())
+        if n:
+            assert float(scores[key][~mask].max()) <= float(scores[key][mask].min())
+    assert not keep[("0", "row")][4]  # the dead unit stays removed
+    assert sum(report["removed"].values()) > 1  # it went beyond the gap rule
+
+    def err(masks):
+        return classification_error(export(model, x[:2], keep=masks)[0], x, y)
+
+    assert err(keep) == pytest.approx(report["error"]) and report["error"] <= tolerance
+    for key, mask in keep.items():  # oracle: every single further removal, recomputed here, breaks the budget
+        if int(mask.sum()) == 1:
+            continue
+        kept = mask.nonzero().flatten()
+        one_more = mask.clone()
+        one_more[kept[scores[key][kept].argmin()]] = False
+        assert err({**keep, key: one_more}) > tolerance, key
+    tight, tight_report = validation_thresholds(model, x, y, tolerance=0.0)
+    assert tight_report["error"] == 0.0
+    with pytest.raises(ValueError, match="tolerance"):
+        validation_thresholds(model, x, y, tolerance=1.5)
+
+
+def test_finetune_restores_the_best_validation_epoch_and_never_makes_it_worse():
+    from varbnn.prune import classification_error, finetune
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 5, generator=generator)
+    y = (x[:, :3] @ torch.randn(3, 3, generator=generator)).argmax(-1)
+    train, val = (x[:400], y[:400]), (x[400:], y[400:])
+    model = nn.Linear(5, 3)
+    before = classification_error(model, *val)
+    same, info = finetune(model, train, val, epochs=0)
+    assert info["epoch"] == 0 and info["validation_error"] == before
+    model, info = finetune(model, train, val, epochs=15, lr=1e-2, batch_size=50)
+    assert info["validation_error"] == classification_error(model, *val) < min(before / 3, 0.2)
+    assert info["epoch"] == min(h["epoch"] for h in info["history"] if h["validation_error"] == info["validation_error"])
+    with pytest.raises(ValueError, match="epochs"):
+        finetune(model, train, val, epochs=-1)

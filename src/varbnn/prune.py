@@ -22,6 +22,15 @@ Threshold rule (``"gap"``): per layer and grouping, sort the scores and cut at t
 between consecutive scores, provided that gap is at least ``min_gap`` nats (a factor e^min_gap between the radius
 modes on its two sides); otherwise nothing is pruned there. A number is used as the threshold for every layer, and
 a mapping ``{(layer, grouping): number}`` sets them one by one.
+
+Threshold rule on held-out data (:func:`validation_thresholds`): start from the gap rule, then remove more of the
+lowest-scored groups of each layer and grouping as long as the exported model's error on a validation set stays
+within ``tolerance`` of the unpruned point model's. The tolerance is spent in ``rounds`` equal steps; in each round
+every (layer, grouping), in the model's order, removes the most groups (found by bisection on their number) that keep
+the error within that round's budget; a last pass removes one group at a time wherever that still fits the whole
+budget, so that no single further removal does. This is what Oh et al.'s published code leaves to a person (per-layer
+thresholds set by hand while looking at the accuracies), made a rule that never sees the test set.
+:func:`finetune` then optionally retrains the exported plain model (Graves 2011's "prune and retrain").
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ __all__ = [
     "unit_scores",
     "gap_threshold",
     "select_units",
+    "validation_thresholds",
+    "classification_error",
+    "finetune",
     "score_histograms",
     "export",
     "masked_model",
@@ -126,8 +138,12 @@ def score_histograms(
     min_gap: float = 1.0,
     bins: int = 40,
     title: str = "",
+    second: Mapping[GroupKey, float] | None = None,
+    second_label: str = "validation",
 ) -> Path:
-    """One histogram of group scores per layer and grouping, with the threshold as a vertical line (paper Fig. 7)."""
+    """One histogram of group scores per layer and grouping, with the threshold as a vertical line (paper Fig. 7);
+    ``second``: a second set of thresholds (e.g. :func:`validation_thresholds`'), drawn dotted and counted in the
+    titles as ``second_label``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +158,12 @@ def score_histograms(
         kept = int((values >= cut[key]).sum())
         if cut[key] != float("-inf"):
             ax.axvline(cut[key], color="tab:red", linestyle="--")
-        ax.set_title(f"{key[0]} {key[1]}s: keep {kept}/{values.numel()}", fontsize=9)
+        label = f"{key[0]} {key[1]}s: keep {kept}/{values.numel()}"
+        if second is not None:
+            if second[key] != float("-inf"):
+                ax.axvline(second[key], color="tab:green", linestyle=":")
+            label += f" ({second_label}: {int((values >= second[key]).sum())})"
+        ax.set_title(label, fontsize=9)
         ax.set_xlabel("log mode of local radius")
     axes[0][0].set_ylabel("groups")
     fig.suptitle(title)
@@ -362,6 +383,171 @@ def masked_model(model: nn.Module, report: Mapping[str, object], mode: str = "mo
             if module.bias is not None:
                 module.bias[~r] = 0
     return dense  # type: ignore[return-value]
+
+
+# -- thresholds chosen on held-out data, and retraining ------------------------------------------------------------------
+
+
+@torch.no_grad()
+def classification_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
+    """Fraction of ``x`` that a plain classifier ``model`` labels wrongly (argmax of its outputs), in ``batch_size``
+    chunks on the model's device."""
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y need the same, non-zero number of rows, got {x.shape[0]} and {y.shape[0]}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    wrong = 0
+    for start in range(0, x.shape[0], batch_size):
+        logits = model(x[start : start + batch_size].to(device))
+        wrong += int((logits.argmax(-1).cpu() != y[start : start + batch_size].cpu()).sum())
+    model.train(was_training)
+    return wrong / x.shape[0]
+
+
+def validation_thresholds(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    tolerance: float = 1e-3,
+    start: ThresholdSpec = "gap",
+    min_gap: float = 1.0,
+    rounds: int = 4,
+    mode: str = "mode",
+    batch_size: int = 1000,
+    progress: bool = False,
+) -> tuple[dict[GroupKey, torch.Tensor], dict[str, Any]]:
+    """Keep masks ``{(layer, grouping): mask}`` chosen on held-out data ``(x, y)`` (see the module docstring): from
+    the ``start`` rule, remove the lowest-scored groups while the exported model's classification error on ``(x, y)``
+    stays <= the unpruned point model's + ``tolerance`` (a fraction: 1e-3 is 0.1 percentage points). At least one
+    group of every (layer, grouping) is kept. Pass the masks to :func:`export` as ``keep``.
+
+    Report: ``base_error`` (nothing pruned), ``start_error``, ``error`` (the selection), ``removed`` (groups removed per
+    ``"layer/grouping"``), ``thresholds`` (midpoints between the last removed and first kept score, for plots) and the
+    number of ``evaluations``."""
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise ValueError(f"tolerance must be a fraction in [0, 1), got {tolerance!r}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    scores = unit_scores(model)
+    cut = _thresholds(scores, start, min_gap)
+    order = {key: value.double().argsort(stable=True) for key, value in scores.items()}
+    sizes = {key: value.numel() for key, value in scores.items()}
+    removed = {key: min(int((scores[key] < cut[key]).sum()), sizes[key] - 1) for key in scores}
+    example = x[:2]
+    cache: dict[tuple[int, ...], float] = {}
+
+    def masks(counts: Mapping[GroupKey, int]) -> dict[GroupKey, torch.Tensor]:
+        out = {}
+        for key, n in counts.items():
+            keep = torch.ones(sizes[key], dtype=torch.bool)
+            keep[order[key][:n]] = False
+            out[key] = keep
+        return out
+
+    def error(counts: Mapping[GroupKey, int]) -> float:
+        signature = tuple(counts[key] for key in scores)
+        if signature not in cache:
+            exported, _ = export(model, example, keep=masks(counts), mode=mode)
+            cache[signature] = classification_error(exported, x, y, batch_size)
+        return cache[signature]
+
+    base = error(dict.fromkeys(scores, 0))
+    start_error = error(removed)
+    steps = [(r, key) for r in range(rounds) for key in scores if sizes[key] > 1]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(steps), desc="validation thresholds", leave=False)
+    for r, key in steps:
+        budget = base + tolerance * (r + 1) / rounds + 1e-12
+        lo, hi = removed[key], sizes[key] - 1  # lo: feasible (or the start), hi: the most that may go
+        if error(removed) <= budget:
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if error({**removed, key: mid}) <= budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            removed[key] = lo
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    budget = base + tolerance + 1e-12
+    if error(removed) <= budget:  # finally: no single further removal fits the whole budget
+        changed = True
+        while changed:
+            changed = False
+            for key in scores:
+                while removed[key] < sizes[key] - 1 and error({**removed, key: removed[key] + 1}) <= budget:
+                    removed[key] += 1
+                    changed = True
+    thresholds = {}
+    for key, n in removed.items():
+        ordered = scores[key].double()[order[key]]
+        thresholds[key] = float("-inf") if n == 0 else float((ordered[n - 1] + ordered[n]) / 2)
+    report: dict[str, Any] = {
+        "base_error": base,
+        "start_error": start_error,
+        "error": error(removed),
+        "tolerance": float(tolerance),
+        "removed": {f"{k[0]}/{k[1]}": n for k, n in removed.items()},
+        "thresholds": thresholds,
+        "evaluations": len(cache),
+    }
+    return masks(removed), report
+
+
+def finetune(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    validation: tuple[torch.Tensor, torch.Tensor],
+    *,
+    epochs: int = 10,
+    lr: float = 1e-4,
+    batch_size: int = 100,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Retrain a plain classifier (e.g. the model :func:`export` returns) with cross-entropy and Adam for ``epochs``
+    epochs, in place, and restore the epoch with the lowest validation error (epoch 0: as given, so retraining never
+    makes the validation error worse). Returns the model and ``{"epoch", "validation_error", "history"}``."""
+    if not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    x, y = train
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"train: x and y need the same, non-zero number of rows, got {x.shape[0]} and {y.shape[0]}")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    best_error = classification_error(model, *validation)
+    best_epoch, best_state = 0, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    history = [{"epoch": 0, "validation_error": best_error}]
+    epochs_range: Any = range(1, epochs + 1)
+    if progress:
+        from tqdm.auto import tqdm
+
+        epochs_range = tqdm(epochs_range, desc="finetune", leave=False)
+    for epoch in epochs_range:
+        model.train()
+        for index in torch.randperm(x.shape[0], generator=generator).split(batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x[index].to(device)), y[index].to(device))
+            loss.backward()
+            optimizer.step()
+        err = classification_error(model, *validation)
+        history.append({"epoch": epoch, "validation_error": err, "train_loss": float(loss.detach())})
+        if err < best_error:
+            best_error, best_epoch = err, epoch
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(best_state)
+    model.eval()
+    return model, {"epoch": best_epoch, "validation_error": best_error, "history": history}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ OPTIMIZERS = ("adam", "amsgrad")
 # fields that do not change what is trained (see ExperimentConfig.training_dict)
 _AFTER_TRAINING = (
     "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
-    "prune", "prune_threshold", "prune_min_gap",
+    "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_finetune_epochs", "prune_finetune_lr",
 )  # fmt: skip
 FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
 
@@ -57,7 +57,10 @@ class ExperimentConfig:
     ``resumable``: each (variant, seed) checkpoints after every epoch under ``OUT/.checkpoints/`` and a rerun of the
     same command continues where a killed one stopped. ``prune``: after training, :func:`varbnn.prune.export` the
     model with ``prune_threshold`` (``"gap"``: :func:`varbnn.prune.gap_threshold` with ``prune_min_gap``) and report
-    the exported plain model's architecture, parameters, FLOPs and test error.
+    the exported plain model's architecture, parameters, FLOPs and test error; ``prune_validation_tolerance`` > 0
+    (needs ``validation_size``) adds the model pruned by :func:`varbnn.prune.validation_thresholds` with that tolerance,
+    and ``prune_finetune_epochs`` > 0 its retraining by :func:`varbnn.prune.finetune` (learning rate
+    ``prune_finetune_lr``).
 
     ``select_best_of_last`` = K > 0: evaluate (and prune) not the model after the last epoch but the one, among the
     last K epochs, with the lowest mean training NLL of its epoch (Oh et al. 2020's choice for LeNet-5: "the best
@@ -94,6 +97,9 @@ class ExperimentConfig:
     prune: bool = False
     prune_threshold: float | str = "gap"
     prune_min_gap: float = 1.0
+    prune_validation_tolerance: float = 0.0
+    prune_finetune_epochs: int = 0
+    prune_finetune_lr: float = 1e-4
     select_best_of_last: int = 0
     quick: dict[str, Any] = field(default_factory=dict)
 
@@ -117,6 +123,18 @@ class ExperimentConfig:
             raise ValueError(
                 f"{self.name}: select_best_of_last must be an integer in [0, epochs={self.epochs}], "
                 f"got {self.select_best_of_last!r}"
+            )
+        if not 0 <= self.prune_validation_tolerance < 1:
+            raise ValueError(
+                f"{self.name}: prune_validation_tolerance must be a fraction in [0, 1), got {self.prune_validation_tolerance!r}"
+            )
+        if self.prune_validation_tolerance and not self.validation_size:
+            raise ValueError(f"{self.name}: prune_validation_tolerance needs a validation_size")
+        if not isinstance(self.prune_finetune_epochs, int) or self.prune_finetune_epochs < 0:
+            raise ValueError(f"{self.name}: prune_finetune_epochs must be a non-negative integer")
+        if self.prune_finetune_epochs and not self.prune_validation_tolerance:
+            raise ValueError(
+                f"{self.name}: prune_finetune_epochs retrains the validation rule's model: set prune_validation_tolerance"
             )
         if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):
             raise ValueError(f"{self.name}: posthoc_ranks must be positive integers, got {self.posthoc_ranks!r}")

@@ -279,24 +279,54 @@ def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], 
 
 
 def _prune_scores(
-    config: ExperimentConfig, model: torch.nn.Module, x_test: torch.Tensor, y_test: torch.Tensor, dev: torch.device
-) -> dict[str, Any]:
-    from varbnn.prune import export
+    config: ExperimentConfig,
+    model: torch.nn.Module,
+    test: tuple[torch.Tensor, torch.Tensor],
+    train: tuple[torch.Tensor, torch.Tensor],
+    validation: tuple[torch.Tensor, torch.Tensor] | None,
+    seed: int,
+    dev: torch.device,
+    progress: bool,
+) -> tuple[dict[str, Any], dict[tuple[str, str], float] | None]:
+    """The exported model by the config's threshold rule (``pruned_*``) and, with ``prune_validation_tolerance``
+    and a validation set, by :func:`varbnn.prune.validation_thresholds` (``val_pruned_*``), optionally retrained
+    (``val_pruned_finetuned_test_error``). Returns the scores and the validation rule's thresholds (for the figure)."""
+    from varbnn.prune import classification_error, export, finetune, validation_thresholds
 
-    exported, report = export(model, x_test[:2].to(dev), threshold=config.prune_threshold, min_gap=config.prune_min_gap)
-    exported.eval()
-    correct = 0
-    with torch.no_grad():
-        for start in range(0, len(x_test), 1000):
-            logits = exported(x_test[start : start + 1000].to(dev))
-            correct += int((logits.argmax(-1).cpu() == y_test[start : start + 1000]).sum())
-    return {
+    x_test, y_test = test
+    example = x_test[:2].to(dev)
+    exported, report = export(model, example, threshold=config.prune_threshold, min_gap=config.prune_min_gap)
+    scores: dict[str, Any] = {
         "pruned_architecture": str(report["architecture"]),
         "pruned_parameters": float(report["parameters"]),  # type: ignore[arg-type]
         "pruned_flops": float(report["flops"]),  # type: ignore[arg-type]
         "dense_parameters": float(report["dense_parameters"]),  # type: ignore[arg-type]
-        "pruned_test_error": 1.0 - correct / len(x_test),
+        "pruned_test_error": classification_error(exported, x_test, y_test),
     }
+    if not config.prune_validation_tolerance or validation is None:
+        return scores, None
+    keep, search = validation_thresholds(
+        model, *validation, tolerance=config.prune_validation_tolerance, start=config.prune_threshold,
+        min_gap=config.prune_min_gap, progress=progress,
+    )  # fmt: skip
+    exported, report = export(model, example, keep=keep)
+    scores.update(
+        val_pruned_architecture=str(report["architecture"]),
+        val_pruned_parameters=float(report["parameters"]),  # type: ignore[arg-type]
+        val_pruned_flops=float(report["flops"]),  # type: ignore[arg-type]
+        val_pruned_validation_error=float(search["error"]),
+        val_pruned_test_error=classification_error(exported, x_test, y_test),
+    )
+    if config.prune_finetune_epochs:
+        retrained_model, retrained = finetune(
+            exported, train, validation, epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr,
+            batch_size=config.batch_size, seed=seed, progress=progress,
+        )  # fmt: skip
+        scores.update(
+            val_pruned_finetuned_epoch=float(retrained["epoch"]),
+            val_pruned_finetuned_test_error=classification_error(retrained_model, x_test, y_test),
+        )
+    return scores, search["thresholds"]
 
 
 def _parameter_count(model: torch.nn.Module) -> int:
@@ -355,6 +385,7 @@ def run_experiment(
     traces: dict[str, list[list[dict[str, float]]]] = {}
     first_seed_predictions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     first_seed_models: dict[str, torch.nn.Module] = {}
+    validation_cuts: dict[str, dict[tuple[str, str], float]] = {}
     for variant in config.variants:
         per_seed: dict[str, list[dict[str, float]]] = {}
         for seed in config.seeds:
@@ -403,7 +434,12 @@ def run_experiment(
                     if selected_epoch is not None:
                         scores["selected_epoch"] = float(selected_epoch)
                     if config.prune and variant.family != "plain":
-                        scores.update(_prune_scores(config, model, x_test, y_test, dev))
+                        pruned, thresholds = _prune_scores(
+                            config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
+                        )
+                        scores.update(pruned)
+                        if thresholds is not None and seed == config.seeds[0]:
+                            validation_cuts[label] = thresholds
                     for record in tracer.records if tracer else []:
                         if record["step"] in config.log_steps:
                             for name in ("snr", "val_nelbo"):
@@ -433,7 +469,7 @@ def run_experiment(
     if not vdist.is_main_process():  # rank 0 writes the results
         return {"name": config.name, "rows": rows, "figures": [], "written": False}
     out.mkdir(parents=True, exist_ok=True)
-    figures = _figures(config, out, first_seed_predictions, first_seed_models, traces)
+    figures = _figures(config, out, first_seed_predictions, first_seed_models, traces, validation_cuts)
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
@@ -458,6 +494,7 @@ def _figures(
     predictions: dict[str, tuple[torch.Tensor, torch.Tensor]],
     models: dict[str, torch.nn.Module],
     traces: dict[str, list[list[dict[str, float]]]],
+    validation_cuts: dict[str, dict[tuple[str, str], float]] | None = None,
 ) -> list[str]:
     seed = config.seeds[0]
     paths: list[Path] = []
@@ -488,7 +525,11 @@ def _figures(
 
         label, model = next(iter(bayesian.items()))
         path = out / f"{config.name}_prune_histograms.png"
-        paths.append(score_histograms(model, path, config.prune_threshold, config.prune_min_gap, title=f"{label} (seed {seed})"))
+        second = (validation_cuts or {}).get(label)
+        title = f"{label} (seed {seed}); red dashed: {config.prune_threshold} rule"
+        if second is not None:
+            title += f", green dotted: validation rule (tolerance {config.prune_validation_tolerance:g})"
+        paths.append(score_histograms(model, path, config.prune_threshold, config.prune_min_gap, title=title, second=second))
     if "std_heatmaps" in config.figures and bayesian and config.heatmap_module:
         label, model = next(iter(bayesian.items()))
         module = model.get_submodule(config.heatmap_module)
@@ -524,6 +565,15 @@ _LEGEND = {
     "pruned_parameters": "weights + biases of the exported plain model",
     "pruned_flops": "FLOPs of the exported model, Oh et al.'s formulas",
     "pruned_test_error": "test error of the exported plain model (posterior-mode weights, pruned units removed)",
+    "val_pruned_architecture": "units kept when thresholds are chosen on the validation set (varbnn.prune.validation_thresholds, "
+    "start: the gap rule, tolerance prune_validation_tolerance over the unpruned point model's validation error)",
+    "val_pruned_parameters": "weights + biases of that exported model",
+    "val_pruned_flops": "its FLOPs",
+    "val_pruned_validation_error": "its validation error (what the rule saw)",
+    "val_pruned_test_error": "its test error",
+    "val_pruned_finetuned_epoch": "epoch of the retraining (plain Adam, cross-entropy) with the lowest validation error "
+    "(0: none helped)",
+    "val_pruned_finetuned_test_error": "test error of that model after retraining (varbnn.prune.finetune)",
     "selected_epoch": "the epoch evaluated: lowest mean training NLL among the last select_best_of_last epochs",
 }
 
