@@ -14,7 +14,7 @@ from varbnn import Delta, KTied, MeanField, bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments import get_config, run_experiment
 from varbnn.experiments.config import ExperimentConfig, Variant
-from varbnn.experiments.runner import _BestOfLast, build_model, render_markdown, std_parameters
+from varbnn.experiments.runner import _BestOfLast, _checkpoint_path, build_model, render_markdown, std_parameters
 from varbnn.models import make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
 from varbnn.train import evaluate_weight_samples, fit
@@ -216,9 +216,17 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
         first = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
         checkpoints = list((tmp_path / ".checkpoints").glob("lenet5-prune-*/RDP-double-seed0.pt"))
         assert len(checkpoints) == 1
-        again = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)  # resumes: nothing to train
+        # a changed evaluation (no validation or budget rule) resumes the same checkpoint: nothing to train
+        evaluation_only = dataclasses.replace(config, prune_validation_tolerance=0.0, prune_budget=None, prune_finetune_epochs=0)
+        assert _checkpoint_path(evaluation_only, tmp_path, config.variants[0], 0) == checkpoints[0]
+        assert _checkpoint_path(dataclasses.replace(config, lr=2e-3), tmp_path, config.variants[0], 0) != checkpoints[0]
+        again = run_experiment(evaluation_only, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
     row, row_again = first["rows"][0], again["rows"][0]
     assert row["pruned_architecture"].count("-") == 3 and row["pruned_parameters"] <= row["dense_parameters"] == 431080
+    assert row["budget_pruned_flops"] <= config.prune_budget[0] and row["budget_pruned_parameters"] <= config.prune_budget[1]
+    for prefix in ("val", "budget"):
+        assert 0 <= row[f"{prefix}_pruned_finetuned_test_error"] <= 1 and row[f"{prefix}_pruned_architecture"].count("-") == 3
+    assert "val_pruned_architecture" not in row_again
     for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
         assert row[key] == row_again[key]
     assert row["selected_epoch"] == row_again["selected_epoch"] in (1.0, 2.0)

@@ -447,12 +447,16 @@ def test_fused_radius_draw_matches_autograd_of_the_moments(sample_shape):
 
 
 def _labelled_by_itself(model, n=200, seed=0):
-    """Inputs and the unpruned point model's own labels (its validation error is 0)."""
+    """Inputs and the unpruned point model's own labels (its validation error is 0), keeping only inputs whose top two
+    logits differ by > 1e-3 (a random network maps some inputs to all-zero hidden units: exact ties)."""
     from varbnn.convert import to_deterministic
 
-    x = torch.randn(n, model[0].in_features, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(2 * n, model[0].in_features, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        y = to_deterministic(model, "mode")(x).argmax(-1)
+        logits = to_deterministic(model, "mode")(x)
+    top = logits.topk(2, dim=-1).values
+    x, y = x[top[:, 0] - top[:, 1] > 1e-3][:n], logits.argmax(-1)[top[:, 0] - top[:, 1] > 1e-3][:n]
+    assert len(x) == n
     return x, y
 
 
@@ -509,3 +513,41 @@ def test_finetune_restores_the_best_validation_epoch_and_never_makes_it_worse():
     assert info["epoch"] == min(h["epoch"] for h in info["history"] if h["validation_error"] == info["validation_error"])
     with pytest.raises(ValueError, match="epochs"):
         finetune(model, train, val, epochs=-1)
+
+
+def test_budget_units_meets_the_budget_by_removing_the_dead_units_first():
+    from varbnn.prune import budget_units, classification_error, export
+
+    torch.manual_seed(2)
+    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior())
+    _kill(model[0].posteriors["weight"], "row", [1, 4, 6])  # three dead hidden units, left in by start=-1e9
+    x, y = _labelled_by_itself(model, n=400)
+    full = export(model, x[:2], threshold=-1e9)[1]
+    target = int(full["parameters"]) - 3 * (6 + 1 + 3)  # exactly the three dead units' weights and biases
+    keep, report = budget_units(model, x, y, max_parameters=target, start=-1e9)
+    assert report["reached"] and report["parameters"] <= target
+    assert keep[("0", "row")].tolist() == [True, False, True, True, False, True, False, True]
+    exported, check = export(model, x[:2], keep=keep)
+    assert (check["parameters"], check["flops"]) == (report["parameters"], report["flops"])
+    assert classification_error(exported, x, y) == report["error"]
+    # the same saving where the last layer has stopped reading three units: the rule removes exactly those (free),
+    # not the three lowest-scored rows of the first layer (two of them are those units, the third is live and costs)
+    torch.manual_seed(2)
+    other = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior())
+    _kill(other[2].posteriors["weight"], "column", [0, 3, 5])
+    xo, yo = _labelled_by_itself(other, n=400)
+    keep, report = budget_units(other, xo, yo, max_parameters=target, start=-1e9)
+    assert report["reached"] and report["error"] == 0.0
+    assert export(other, xo[:2], keep=keep)[1]["keep_out"][0] == [False, True, True, False, True, False, True, True]
+    lowest_rows = other[0].posteriors["weight"].log_radius_mode("row").argsort()[:3]
+    assert set(lowest_rows.tolist()) - {0, 3, 5}  # a live unit among them
+    ones = {key: torch.ones_like(mask) for key, mask in keep.items()}
+    rows_only = {**ones, ("0", "row"): ~torch.isin(torch.arange(8), lowest_rows)}
+    assert classification_error(export(other, xo[:2], keep=rows_only)[0], xo, yo) > 0  # what a size-only rule takes
+    # a budget no pruning reaches: stops where no removal lowers the excess, and says so
+    keep, report = budget_units(model, x, y, max_parameters=1, max_flops=1)
+    assert not report["reached"]
+    assert all(int(mask.sum()) >= 1 for mask in keep.values())
+    assert report["removed"]["0/row"] == 7 and report["removed"]["0/column"] == 5  # one unit and one input left
+    with pytest.raises(ValueError, match="max_flops"):
+        budget_units(model, x, y)

@@ -30,7 +30,11 @@ every (layer, grouping), in the model's order, removes the most groups (found by
 the error within that round's budget; a last pass removes one group at a time wherever that still fits the whole
 budget, so that no single further removal does. This is what Oh et al.'s published code leaves to a person (per-layer
 thresholds set by hand while looking at the accuracies), made a rule that never sees the test set.
-:func:`finetune` then optionally retrains the exported plain model (Graves 2011's "prune and retrain").
+Size budget (:func:`budget_units`): from the gap rule, remove a further few of the lowest-scored groups of whichever
+(layer, grouping) costs the least validation error per unit of budget excess removed, until the exported model's FLOPs
+and / or parameters are within the budget (how a target such as "<= 120K FLOPs" is met; the scores still decide
+which units of a layer go). :func:`finetune` then optionally retrains the exported plain model (Graves 2011's
+"prune and retrain").
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "gap_threshold",
     "select_units",
     "validation_thresholds",
+    "budget_units",
     "classification_error",
     "finetune",
     "score_histograms",
@@ -240,13 +245,16 @@ def count_parameters_and_flops(model: nn.Module, example: torch.Tensor) -> tuple
     for name, module in chain:
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             params += sum(p.numel() for p in module.parameters())
-            if isinstance(module, nn.Linear):
-                flops += (module.in_features + 1) * module.out_features
-            else:
-                kh, kw = module.kernel_size
-                out_shape = shapes[name][1]
-                flops += (kh * kw * module.in_channels + 1) * out_shape[1] * out_shape[2] * module.out_channels
+            flops += _flops(module, shapes[name][1])
     return params, flops
+
+
+def _flops(module: nn.Linear | nn.Conv2d, out_shape: torch.Size) -> int:
+    """Oh et al.'s FLOPs of one layer; ``out_shape``: its output's shape without the batch (only H, W are read)."""
+    if isinstance(module, nn.Linear):
+        return (module.in_features + 1) * module.out_features
+    kh, kw = module.kernel_size
+    return (kh * kw * module.in_channels + 1) * out_shape[1] * out_shape[2] * module.out_channels
 
 
 def export(
@@ -272,9 +280,22 @@ def export(
     """
     from varbnn.convert import to_deterministic
 
-    dense = to_deterministic(model, mode)
-    chain = _chain(dense)
     keep = dict(keep) if keep is not None else select_units(model, threshold, min_gap)
+    return _export_plain(to_deterministic(model, mode), example, keep)
+
+
+def _export_plain(
+    dense: nn.Module,
+    example: torch.Tensor,
+    keep: Mapping[GroupKey, torch.Tensor],
+    shapes: Mapping[str, tuple[torch.Size, torch.Size]] | None = None,
+) -> tuple[nn.Sequential, dict[str, object]]:
+    """:func:`export` of an already plain (point-weight) copy ``dense`` of the model: ``dense`` is only read.
+    ``shapes``: :func:`_trace_shapes` of ``dense`` (traced here if not given; pruning channels leaves every spatial
+    size as it is, so the exported model's FLOPs follow from them)."""
+    chain = _chain(dense)
+    if shapes is None:
+        shapes = _trace_shapes(chain, example[:1])
     weighted = [(n, m) for n, m in chain if isinstance(m, (nn.Linear, nn.Conv2d))]
     if not weighted:
         raise ValueError("export: the model has no Linear or Conv2d layer")
@@ -350,8 +371,17 @@ def export(
             units.append(int(in_keep[i].sum()))
         if i < len(weighted) - 1:
             units.append(int(out_keep[i].sum()))
-    dense_params, dense_flops = count_parameters_and_flops(dense, example)
-    params, flops = count_parameters_and_flops(exported, example)
+    dense_params = dense_flops = params = flops = 0
+    for name, module in weighted:
+        dense_params += sum(p.numel() for p in module.parameters())
+        dense_flops += _flops(module, shapes[name][1])
+    for layer in exported:
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            params += sum(p.numel() for p in layer.parameters())
+    flops = sum(
+        _flops(new_module, shapes[name][1])
+        for (name, _), new_module in zip(weighted, [m for m in exported if isinstance(m, (nn.Linear, nn.Conv2d))])
+    )
     report: dict[str, object] = {
         "architecture": "-".join(map(str, units)),
         "layers": report_layers,
@@ -392,8 +422,7 @@ def masked_model(model: nn.Module, report: Mapping[str, object], mode: str = "mo
 def classification_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
     """Fraction of ``x`` that a plain classifier ``model`` labels wrongly (argmax of its outputs), in ``batch_size``
     chunks on the model's device."""
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise ValueError(f"x and y need the same, non-zero number of rows, got {x.shape[0]} and {y.shape[0]}")
+    _check_xy(x, y)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -403,6 +432,82 @@ def classification_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, bat
         wrong += int((logits.argmax(-1).cpu() != y[start : start + batch_size].cpu()).sum())
     model.train(was_training)
     return wrong / x.shape[0]
+
+
+class _RankedGroups:
+    """The groups of every RDP weight ranked by score, the start counts of a threshold rule, and the exported model's
+    (validation error, parameters, FLOPs) for given numbers of lowest-scored groups removed (cached)."""
+
+    def __init__(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, start: ThresholdSpec, min_gap: float, mode: str,
+        batch_size: int,
+    ) -> None:  # fmt: skip
+        self.model, self.x, self.y, self.mode, self.batch_size = model, x, y, mode, batch_size
+        self.scores = unit_scores(model)
+        cut = _thresholds(self.scores, start, min_gap)
+        self.order = {key: value.double().argsort(stable=True) for key, value in self.scores.items()}
+        self.sizes = {key: value.numel() for key, value in self.scores.items()}
+        self.start = {key: min(int((v < cut[key]).sum()), self.sizes[key] - 1) for key, v in self.scores.items()}
+        from varbnn.convert import to_deterministic
+
+        self.dense = to_deterministic(model, mode)
+        self.shapes = _trace_shapes(_chain(self.dense), x[:1])
+        self.errors: dict[tuple[int, ...], float] = {}
+        self.sizes_cache: dict[tuple[int, ...], tuple[int, int]] = {}
+
+    def masks(self, counts: Mapping[GroupKey, int]) -> dict[GroupKey, torch.Tensor]:
+        out = {}
+        for key, n in counts.items():
+            keep = torch.ones(self.sizes[key], dtype=torch.bool)
+            keep[self.order[key][:n]] = False
+            out[key] = keep
+        return out
+
+    def _export(self, counts: Mapping[GroupKey, int]) -> tuple[nn.Module, tuple[int, ...]]:
+        signature = tuple(counts[key] for key in self.scores)
+        exported, report = _export_plain(self.dense, self.x[:2], self.masks(counts), self.shapes)
+        self.sizes_cache[signature] = (int(report["parameters"]), int(report["flops"]))  # type: ignore[call-overload]
+        return exported, signature
+
+    def size(self, counts: Mapping[GroupKey, int]) -> tuple[int, int]:
+        """(parameters, FLOPs) of the exported model."""
+        signature = tuple(counts[key] for key in self.scores)
+        if signature not in self.sizes_cache:
+            self._export(counts)
+        return self.sizes_cache[signature]
+
+    def error(self, counts: Mapping[GroupKey, int]) -> float:
+        signature = tuple(counts[key] for key in self.scores)
+        if signature not in self.errors:
+            exported, _ = self._export(counts)
+            self.errors[signature] = classification_error(exported, self.x, self.y, self.batch_size)
+        return self.errors[signature]
+
+    def evaluate(self, counts: Mapping[GroupKey, int]) -> tuple[float, int, int]:
+        error = self.error(counts)
+        return (error, *self.size(counts))
+
+    def report(self, counts: Mapping[GroupKey, int]) -> dict[str, Any]:
+        thresholds = {}
+        for key, n in counts.items():
+            ordered = self.scores[key].double()[self.order[key]]
+            thresholds[key] = float("-inf") if n == 0 else float((ordered[n - 1] + ordered[n]) / 2)
+        error, params, flops = self.evaluate(counts)
+        return {
+            "base_error": self.error(dict.fromkeys(self.scores, 0)),
+            "start_error": self.error(self.start),
+            "error": error,
+            "parameters": params,
+            "flops": flops,
+            "removed": {f"{k[0]}/{k[1]}": n for k, n in counts.items()},
+            "thresholds": thresholds,
+            "evaluations": len(self.errors),
+        }
+
+
+def _check_xy(x: torch.Tensor, y: torch.Tensor) -> None:
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y need the same, non-zero number of rows, got {x.shape[0]} and {y.shape[0]}")
 
 
 def validation_thresholds(
@@ -423,39 +528,18 @@ def validation_thresholds(
     stays <= the unpruned point model's + ``tolerance`` (a fraction: 1e-3 is 0.1 percentage points). At least one
     group of every (layer, grouping) is kept. Pass the masks to :func:`export` as ``keep``.
 
-    Report: ``base_error`` (nothing pruned), ``start_error``, ``error`` (the selection), ``removed`` (groups removed per
-    ``"layer/grouping"``), ``thresholds`` (midpoints between the last removed and first kept score, for plots) and the
-    number of ``evaluations``."""
+    Report: ``base_error`` (nothing pruned), ``start_error``, ``error``, ``parameters`` and ``flops`` of the selection,
+    ``removed`` (groups removed per ``"layer/grouping"``), ``thresholds`` (midpoints between the last removed and first
+    kept score, for plots) and the number of ``evaluations``."""
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise ValueError(f"tolerance must be a fraction in [0, 1), got {tolerance!r}")
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
-    scores = unit_scores(model)
-    cut = _thresholds(scores, start, min_gap)
-    order = {key: value.double().argsort(stable=True) for key, value in scores.items()}
-    sizes = {key: value.numel() for key, value in scores.items()}
-    removed = {key: min(int((scores[key] < cut[key]).sum()), sizes[key] - 1) for key in scores}
-    example = x[:2]
-    cache: dict[tuple[int, ...], float] = {}
-
-    def masks(counts: Mapping[GroupKey, int]) -> dict[GroupKey, torch.Tensor]:
-        out = {}
-        for key, n in counts.items():
-            keep = torch.ones(sizes[key], dtype=torch.bool)
-            keep[order[key][:n]] = False
-            out[key] = keep
-        return out
-
-    def error(counts: Mapping[GroupKey, int]) -> float:
-        signature = tuple(counts[key] for key in scores)
-        if signature not in cache:
-            exported, _ = export(model, example, keep=masks(counts), mode=mode)
-            cache[signature] = classification_error(exported, x, y, batch_size)
-        return cache[signature]
-
-    base = error(dict.fromkeys(scores, 0))
-    start_error = error(removed)
-    steps = [(r, key) for r in range(rounds) for key in scores if sizes[key] > 1]
+    _check_xy(x, y)
+    groups = _RankedGroups(model, x, y, start, min_gap, mode, batch_size)
+    sizes, removed = groups.sizes, dict(groups.start)
+    base = groups.error(dict.fromkeys(sizes, 0))
+    steps = [(r, key) for r in range(rounds) for key in sizes if sizes[key] > 1]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -464,10 +548,10 @@ def validation_thresholds(
     for r, key in steps:
         budget = base + tolerance * (r + 1) / rounds + 1e-12
         lo, hi = removed[key], sizes[key] - 1  # lo: feasible (or the start), hi: the most that may go
-        if error(removed) <= budget:
+        if groups.error(removed) <= budget:
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if error({**removed, key: mid}) <= budget:
+                if groups.error({**removed, key: mid}) <= budget:
                     lo = mid
                 else:
                     hi = mid - 1
@@ -477,28 +561,102 @@ def validation_thresholds(
     if bar is not None:
         bar.close()
     budget = base + tolerance + 1e-12
-    if error(removed) <= budget:  # finally: no single further removal fits the whole budget
+    if groups.error(removed) <= budget:  # finally: no single further removal fits the whole budget
         changed = True
         while changed:
             changed = False
-            for key in scores:
-                while removed[key] < sizes[key] - 1 and error({**removed, key: removed[key] + 1}) <= budget:
+            for key in sizes:
+                while removed[key] < sizes[key] - 1 and groups.error({**removed, key: removed[key] + 1}) <= budget:
                     removed[key] += 1
                     changed = True
-    thresholds = {}
-    for key, n in removed.items():
-        ordered = scores[key].double()[order[key]]
-        thresholds[key] = float("-inf") if n == 0 else float((ordered[n - 1] + ordered[n]) / 2)
-    report: dict[str, Any] = {
-        "base_error": base,
-        "start_error": start_error,
-        "error": error(removed),
-        "tolerance": float(tolerance),
-        "removed": {f"{k[0]}/{k[1]}": n for k, n in removed.items()},
-        "thresholds": thresholds,
-        "evaluations": len(cache),
-    }
-    return masks(removed), report
+    return groups.masks(removed), {**groups.report(removed), "tolerance": float(tolerance)}
+
+
+def budget_units(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    max_flops: int | None = None,
+    max_parameters: int | None = None,
+    start: ThresholdSpec = "gap",
+    min_gap: float = 1.0,
+    step: float = 0.05,
+    mode: str = "mode",
+    batch_size: int = 1000,
+    progress: bool = False,
+) -> tuple[dict[GroupKey, torch.Tensor], dict[str, Any]]:
+    """Keep masks that bring the exported model within a size budget (FLOPs and / or parameters, Oh et al.'s
+    counts), choosing on held-out data ``(x, y)`` which layers give way.
+
+    Rule: from the ``start`` rule, repeatedly remove a further ``step`` fraction (at least one) of the kept groups of
+    one (layer, grouping), always its lowest-scored ones; the (layer, grouping) is the one whose removal costs the
+    least validation error per unit of budget excess removed, ``(error increase + 1/len(x)) / (excess before - excess
+    after)`` with excess ``max(0, log(flops / max_flops)) + max(0, log(parameters / max_parameters))``; stop when
+    the excess is 0. At least one group of every (layer, grouping) stays; if no removal lowers the excess any more
+    the report says ``reached: False``. The scores decide which units of a layer go, the validation set only how
+    many. Report as :func:`validation_thresholds`', plus ``reached`` and the budget."""
+    if max_flops is None and max_parameters is None:
+        raise ValueError("budget_units needs max_flops and / or max_parameters")
+    for name, value in (("max_flops", max_flops), ("max_parameters", max_parameters)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    if not 0 < step <= 1:
+        raise ValueError(f"step must be a fraction in (0, 1], got {step!r}")
+    _check_xy(x, y)
+    groups = _RankedGroups(model, x, y, start, min_gap, mode, batch_size)
+    sizes, removed = groups.sizes, dict(groups.start)
+
+    def excess(params: int, flops: int) -> float:
+        over = 0.0
+        if max_flops is not None:
+            over += max(0.0, math.log(flops / max_flops))
+        if max_parameters is not None:
+            over += max(0.0, math.log(params / max_parameters))
+        return over
+
+    error, params, flops = groups.evaluate(removed)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="budget pruning", leave=False)
+    reached = excess(params, flops) == 0.0
+    while not reached:
+        best: tuple[float, dict[GroupKey, int]] | None = None
+        for key in sizes:
+            kept = sizes[key] - removed[key]
+            if kept <= 1:
+                continue
+            # a step of this grouping; more if its lowest groups are already gone from the export (another
+            # grouping removed their units), until the size drops or nothing is left to remove
+            n = removed[key] + min(kept - 1, max(1, int(step * kept)))
+            gain = 0.0
+            while True:
+                candidate = {**removed, key: n}
+                gain = excess(params, flops) - excess(*groups.size(candidate))
+                if gain > 0 or n == sizes[key] - 1:
+                    break
+                n += 1
+            if gain <= 0:
+                continue
+            c_error = groups.error(candidate)
+            cost = (c_error - error + 1.0 / x.shape[0]) / gain
+            if best is None or cost < best[0]:
+                best = (cost, candidate)
+        if best is None:
+            break
+        removed = best[1]
+        error, params, flops = groups.evaluate(removed)
+        reached = excess(params, flops) == 0.0
+        if bar is not None:
+            bar.update()
+            bar.set_postfix(error=f"{error:.4f}", params=params, flops=flops)
+    if bar is not None:
+        bar.close()
+    report = groups.report(removed)
+    report.update(reached=reached, max_flops=max_flops, max_parameters=max_parameters)
+    return groups.masks(removed), report
 
 
 def finetune(
@@ -520,8 +678,7 @@ def finetune(
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be positive, got {lr!r}")
     x, y = train
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise ValueError(f"train: x and y need the same, non-zero number of rows, got {x.shape[0]} and {y.shape[0]}")
+    _check_xy(x, y)
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)

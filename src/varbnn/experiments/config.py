@@ -12,7 +12,8 @@ OPTIMIZERS = ("adam", "amsgrad")
 # fields that do not change what is trained (see ExperimentConfig.training_dict)
 _AFTER_TRAINING = (
     "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
-    "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_finetune_epochs", "prune_finetune_lr",
+    "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_budget", "prune_finetune_epochs",
+    "prune_finetune_lr",
 )  # fmt: skip
 FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
 
@@ -59,7 +60,8 @@ class ExperimentConfig:
     model with ``prune_threshold`` (``"gap"``: :func:`varbnn.prune.gap_threshold` with ``prune_min_gap``) and report
     the exported plain model's architecture, parameters, FLOPs and test error; ``prune_validation_tolerance`` > 0
     (needs ``validation_size``) adds the model pruned by :func:`varbnn.prune.validation_thresholds` with that tolerance,
-    and ``prune_finetune_epochs`` > 0 its retraining by :func:`varbnn.prune.finetune` (learning rate
+    ``prune_budget`` = (max FLOPs, max parameters) the model pruned to that budget by :func:`varbnn.prune.budget_units`,
+    and ``prune_finetune_epochs`` > 0 the retraining of each by :func:`varbnn.prune.finetune` (learning rate
     ``prune_finetune_lr``).
 
     ``select_best_of_last`` = K > 0: evaluate (and prune) not the model after the last epoch but the one, among the
@@ -98,6 +100,7 @@ class ExperimentConfig:
     prune_threshold: float | str = "gap"
     prune_min_gap: float = 1.0
     prune_validation_tolerance: float = 0.0
+    prune_budget: tuple[int, int] | None = None
     prune_finetune_epochs: int = 0
     prune_finetune_lr: float = 1e-4
     select_best_of_last: int = 0
@@ -128,13 +131,17 @@ class ExperimentConfig:
             raise ValueError(
                 f"{self.name}: prune_validation_tolerance must be a fraction in [0, 1), got {self.prune_validation_tolerance!r}"
             )
-        if self.prune_validation_tolerance and not self.validation_size:
-            raise ValueError(f"{self.name}: prune_validation_tolerance needs a validation_size")
+        if (self.prune_validation_tolerance or self.prune_budget is not None) and not self.validation_size:
+            raise ValueError(f"{self.name}: prune_validation_tolerance and prune_budget need a validation_size")
+        if self.prune_budget is not None and (
+            len(self.prune_budget) != 2 or any(not isinstance(v, int) or v < 1 for v in self.prune_budget)
+        ):
+            raise ValueError(f"{self.name}: prune_budget must be (max FLOPs, max parameters), got {self.prune_budget!r}")
         if not isinstance(self.prune_finetune_epochs, int) or self.prune_finetune_epochs < 0:
             raise ValueError(f"{self.name}: prune_finetune_epochs must be a non-negative integer")
-        if self.prune_finetune_epochs and not self.prune_validation_tolerance:
+        if self.prune_finetune_epochs and not (self.prune_validation_tolerance or self.prune_budget is not None):
             raise ValueError(
-                f"{self.name}: prune_finetune_epochs retrains the validation rule's model: set prune_validation_tolerance"
+                f"{self.name}: prune_finetune_epochs retrains the validation or budget rule's model: set one of them"
             )
         if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):
             raise ValueError(f"{self.name}: posthoc_ranks must be positive integers, got {self.posthoc_ranks!r}")

@@ -223,6 +223,7 @@ register_config(
         resumable=True,
         prune=True,
         prune_validation_tolerance=1e-3,  # 0.1 percentage points of validation error
+        prune_budget=(120_000, 15_000),  # the goal: <= 120K FLOPs, <= 15K parameters
         prune_finetune_epochs=10,
         select_best_of_last=10,  # the paper: "the best training cross-entropy during last 10 epochs"
         figures=("prune_histograms", "reliability"),
@@ -231,6 +232,7 @@ register_config(
             "train_limit": 600,
             "test_limit": 300,
             "validation_size": 500,
+            "prune_budget": (1_500_000, 300_000),  # loose: a few steps of the rule, not the full search
             "eval_samples": 2,
             "kl_annealing_epochs": 1,
             "select_best_of_last": 2,
@@ -262,6 +264,7 @@ register_config(
         kl_annealing_epochs=2,
         validation_size=0,  # as committed: trained on all 60,000
         prune_validation_tolerance=0.0,
+        prune_budget=None,
         prune_finetune_epochs=0,
         resumable=False,
         select_best_of_last=0,

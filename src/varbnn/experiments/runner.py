@@ -288,9 +288,10 @@ def _prune_scores(
     dev: torch.device,
     progress: bool,
 ) -> tuple[dict[str, Any], dict[tuple[str, str], float] | None]:
-    """The exported model by the config's threshold rule (``pruned_*``) and, with ``prune_validation_tolerance``
-    and a validation set, by :func:`varbnn.prune.validation_thresholds` (``val_pruned_*``), optionally retrained
-    (``val_pruned_finetuned_test_error``). Returns the scores and the validation rule's thresholds (for the figure)."""
+    """The exported model by the config's threshold rule (``pruned_*``) and, given a validation set, by
+    :func:`varbnn.prune.validation_thresholds` (``prune_validation_tolerance``; ``val_pruned_*``) and by
+    :func:`varbnn.prune.budget_units` (``prune_budget``; ``budget_pruned_*``), each optionally retrained
+    (``*_finetuned_test_error``). Returns the scores and the validation rule's thresholds (for the figure)."""
     from varbnn.prune import classification_error, export, finetune, validation_thresholds
 
     x_test, y_test = test
@@ -303,30 +304,42 @@ def _prune_scores(
         "dense_parameters": float(report["dense_parameters"]),  # type: ignore[arg-type]
         "pruned_test_error": classification_error(exported, x_test, y_test),
     }
-    if not config.prune_validation_tolerance or validation is None:
+    if validation is None:
         return scores, None
-    keep, search = validation_thresholds(
-        model, *validation, tolerance=config.prune_validation_tolerance, start=config.prune_threshold,
-        min_gap=config.prune_min_gap, progress=progress,
-    )  # fmt: skip
-    exported, report = export(model, example, keep=keep)
-    scores.update(
-        val_pruned_architecture=str(report["architecture"]),
-        val_pruned_parameters=float(report["parameters"]),  # type: ignore[arg-type]
-        val_pruned_flops=float(report["flops"]),  # type: ignore[arg-type]
-        val_pruned_validation_error=float(search["error"]),
-        val_pruned_test_error=classification_error(exported, x_test, y_test),
-    )
-    if config.prune_finetune_epochs:
-        retrained_model, retrained = finetune(
-            exported, train, validation, epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr,
-            batch_size=config.batch_size, seed=seed, progress=progress,
-        )  # fmt: skip
-        scores.update(
-            val_pruned_finetuned_epoch=float(retrained["epoch"]),
-            val_pruned_finetuned_test_error=classification_error(retrained_model, x_test, y_test),
-        )
-    return scores, search["thresholds"]
+    from varbnn.prune import budget_units
+
+    rules: list[tuple[str, Any]] = []
+    if config.prune_validation_tolerance:
+        rules.append(("val", lambda: validation_thresholds(
+            model, *validation, tolerance=config.prune_validation_tolerance, start=config.prune_threshold,
+            min_gap=config.prune_min_gap, progress=progress,
+        )))  # fmt: skip
+    if config.prune_budget is not None:
+        rules.append(("budget", lambda: budget_units(
+            model, *validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
+            start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress,
+        )))  # fmt: skip
+    cuts = None
+    for prefix, rule in rules:
+        keep, search = rule()
+        exported, report = export(model, example, keep=keep)
+        scores.update({
+            f"{prefix}_pruned_architecture": str(report["architecture"]),
+            f"{prefix}_pruned_parameters": float(report["parameters"]),  # type: ignore[arg-type]
+            f"{prefix}_pruned_flops": float(report["flops"]),  # type: ignore[arg-type]
+            f"{prefix}_pruned_validation_error": float(search["error"]),
+            f"{prefix}_pruned_test_error": classification_error(exported, x_test, y_test),
+        })  # fmt: skip
+        if config.prune_finetune_epochs:
+            retrained_model, retrained = finetune(
+                exported, train, validation, epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr,
+                batch_size=config.batch_size, seed=seed, progress=progress,
+            )  # fmt: skip
+            scores[f"{prefix}_pruned_finetuned_epoch"] = float(retrained["epoch"])
+            scores[f"{prefix}_pruned_finetuned_test_error"] = classification_error(retrained_model, x_test, y_test)
+        if prefix == "val":
+            cuts = search["thresholds"]
+    return scores, cuts
 
 
 def _parameter_count(model: torch.nn.Module) -> int:
@@ -574,6 +587,14 @@ _LEGEND = {
     "val_pruned_finetuned_epoch": "epoch of the retraining (plain Adam, cross-entropy) with the lowest validation error "
     "(0: none helped)",
     "val_pruned_finetuned_test_error": "test error of that model after retraining (varbnn.prune.finetune)",
+    "budget_pruned_architecture": "units kept when pruning to the config's FLOPs / parameter budget (varbnn.prune.budget_units: "
+    "from the gap rule, the lowest-scored units of the layer that costs the least validation error per budget excess removed)",
+    "budget_pruned_parameters": "weights + biases of that exported model",
+    "budget_pruned_flops": "its FLOPs",
+    "budget_pruned_validation_error": "its validation error",
+    "budget_pruned_test_error": "its test error",
+    "budget_pruned_finetuned_epoch": "epoch of its retraining with the lowest validation error (0: none helped)",
+    "budget_pruned_finetuned_test_error": "test error of that model after retraining (varbnn.prune.finetune)",
     "selected_epoch": "the epoch evaluated: lowest mean training NLL among the last select_best_of_last epochs",
 }
 
