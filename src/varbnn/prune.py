@@ -451,7 +451,13 @@ class _RankedGroups:
         from varbnn.convert import to_deterministic
 
         self.dense = to_deterministic(model, mode)
-        self.shapes = _trace_shapes(_chain(self.dense), x[:1])
+        chain = _chain(self.dense)
+        self.shapes = _trace_shapes(chain, x[:1])
+        last = [name for name, m in chain if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
+        # the groups a search may remove: not the last layer's rows (export keeps the model's outputs), at least one
+        # group left of each
+        self.searchable = [k for k in self.scores if self.sizes[k] > 1 and k != (last, "row")]
+        self.start = {k: (n if k in self.searchable else 0) for k, n in self.start.items()}
         self.errors: dict[tuple[int, ...], float] = {}
         self.sizes_cache: dict[tuple[int, ...], tuple[int, int]] = {}
 
@@ -539,7 +545,7 @@ def validation_thresholds(
     groups = _RankedGroups(model, x, y, start, min_gap, mode, batch_size)
     sizes, removed = groups.sizes, dict(groups.start)
     base = groups.error(dict.fromkeys(sizes, 0))
-    steps = [(r, key) for r in range(rounds) for key in sizes if sizes[key] > 1]
+    steps = [(r, key) for r in range(rounds) for key in groups.searchable]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -565,7 +571,7 @@ def validation_thresholds(
         changed = True
         while changed:
             changed = False
-            for key in sizes:
+            for key in groups.searchable:
                 while removed[key] < sizes[key] - 1 and groups.error({**removed, key: removed[key] + 1}) <= budget:
                     removed[key] += 1
                     changed = True
@@ -624,7 +630,7 @@ def budget_units(
     reached = excess(params, flops) == 0.0
     while not reached:
         best: tuple[float, dict[GroupKey, int]] | None = None
-        for key in sizes:
+        for key in groups.searchable:
             kept = sizes[key] - removed[key]
             if kept <= 1:
                 continue
