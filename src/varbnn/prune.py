@@ -442,14 +442,14 @@ class _RankedGroups:
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, start: ThresholdSpec, min_gap: float, mode: str,
         batch_size: int,
     ) -> None:  # fmt: skip
-        self.model, self.x, self.y, self.mode, self.batch_size = model, x, y, mode, batch_size
+        from varbnn.convert import to_deterministic
+
+        self.x, self.y, self.batch_size = x, y, batch_size
         self.scores = unit_scores(model)
         cut = _thresholds(self.scores, start, min_gap)
         self.order = {key: value.double().argsort(stable=True) for key, value in self.scores.items()}
         self.sizes = {key: value.numel() for key, value in self.scores.items()}
         self.start = {key: min(int((v < cut[key]).sum()), self.sizes[key] - 1) for key, v in self.scores.items()}
-        from varbnn.convert import to_deterministic
-
         self.dense = to_deterministic(model, mode)
         chain = _chain(self.dense)
         self.shapes = _trace_shapes(chain, x[:1])
