@@ -492,7 +492,7 @@ def test_validation_thresholds_stay_within_the_budget_and_no_single_removal_fits
         one_more = mask.clone()
         one_more[kept[scores[key][kept].argmin()]] = False
         assert err({**keep, key: one_more}) > tolerance, key
-    tight, tight_report = validation_thresholds(model, x, y, tolerance=0.0)
+    _, tight_report = validation_thresholds(model, x, y, tolerance=0.0)
     assert tight_report["error"] == 0.0
     with pytest.raises(ValueError, match="tolerance"):
         validation_thresholds(model, x, y, tolerance=1.5)
@@ -508,7 +508,7 @@ def test_finetune_restores_the_best_validation_epoch_and_never_makes_it_worse():
     model = nn.Linear(5, 3)
     before = classification_error(model, *val)
     same, info = finetune(model, train, val, epochs=0)
-    assert info["epoch"] == 0 and info["validation_error"] == before
+    assert same is model and info["epoch"] == 0 and info["validation_error"] == before
     model, info = finetune(model, train, val, epochs=15, lr=1e-2, batch_size=50)
     assert info["validation_error"] == classification_error(model, *val) < min(before / 3, 0.2)
     assert info["epoch"] == min(h["epoch"] for h in info["history"] if h["validation_error"] == info["validation_error"])

@@ -44,7 +44,7 @@ from varbnn.nn.base import sample_mode
 from varbnn.objectives import NATS_PER_BIT, complexity_costs, complexity_is_finite, mdl_report, transmitted_weights
 from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.prune import SAFE_LAMBDA, prune_by_density_ratio
+from varbnn.prune import SAFE_LAMBDA, classification_error, prune_by_density_ratio
 from varbnn.train import fit, resolve_device, save_checkpoint, seed_everything
 
 __all__ = ["GravesVariant", "GravesConfig", "graves_config", "run_graves_mnist", "run_graves_prune", "GRAVES_VARIANTS"]
@@ -202,15 +202,8 @@ def build_graves_model(config: GravesConfig, variant: GravesVariant) -> nn.Modul
 @torch.no_grad()
 def mode_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 5000) -> float:
     """Classification error of the posterior mode (weight noise removed)."""
-    dev = next(model.parameters()).device
-    was = model.training
-    model.eval()
-    wrong = 0
     with sample_mode(model, "mode"):
-        for s in range(0, x.shape[0], batch_size):
-            wrong += int((model(x[s : s + batch_size].to(dev)).argmax(-1).cpu() != y[s : s + batch_size]).sum())
-    model.train(was)
-    return wrong / max(x.shape[0], 1)
+        return classification_error(model, x, y, batch_size)
 
 
 @torch.no_grad()

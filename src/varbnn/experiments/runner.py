@@ -292,7 +292,7 @@ def _prune_scores(
     :func:`varbnn.prune.validation_thresholds` (``prune_validation_tolerance``; ``val_pruned_*``) and by
     :func:`varbnn.prune.budget_units` (``prune_budget``; ``budget_pruned_*``), each optionally retrained
     (``*_finetuned_test_error``). Returns the scores and the validation rule's thresholds (for the figure)."""
-    from varbnn.prune import classification_error, export, finetune, validation_thresholds
+    from varbnn.prune import budget_units, classification_error, export, finetune, validation_thresholds
 
     x_test, y_test = test
     example = x_test[:2].to(dev)
@@ -306,8 +306,6 @@ def _prune_scores(
     }
     if validation is None:
         return scores, None
-    from varbnn.prune import budget_units
-
     rules: list[tuple[str, Any]] = []
     if config.prune_validation_tolerance:
         rules.append(("val", lambda: validation_thresholds(
