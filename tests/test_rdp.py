@@ -516,6 +516,49 @@ def test_finetune_restores_the_best_validation_epoch_and_never_makes_it_worse():
         finetune(model, train, val, epochs=-1)
 
 
+def test_iterative_budget_in_one_stage_is_budget_units_and_retrains_in_stages():
+    from varbnn.prune import _export_plain, _RankedGroups, budget_units, classification_error, export, iterative_budget
+
+    torch.manual_seed(3)
+    layers = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
+    model = bayesianize(layers, RadialDirectional(), RadialDirectionalPrior())
+    _kill(model[0].posteriors["weight"], "row", [2])
+    x, y = _labelled_by_itself(model, n=300)
+    train = _labelled_by_itself(model, n=300, seed=1)
+    val = (x, y)
+    # one stage without retraining: exactly budget_units' selection, exported
+    keep, one_shot = budget_units(model, x, y, max_flops=60)
+    exported, report = iterative_budget(model, train, val, max_flops=60, stages=1, epochs=0)
+    assert report["architecture"] == export(model, x[:2], keep=keep)[1]["architecture"]
+    assert (report["parameters"], report["flops"]) == (one_shot["parameters"], one_shot["flops"])
+    assert report["validation_error"] == one_shot["error"] == classification_error(exported, x, y)
+    # three stages with retraining: budgets fall geometrically to the target, the kept units only shrink, and the
+    # returned model is the last stage's retrained one
+    exported, report = iterative_budget(model, train, val, max_flops=60, stages=3, epochs=3, lr=1e-2, batch_size=50)
+    stages = report["stages"]
+    budgets = [stage["max_flops"] for stage in stages]
+    assert budgets[-1] == 60 and budgets == sorted(budgets, reverse=True) and len(set(budgets)) == 3
+    assert all(stage["flops"] <= stage["max_flops"] for stage in stages) and report["reached"]
+    assert report["flops"] <= 60
+    assert report["validation_error"] == classification_error(exported, x, y) <= stages[-1]["validation_error_before"]
+    widths = [[int(a) for a in stage["architecture"].split("-")] for stage in stages]
+    assert all(all(b <= a for a, b in zip(prev, cur)) for prev, cur in zip(widths, widths[1:]))
+    # the write-back: exporting the updated dense copy with the same masks gives the retrained model exactly
+    groups = _RankedGroups(model, x, y, "gap", 1.0, "mode", 1000)
+    counts = dict(groups.start)
+    small, small_report = _export_plain(groups.dense, x[:2], groups.masks(counts), groups.shapes)
+    with torch.no_grad():
+        for p in small.parameters():
+            p.add_(torch.randn_like(p))
+    groups.load_exported(small, small_report)
+    again, _ = _export_plain(groups.dense, x[:2], groups.masks(counts), groups.shapes)
+    torch.testing.assert_close(again(x), small(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="stages"):
+        iterative_budget(model, train, val, max_flops=60, stages=0)
+    with pytest.raises(ValueError, match="max_flops"):
+        iterative_budget(model, train, val)
+
+
 def test_budget_units_meets_the_budget_by_removing_the_dead_units_first():
     from varbnn.prune import budget_units, classification_error, export
 

@@ -34,7 +34,8 @@ Size budget (:func:`budget_units`): from the gap rule, remove a further few of t
 (layer, grouping) costs the least validation error per unit of budget excess removed, until the exported model's FLOPs
 and / or parameters are within the budget (how a target such as "<= 120K FLOPs" is met; the scores still decide
 which units of a layer go). :func:`finetune` then optionally retrains the exported plain model (Graves 2011's
-"prune and retrain").
+"prune and retrain"); :func:`iterative_budget` reaches the budget in several such prune-and-retrain stages, each
+stage pruning the previous stage's retrained model.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
     "select_units",
     "validation_thresholds",
     "budget_units",
+    "iterative_budget",
     "classification_error",
     "finetune",
     "score_histograms",
@@ -493,6 +495,21 @@ class _RankedGroups:
         error = self.error(counts)
         return (error, *self.size(counts))
 
+    @torch.no_grad()
+    def load_exported(self, exported: nn.Sequential, report: Mapping[str, Any]) -> None:
+        """Write the weights of ``exported`` (an :func:`_export_plain` of ``self.dense`` with ``report``, retrained)
+        back into the kept rows and columns of ``self.dense``, so that later exports start from them; clears the
+        cached errors (the sizes stay valid)."""
+        weighted = [m for _, m in _chain(self.dense) if isinstance(m, (nn.Linear, nn.Conv2d))]
+        new = [m for m in exported if isinstance(m, (nn.Linear, nn.Conv2d))]
+        for module, small, rows, cols in zip(weighted, new, report["keep_out"], report["keep_in"]):
+            r = torch.tensor(rows, dtype=torch.bool).nonzero().flatten().to(module.weight.device)
+            c = torch.tensor(cols, dtype=torch.bool).nonzero().flatten().to(module.weight.device)
+            module.weight[r[:, None], c[None, :]] = small.weight.to(module.weight.dtype)
+            if module.bias is not None and small.bias is not None:
+                module.bias[r] = small.bias.to(module.bias.dtype)
+        self.errors.clear()
+
     def report(self, counts: Mapping[GroupKey, int]) -> dict[str, Any]:
         thresholds = {}
         for key, n in counts.items():
@@ -578,40 +595,27 @@ def validation_thresholds(
     return groups.masks(removed), {**groups.report(removed), "tolerance": float(tolerance)}
 
 
-def budget_units(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    max_flops: int | None = None,
-    max_parameters: int | None = None,
-    start: ThresholdSpec = "gap",
-    min_gap: float = 1.0,
-    step: float = 0.05,
-    mode: str = "mode",
-    batch_size: int = 1000,
-    progress: bool = False,
-) -> tuple[dict[GroupKey, torch.Tensor], dict[str, Any]]:
-    """Keep masks that bring the exported model within a size budget (FLOPs and / or parameters, Oh et al.'s
-    counts), choosing on held-out data ``(x, y)`` which layers give way.
-
-    Rule: from the ``start`` rule, repeatedly remove a further ``step`` fraction (at least one) of the kept groups of
-    one (layer, grouping), always its lowest-scored ones; the (layer, grouping) is the one whose removal costs the
-    least validation error per unit of budget excess removed, ``(error increase + 1/len(x)) / (excess before - excess
-    after)`` with excess ``max(0, log(flops / max_flops)) + max(0, log(parameters / max_parameters))``; stop when
-    the excess is 0. At least one group of every (layer, grouping) stays; if no removal lowers the excess any more
-    the report says ``reached: False``. The scores decide which units of a layer go, the validation set only how
-    many. Report as :func:`validation_thresholds`', plus ``reached`` and the budget."""
+def _check_budget(caller: str, max_flops: int | None, max_parameters: int | None, step: float) -> None:
     if max_flops is None and max_parameters is None:
-        raise ValueError("budget_units needs max_flops and / or max_parameters")
+        raise ValueError(f"{caller} needs max_flops and / or max_parameters")
     for name, value in (("max_flops", max_flops), ("max_parameters", max_parameters)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     if not 0 < step <= 1:
         raise ValueError(f"step must be a fraction in (0, 1], got {step!r}")
-    _check_xy(x, y)
-    groups = _RankedGroups(model, x, y, start, min_gap, mode, batch_size)
-    sizes, removed = groups.sizes, dict(groups.start)
+
+
+def _budget_search(
+    groups: _RankedGroups,
+    removed: dict[GroupKey, int],
+    max_flops: int | None,
+    max_parameters: int | None,
+    step: float,
+    progress: bool,
+) -> tuple[dict[GroupKey, int], bool]:
+    """The greedy loop of :func:`budget_units` from the counts ``removed``: the counts it ends with and whether the
+    budget was reached."""
+    sizes, n_val = groups.sizes, groups.x.shape[0]
 
     def excess(params: int, flops: int) -> float:
         over = 0.0
@@ -647,7 +651,7 @@ def budget_units(
             if gain <= 0:
                 continue
             c_error = groups.error(candidate)
-            cost = (c_error - error + 1.0 / x.shape[0]) / gain
+            cost = (c_error - error + 1.0 / n_val) / gain
             if best is None or cost < best[0]:
                 best = (cost, candidate)
         if best is None:
@@ -660,6 +664,37 @@ def budget_units(
             bar.set_postfix(error=f"{error:.4f}", params=params, flops=flops)
     if bar is not None:
         bar.close()
+    return removed, reached
+
+
+def budget_units(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    max_flops: int | None = None,
+    max_parameters: int | None = None,
+    start: ThresholdSpec = "gap",
+    min_gap: float = 1.0,
+    step: float = 0.05,
+    mode: str = "mode",
+    batch_size: int = 1000,
+    progress: bool = False,
+) -> tuple[dict[GroupKey, torch.Tensor], dict[str, Any]]:
+    """Keep masks that bring the exported model within a size budget (FLOPs and / or parameters, Oh et al.'s
+    counts), choosing on held-out data ``(x, y)`` which layers give way.
+
+    Rule: from the ``start`` rule, repeatedly remove a further ``step`` fraction (at least one) of the kept groups of
+    one (layer, grouping), always its lowest-scored ones; the (layer, grouping) is the one whose removal costs the
+    least validation error per unit of budget excess removed, ``(error increase + 1/len(x)) / (excess before - excess
+    after)`` with excess ``max(0, log(flops / max_flops)) + max(0, log(parameters / max_parameters))``; stop when
+    the excess is 0. At least one group of every (layer, grouping) stays; if no removal lowers the excess any more
+    the report says ``reached: False``. The scores decide which units of a layer go, the validation set only how
+    many. Report as :func:`validation_thresholds`', plus ``reached`` and the budget."""
+    _check_budget("budget_units", max_flops, max_parameters, step)
+    _check_xy(x, y)
+    groups = _RankedGroups(model, x, y, start, min_gap, mode, batch_size)
+    removed, reached = _budget_search(groups, dict(groups.start), max_flops, max_parameters, step, progress)
     report = groups.report(removed)
     report.update(reached=reached, max_flops=max_flops, max_parameters=max_parameters)
     return groups.masks(removed), report
@@ -711,6 +746,98 @@ def finetune(
     model.load_state_dict(best_state)
     model.eval()
     return model, {"epoch": best_epoch, "validation_error": best_error, "history": history}
+
+
+def iterative_budget(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    validation: tuple[torch.Tensor, torch.Tensor],
+    *,
+    max_flops: int | None = None,
+    max_parameters: int | None = None,
+    stages: int = 4,
+    epochs: int = 5,
+    final_epochs: int | None = None,
+    lr: float = 1e-3,
+    batch_size: int = 100,
+    seed: int = 0,
+    start: ThresholdSpec = "gap",
+    min_gap: float = 1.0,
+    step: float = 0.05,
+    mode: str = "mode",
+    eval_batch_size: int = 1000,
+    progress: bool = False,
+) -> tuple[nn.Sequential, dict[str, Any]]:
+    """:func:`budget_units` in ``stages`` steps with retraining in between: prune-and-retrain towards a size budget.
+
+    From the ``start`` rule's model (size ``F0`` FLOPs, ``P0`` parameters), stage ``s`` of ``S`` runs the budget rule
+    to ``max(max_flops, F0^(1 - s/S) max_flops^(s/S))`` FLOPs (likewise parameters: equal steps in log size), exports
+    the plain model and retrains it with :func:`finetune` (``epochs`` epochs, ``final_epochs`` in the last stage;
+    the epoch with the lowest validation error is kept); the retrained weights replace the point weights of the
+    kept units for the next stage. The posterior's scores still decide which units of a layer go, in every stage;
+    the validation set decides how many, and what the retraining keeps. With ``stages=1`` this is
+    :func:`budget_units` followed by :func:`finetune`.
+
+    Returns the last stage's retrained plain model and a report: :func:`export`'s ``architecture``, ``parameters``,
+    ``flops``, the ``validation_error`` of the returned model, ``reached`` (the final budget), and per stage its
+    budget, architecture, sizes, validation error before and after retraining and the retraining epoch kept."""
+    _check_budget("iterative_budget", max_flops, max_parameters, step)
+    if not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages must be a positive integer, got {stages!r}")
+    final_epochs = epochs if final_epochs is None else final_epochs
+    for name, value in (("epochs", epochs), ("final_epochs", final_epochs)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    _check_xy(*validation)
+    _check_xy(*train)
+    groups = _RankedGroups(model, *validation, start, min_gap, mode, eval_batch_size)
+    removed = dict(groups.start)
+    params0, flops0 = groups.size(removed)
+
+    def towards(target: int | None, first: int, fraction: float) -> int | None:
+        if target is None:
+            return None
+        return max(target, round(math.exp((1 - fraction) * math.log(first) + fraction * math.log(target))))
+
+    history: list[dict[str, Any]] = []
+    exported: nn.Sequential | None = None
+    report: dict[str, Any] = {}
+    reached = False
+    stage_range: Any = range(1, stages + 1)
+    if progress:
+        from tqdm.auto import tqdm
+
+        stage_range = tqdm(stage_range, desc="prune and retrain", leave=False)
+    for stage in stage_range:
+        fraction = stage / stages
+        stage_flops, stage_params = towards(max_flops, flops0, fraction), towards(max_parameters, params0, fraction)
+        removed, reached = _budget_search(groups, removed, stage_flops, stage_params, step, progress)
+        before = groups.error(removed)
+        exported, report = _export_plain(groups.dense, groups.x[:2], groups.masks(removed), groups.shapes)
+        _, tuned = finetune(
+            exported, train, validation, epochs=final_epochs if stage == stages else epochs, lr=lr,
+            batch_size=batch_size, seed=seed + stage, progress=progress,
+        )  # fmt: skip
+        groups.load_exported(exported, report)
+        history.append({
+            "stage": stage, "max_flops": stage_flops, "max_parameters": stage_params, "reached": reached,
+            "architecture": report["architecture"], "parameters": report["parameters"], "flops": report["flops"],
+            "validation_error_before": before, "validation_error": tuned["validation_error"], "epoch": tuned["epoch"],
+        })  # fmt: skip
+    assert exported is not None
+    return exported, {
+        "architecture": report["architecture"],
+        "parameters": report["parameters"],
+        "flops": report["flops"],
+        "validation_error": history[-1]["validation_error"],
+        "epoch": history[-1]["epoch"],
+        "reached": reached,
+        "max_flops": max_flops,
+        "max_parameters": max_parameters,
+        "stages": history,
+        "keep_out": report["keep_out"],
+        "keep_in": report["keep_in"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
