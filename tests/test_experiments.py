@@ -117,6 +117,9 @@ def test_std_parameters_names_the_scale_parameters():
         ({"validation_size": 0, "snr_tensor": None}, "traces need"),
         ({"posthoc_ranks": (0,)}, "posthoc_ranks"),
         ({"kl_annealing_epochs": -1.0}, "kl_annealing_epochs"),
+        ({"prune_stages": 2}, "prune_stages prunes to prune_budget"),
+        ({"prune_stages": -1}, "prune_stages must be"),
+        ({"prune_finetune_schedule": "step"}, "prune_finetune_schedule"),
     ],
 )
 def test_config_rejects_bad_fields(change, message):
@@ -217,7 +220,9 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
         checkpoints = list((tmp_path / ".checkpoints").glob("lenet5-prune-*/RDP-double-seed0.pt"))
         assert len(checkpoints) == 1
         # a changed evaluation (no validation or budget rule) resumes the same checkpoint: nothing to train
-        evaluation_only = dataclasses.replace(config, prune_validation_tolerance=0.0, prune_budget=None, prune_finetune_epochs=0)
+        evaluation_only = dataclasses.replace(
+            config, prune_validation_tolerance=0.0, prune_budget=None, prune_finetune_epochs=0, prune_stages=0
+        )
         assert _checkpoint_path(evaluation_only, tmp_path, config.variants[0], 0) == checkpoints[0]
         assert _checkpoint_path(dataclasses.replace(config, lr=2e-3), tmp_path, config.variants[0], 0) != checkpoints[0]
         again = run_experiment(evaluation_only, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
@@ -226,7 +231,10 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     assert row["budget_pruned_flops"] <= config.prune_budget[0] and row["budget_pruned_parameters"] <= config.prune_budget[1]
     for prefix in ("val", "budget"):
         assert 0 <= row[f"{prefix}_pruned_finetuned_test_error"] <= 1 and row[f"{prefix}_pruned_architecture"].count("-") == 3
-    assert "val_pruned_architecture" not in row_again
+    assert row["iter_pruned_flops"] <= config.prune_budget[0] and row["iter_pruned_parameters"] <= config.prune_budget[1]
+    assert row["iter_pruned_stages"].count(" > ") == config.prune_stages - 1
+    assert row["iter_pruned_stages"].endswith(row["iter_pruned_architecture"]) and 0 <= row["iter_pruned_test_error"] <= 1
+    assert "val_pruned_architecture" not in row_again and "iter_pruned_architecture" not in row_again
     for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
         assert row[key] == row_again[key]
     assert row["selected_epoch"] == row_again["selected_epoch"] in (1.0, 2.0)

@@ -1,6 +1,7 @@
 """Radial-and-directional posterior (Oh et al. 2020): KL closed forms, the half-Cauchy decomposition, radius
 formulas, weight assembly per grouping, gradients, float32 stability, fallbacks and errors."""
 
+import copy
 import math
 import warnings
 
@@ -514,6 +515,15 @@ def test_finetune_restores_the_best_validation_epoch_and_never_makes_it_worse():
     assert info["epoch"] == min(h["epoch"] for h in info["history"] if h["validation_error"] == info["validation_error"])
     with pytest.raises(ValueError, match="epochs"):
         finetune(model, train, val, epochs=-1)
+    # the cosine schedule: lr/2 after half the steps, 0 after the last; the constant one stays at lr
+    _, info = finetune(nn.Linear(5, 3), train, val, epochs=4, lr=1e-2, batch_size=50, schedule="cosine")
+    assert [h["lr"] for h in info["history"][1:]] == pytest.approx(
+        [1e-2 * (1 + math.cos(math.pi * e / 4)) / 2 for e in (1, 2, 3, 4)], abs=1e-12
+    )
+    _, info = finetune(nn.Linear(5, 3), train, val, epochs=2, lr=1e-2, batch_size=50)
+    assert [h["lr"] for h in info["history"][1:]] == [1e-2, 1e-2]
+    with pytest.raises(ValueError, match="schedule"):
+        finetune(model, train, val, schedule="step")
 
 
 def test_iterative_budget_in_one_stage_is_budget_units_and_retrains_in_stages():
@@ -557,6 +567,51 @@ def test_iterative_budget_in_one_stage_is_budget_units_and_retrains_in_stages():
         iterative_budget(model, train, val, max_flops=60, stages=0)
     with pytest.raises(ValueError, match="max_flops"):
         iterative_budget(model, train, val)
+
+
+def test_finetune_distillation_with_one_hot_targets_is_plain_retraining_and_learns_soft_targets():
+    from varbnn.prune import classification_error, finetune, predictive_targets
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 5, generator=generator)
+    y = (x[:, :3] @ torch.randn(3, 3, generator=generator)).argmax(-1)
+    train, val = (x[:300], y[:300]), (x[300:], y[300:])
+    torch.manual_seed(0)
+    start = nn.Linear(5, 3)
+    plain, _ = finetune(copy.deepcopy(start), train, val, epochs=2, lr=1e-2, batch_size=50)
+    one_hot = nn.functional.one_hot(train[1], 3).float()
+    distilled, _ = finetune(
+        copy.deepcopy(start), train, val, epochs=2, lr=1e-2, batch_size=50, soft_targets=one_hot, distill_weight=1.0
+    )
+    for a, b in zip(plain.parameters(), distilled.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    half, _ = finetune(
+        copy.deepcopy(start), train, val, epochs=2, lr=1e-2, batch_size=50, soft_targets=one_hot, distill_weight=0.5
+    )
+    for a, b in zip(plain.parameters(), half.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # soft targets of other labels (y + 1 mod 3) at weight 1: the model learns those labels, not y
+    shifted = (y + 1) % 3
+    soft = nn.functional.one_hot(shifted[:300], 3).float() * 0.9 + 0.1 / 3
+    learned, info = finetune(
+        copy.deepcopy(start), train, (x[300:], shifted[300:]), epochs=15, lr=1e-2, batch_size=50, soft_targets=soft,
+        distill_weight=1.0,
+    )  # fmt: skip
+    assert info["validation_error"] < 0.2 and classification_error(learned, x[300:], y[300:]) > 0.8
+    uniform = torch.full((300, 3), 1 / 3)
+    with pytest.raises(ValueError, match="needs soft_targets"):
+        finetune(start, train, val, distill_weight=0.5)
+    with pytest.raises(ValueError, match="soft_targets must be"):
+        finetune(start, train, val, soft_targets=uniform[:10], distill_weight=0.5)
+    with pytest.raises(ValueError, match="distill_weight"):
+        finetune(start, train, val, soft_targets=uniform, distill_weight=1.5)
+    # the predictive's probabilities: rows sum to 1, reproducible for a seed, and differ between seeds
+    layers = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    model = bayesianize(layers, RadialDirectional(), RadialDirectionalPrior())
+    probs = predictive_targets(model, x, samples=3, batch_size=150, seed=1)
+    assert probs.shape == (400, 3) and torch.allclose(probs.sum(-1), torch.ones(400))
+    assert torch.equal(probs, predictive_targets(model, x, samples=3, batch_size=150, seed=1))
+    assert not torch.equal(probs, predictive_targets(model, x, samples=3, batch_size=150, seed=2))
 
 
 def test_budget_units_meets_the_budget_by_removing_the_dead_units_first():

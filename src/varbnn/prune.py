@@ -60,6 +60,7 @@ __all__ = [
     "validation_thresholds",
     "budget_units",
     "iterative_budget",
+    "predictive_targets",
     "classification_error",
     "finetune",
     "score_histograms",
@@ -82,6 +83,7 @@ draw, ``lambda = sqrt(ln 2) ~= 0.8326`` (relative density 1/sqrt(2); the paper's
 the value 0.83 it uses, see the module docstring)."""
 
 GroupKey = tuple[str, str]
+LR_SCHEDULES = ("constant", "cosine")
 ThresholdSpec = float | str | Mapping[GroupKey, float]
 
 
@@ -709,20 +711,43 @@ def finetune(
     lr: float = 1e-4,
     batch_size: int = 100,
     seed: int = 0,
+    schedule: str = "constant",
+    soft_targets: torch.Tensor | None = None,
+    distill_weight: float = 0.0,
     progress: bool = False,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Retrain a plain classifier (e.g. the model :func:`export` returns) with cross-entropy and Adam for ``epochs``
     epochs, in place, and restore the epoch with the lowest validation error (epoch 0: as given, so retraining never
-    makes the validation error worse). Returns the model and ``{"epoch", "validation_error", "history"}``."""
+    makes the validation error worse). ``schedule``: the learning rate stays ``lr`` (``"constant"``, default) or
+    decays from ``lr`` to 0 along a half cosine over the steps (``"cosine"``). ``soft_targets`` (``[len(x), classes]``
+    class probabilities, e.g. a Bayesian model's predictive from :func:`predictive_targets`) with ``distill_weight``
+    = w > 0: the loss is ``(1 - w) CE(labels) + w CE(soft_targets)`` (distillation of the predictive into the small
+    model; Hinton et al. 2015 at temperature 1, Korattikara et al. 2015's Bayesian dark knowledge). Returns the model
+    and ``{"epoch", "validation_error", "history"}``."""
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be positive, got {lr!r}")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
     x, y = train
     _check_xy(x, y)
+    if not (isinstance(distill_weight, (int, float)) and 0.0 <= distill_weight <= 1.0):
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight!r}")
+    if distill_weight > 0:
+        if soft_targets is None:
+            raise ValueError("distill_weight > 0 needs soft_targets (class probabilities for every training example)")
+        if soft_targets.dim() != 2 or soft_targets.shape[0] != x.shape[0]:
+            raise ValueError(f"soft_targets must be [len(x), classes] = [{x.shape[0]}, C], got {tuple(soft_targets.shape)}")
+        if not torch.isfinite(soft_targets).all() or bool((soft_targets < 0).any()):
+            raise ValueError("soft_targets must be finite, non-negative class probabilities")
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = None
+    if schedule == "cosine" and epochs:
+        steps = epochs * math.ceil(x.shape[0] / batch_size)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     best_error = classification_error(model, *validation)
     best_epoch, best_state = 0, {k: v.detach().clone() for k, v in model.state_dict().items()}
     history = [{"epoch": 0, "validation_error": best_error}]
@@ -735,17 +760,44 @@ def finetune(
         model.train()
         for index in torch.randperm(x.shape[0], generator=generator).split(batch_size):
             optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(x[index].to(device)), y[index].to(device))
+            logits = model(x[index].to(device))
+            loss = nn.functional.cross_entropy(logits, y[index].to(device))
+            if distill_weight > 0:
+                assert soft_targets is not None
+                soft = nn.functional.cross_entropy(logits, soft_targets[index].to(device, logits.dtype))
+                loss = (1 - distill_weight) * loss + distill_weight * soft
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
         err = classification_error(model, *validation)
-        history.append({"epoch": epoch, "validation_error": err, "train_loss": float(loss.detach())})
+        lr_now = optimizer.param_groups[0]["lr"]
+        history.append({"epoch": epoch, "validation_error": err, "train_loss": float(loss.detach()), "lr": lr_now})
         if err < best_error:
             best_error, best_epoch = err, epoch
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)
     model.eval()
     return model, {"epoch": best_epoch, "validation_error": best_error, "history": history}
+
+
+@torch.no_grad()
+def predictive_targets(
+    model: nn.Module, x: torch.Tensor, samples: int = 16, *, batch_size: int = 1000, seed: int = 0
+) -> torch.Tensor:
+    """Class probabilities of a Bayesian classifier's Monte Carlo predictive, ``mean_s softmax(f_s(x))`` over
+    ``samples`` weight draws (:func:`varbnn.predict`, seeded), ``[len(x), classes]``: the soft targets for
+    :func:`finetune`'s distillation."""
+    from varbnn.predict import predict
+
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, x.shape[0], batch_size):
+        chunk = x[start : start + batch_size].to(next(model.parameters()).device)
+        out.append(predict(model, chunk, samples, chunk_size=min(samples, 4), seed=seed + start).softmax(-1).mean(0).cpu())
+    model.train(was_training)
+    return torch.cat(out)
 
 
 def iterative_budget(
@@ -761,6 +813,9 @@ def iterative_budget(
     lr: float = 1e-3,
     batch_size: int = 100,
     seed: int = 0,
+    schedule: str = "constant",
+    soft_targets: torch.Tensor | None = None,
+    distill_weight: float = 0.0,
     start: ThresholdSpec = "gap",
     min_gap: float = 1.0,
     step: float = 0.05,
@@ -772,11 +827,12 @@ def iterative_budget(
 
     From the ``start`` rule's model (size ``F0`` FLOPs, ``P0`` parameters), stage ``s`` of ``S`` runs the budget rule
     to ``max(max_flops, F0^(1 - s/S) max_flops^(s/S))`` FLOPs (likewise parameters: equal steps in log size), exports
-    the plain model and retrains it with :func:`finetune` (``epochs`` epochs, ``final_epochs`` in the last stage;
-    the epoch with the lowest validation error is kept); the retrained weights replace the point weights of the
-    kept units for the next stage. The posterior's scores still decide which units of a layer go, in every stage;
-    the validation set decides how many, and what the retraining keeps. With ``stages=1`` this is
-    :func:`budget_units` followed by :func:`finetune`.
+    the plain model and retrains it with :func:`finetune` (``epochs`` epochs, ``final_epochs`` in the last stage, at
+    ``lr`` with ``schedule``, distilling ``soft_targets`` with ``distill_weight``; the epoch with the lowest validation
+    error is kept); the retrained weights replace the
+    point weights of the kept units for the next stage. The posterior's scores still decide which units of a layer
+    go, in every stage; the validation set decides how many, and what the retraining keeps. With ``stages=1`` this
+    is :func:`budget_units` followed by :func:`finetune`.
 
     Returns the last stage's retrained plain model and a report: :func:`export`'s ``architecture``, ``parameters``,
     ``flops``, the ``validation_error`` of the returned model, ``reached`` (the final budget), and per stage its
@@ -816,7 +872,8 @@ def iterative_budget(
         exported, report = _export_plain(groups.dense, groups.x[:2], groups.masks(removed), groups.shapes)
         _, tuned = finetune(
             exported, train, validation, epochs=final_epochs if stage == stages else epochs, lr=lr,
-            batch_size=batch_size, seed=seed + stage, progress=progress,
+            batch_size=batch_size, seed=seed + stage, schedule=schedule, soft_targets=soft_targets,
+            distill_weight=distill_weight, progress=progress,
         )  # fmt: skip
         groups.load_exported(exported, report)
         history.append({

@@ -13,7 +13,8 @@ OPTIMIZERS = ("adam", "amsgrad")
 _AFTER_TRAINING = (
     "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
     "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_budget", "prune_finetune_epochs",
-    "prune_finetune_lr",
+    "prune_finetune_lr", "prune_finetune_schedule", "prune_stages", "prune_stage_epochs", "prune_distill_weight",
+    "prune_distill_samples",
 )  # fmt: skip
 FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
 
@@ -62,7 +63,12 @@ class ExperimentConfig:
     (needs ``validation_size``) adds the model pruned by :func:`varbnn.prune.validation_thresholds` with that tolerance,
     ``prune_budget`` = (max FLOPs, max parameters) the model pruned to that budget by :func:`varbnn.prune.budget_units`,
     and ``prune_finetune_epochs`` > 0 the retraining of each by :func:`varbnn.prune.finetune` (learning rate
-    ``prune_finetune_lr``).
+    ``prune_finetune_lr``, ``prune_finetune_schedule`` ``"constant"`` or ``"cosine"``). ``prune_stages`` > 0 (needs
+    ``prune_budget``) adds the model pruned to the budget in that many prune-and-retrain stages by
+    :func:`varbnn.prune.iterative_budget` (``prune_stage_epochs`` epochs of retraining after each stage but the last,
+    ``prune_finetune_epochs`` after the last, at the same learning rate and schedule). ``prune_distill_weight`` = w > 0:
+    every retraining also fits the trained model's Monte Carlo predictive on the training set
+    (:func:`varbnn.prune.predictive_targets` with ``prune_distill_samples`` draws), loss ``(1 - w) CE + w CE(soft)``.
 
     ``select_best_of_last`` = K > 0: evaluate (and prune) not the model after the last epoch but the one, among the
     last K epochs, with the lowest mean training NLL of its epoch (Oh et al. 2020's choice for LeNet-5: "the best
@@ -103,6 +109,11 @@ class ExperimentConfig:
     prune_budget: tuple[int, int] | None = None
     prune_finetune_epochs: int = 0
     prune_finetune_lr: float = 1e-4
+    prune_finetune_schedule: str = "constant"
+    prune_stages: int = 0
+    prune_stage_epochs: int = 5
+    prune_distill_weight: float = 0.0
+    prune_distill_samples: int = 16
     select_best_of_last: int = 0
     quick: dict[str, Any] = field(default_factory=dict)
 
@@ -143,6 +154,19 @@ class ExperimentConfig:
             raise ValueError(
                 f"{self.name}: prune_finetune_epochs retrains the validation or budget rule's model: set one of them"
             )
+        for name in ("prune_stages", "prune_stage_epochs"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{self.name}: {name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if self.prune_finetune_schedule not in ("constant", "cosine"):
+            raise ValueError(
+                f"{self.name}: prune_finetune_schedule must be 'constant' or 'cosine', got {self.prune_finetune_schedule!r}"
+            )
+        if not 0.0 <= self.prune_distill_weight <= 1.0:
+            raise ValueError(f"{self.name}: prune_distill_weight must be in [0, 1], got {self.prune_distill_weight!r}")
+        if not isinstance(self.prune_distill_samples, int) or self.prune_distill_samples < 1:
+            raise ValueError(f"{self.name}: prune_distill_samples must be a positive integer")
+        if self.prune_stages and self.prune_budget is None:
+            raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
         if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):
             raise ValueError(f"{self.name}: posthoc_ranks must be positive integers, got {self.posthoc_ranks!r}")
 

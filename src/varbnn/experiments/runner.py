@@ -291,8 +291,17 @@ def _prune_scores(
     """The exported model by the config's threshold rule (``pruned_*``) and, given a validation set, by
     :func:`varbnn.prune.validation_thresholds` (``prune_validation_tolerance``; ``val_pruned_*``) and by
     :func:`varbnn.prune.budget_units` (``prune_budget``; ``budget_pruned_*``), each optionally retrained
-    (``*_finetuned_test_error``). Returns the scores and the validation rule's thresholds (for the figure)."""
-    from varbnn.prune import budget_units, classification_error, export, finetune, validation_thresholds
+    (``*_finetuned_test_error``), and by :func:`varbnn.prune.iterative_budget` (``prune_stages``; ``iter_pruned_*``,
+    always retrained). Returns the scores and the validation rule's thresholds (for the figure)."""
+    from varbnn.prune import (
+        budget_units,
+        classification_error,
+        export,
+        finetune,
+        iterative_budget,
+        predictive_targets,
+        validation_thresholds,
+    )
 
     x_test, y_test = test
     example = x_test[:2].to(dev)
@@ -317,6 +326,9 @@ def _prune_scores(
             model, *validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
             start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress,
         )))  # fmt: skip
+    soft_targets = None  # the trained model's predictive on the training set, distilled by every retraining
+    if config.prune_distill_weight and (config.prune_finetune_epochs or config.prune_stages):
+        soft_targets = predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
     cuts = None
     for prefix, rule in rules:
         keep, search = rule()
@@ -331,12 +343,29 @@ def _prune_scores(
         if config.prune_finetune_epochs:
             retrained_model, retrained = finetune(
                 exported, train, validation, epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr,
-                batch_size=config.batch_size, seed=seed, progress=progress,
+                batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule, progress=progress,
+                soft_targets=soft_targets, distill_weight=config.prune_distill_weight,
             )  # fmt: skip
             scores[f"{prefix}_pruned_finetuned_epoch"] = float(retrained["epoch"])
             scores[f"{prefix}_pruned_finetuned_test_error"] = classification_error(retrained_model, x_test, y_test)
         if prefix == "val":
             cuts = search["thresholds"]
+    if config.prune_stages and config.prune_budget is not None:
+        staged, staged_report = iterative_budget(
+            model, train, validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
+            stages=config.prune_stages, epochs=config.prune_stage_epochs, final_epochs=config.prune_finetune_epochs,
+            lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule,
+            start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress, soft_targets=soft_targets,
+            distill_weight=config.prune_distill_weight,
+        )  # fmt: skip
+        scores.update({
+            "iter_pruned_stages": " > ".join(str(stage["architecture"]) for stage in staged_report["stages"]),
+            "iter_pruned_architecture": str(staged_report["architecture"]),
+            "iter_pruned_parameters": float(staged_report["parameters"]),
+            "iter_pruned_flops": float(staged_report["flops"]),
+            "iter_pruned_validation_error": float(staged_report["validation_error"]),
+            "iter_pruned_test_error": classification_error(staged, x_test, y_test),
+        })  # fmt: skip
     return scores, cuts
 
 
@@ -593,6 +622,14 @@ _LEGEND = {
     "budget_pruned_test_error": "its test error",
     "budget_pruned_finetuned_epoch": "epoch of its retraining with the lowest validation error (0: none helped)",
     "budget_pruned_finetuned_test_error": "test error of that model after retraining (varbnn.prune.finetune)",
+    "iter_pruned_stages": "architecture after each prune-and-retrain stage of varbnn.prune.iterative_budget (budgets equal "
+    "steps in log size from the gap rule's model to the config's budget; each stage prunes the previous stage's retrained "
+    "model by the budget rule and retrains it)",
+    "iter_pruned_architecture": "units kept after the last stage",
+    "iter_pruned_parameters": "weights + biases of that model",
+    "iter_pruned_flops": "its FLOPs",
+    "iter_pruned_validation_error": "its validation error after its retraining (the epoch kept)",
+    "iter_pruned_test_error": "its test error after its retraining",
     "selected_epoch": "the epoch evaluated: lowest mean training NLL among the last select_best_of_last epochs",
 }
 
