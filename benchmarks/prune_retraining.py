@@ -79,7 +79,7 @@ def main() -> None:
     chosen = min(range(len(rows)), key=lambda i: rows[i]["validation_error"])
     in_config = (config.prune_stages, config.prune_stage_epochs, config.prune_finetune_schedule, config.prune_distill_weight)
     result = {
-        "command": "python benchmarks/prune_retraining.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/prune_retraining.py", *sys.argv[1:]]),
         "commit": git_commit(),
         "device": describe_device(device),
         "seconds": time.perf_counter() - start,
