@@ -565,6 +565,10 @@ def test_iterative_budget_in_one_stage_is_budget_units_and_retrains_in_stages():
     torch.testing.assert_close(again(x), small(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match="stages"):
         iterative_budget(model, train, val, max_flops=60, stages=0)
+    with pytest.raises(ValueError, match="needs soft_targets"):  # checked before any search or retraining
+        iterative_budget(model, train, val, max_flops=60, distill_weight=0.5)
+    with pytest.raises(ValueError, match="schedule"):
+        iterative_budget(model, train, val, max_flops=60, schedule="linear")
     with pytest.raises(ValueError, match="max_flops"):
         iterative_budget(model, train, val)
 

@@ -702,6 +702,31 @@ def budget_units(
     return groups.masks(removed), report
 
 
+def _check_retraining(
+    train: tuple[torch.Tensor, torch.Tensor],
+    lr: float,
+    schedule: str,
+    soft_targets: torch.Tensor | None,
+    distill_weight: float,
+) -> None:
+    """The arguments :func:`finetune` and :func:`iterative_budget` share, checked before any work."""
+    x, y = train
+    _check_xy(x, y)
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+    if not (isinstance(distill_weight, (int, float)) and 0.0 <= distill_weight <= 1.0):
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight!r}")
+    if distill_weight > 0:
+        if soft_targets is None:
+            raise ValueError("distill_weight > 0 needs soft_targets (class probabilities for every training example)")
+        if soft_targets.dim() != 2 or soft_targets.shape[0] != x.shape[0]:
+            raise ValueError(f"soft_targets must be [len(x), classes] = [{x.shape[0]}, C], got {tuple(soft_targets.shape)}")
+        if not torch.isfinite(soft_targets).all() or bool((soft_targets < 0).any()):
+            raise ValueError("soft_targets must be finite, non-negative class probabilities")
+
+
 def finetune(
     model: nn.Module,
     train: tuple[torch.Tensor, torch.Tensor],
@@ -726,21 +751,8 @@ def finetune(
     and ``{"epoch", "validation_error", "history"}``."""
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be positive, got {lr!r}")
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
     x, y = train
-    _check_xy(x, y)
-    if not (isinstance(distill_weight, (int, float)) and 0.0 <= distill_weight <= 1.0):
-        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight!r}")
-    if distill_weight > 0:
-        if soft_targets is None:
-            raise ValueError("distill_weight > 0 needs soft_targets (class probabilities for every training example)")
-        if soft_targets.dim() != 2 or soft_targets.shape[0] != x.shape[0]:
-            raise ValueError(f"soft_targets must be [len(x), classes] = [{x.shape[0]}, C], got {tuple(soft_targets.shape)}")
-        if not torch.isfinite(soft_targets).all() or bool((soft_targets < 0).any()):
-            raise ValueError("soft_targets must be finite, non-negative class probabilities")
+    _check_retraining(train, lr, schedule, soft_targets, distill_weight)
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -829,10 +841,9 @@ def iterative_budget(
     to ``max(max_flops, F0^(1 - s/S) max_flops^(s/S))`` FLOPs (likewise parameters: equal steps in log size), exports
     the plain model and retrains it with :func:`finetune` (``epochs`` epochs, ``final_epochs`` in the last stage, at
     ``lr`` with ``schedule``, distilling ``soft_targets`` with ``distill_weight``; the epoch with the lowest validation
-    error is kept); the retrained weights replace the
-    point weights of the kept units for the next stage. The posterior's scores still decide which units of a layer
-    go, in every stage; the validation set decides how many, and what the retraining keeps. With ``stages=1`` this
-    is :func:`budget_units` followed by :func:`finetune`.
+    error is kept); the retrained weights replace the point weights of the kept units for the next stage. The
+    posterior's scores still decide which units of a layer go, in every stage; the validation set decides how many,
+    and what the retraining keeps. With ``stages=1`` this is :func:`budget_units` followed by :func:`finetune`.
 
     Returns the last stage's retrained plain model and a report: :func:`export`'s ``architecture``, ``parameters``,
     ``flops``, the ``validation_error`` of the returned model, ``reached`` (the final budget), and per stage its
@@ -845,7 +856,7 @@ def iterative_budget(
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     _check_xy(*validation)
-    _check_xy(*train)
+    _check_retraining(train, lr, schedule, soft_targets, distill_weight)
     groups = _RankedGroups(model, *validation, start, min_gap, mode, eval_batch_size)
     removed = dict(groups.start)
     params0, flops0 = groups.size(removed)
