@@ -198,8 +198,9 @@ register_config(
         name="lenet5-prune",
         description=(
             "LeNet-5-Caffe on MNIST with RDP double grouping (Oh et al. 2020, Table 2): structured pruning by the local "
-            "radius mode (largest-gap threshold; and thresholds chosen on the validation set, then retrained), export to "
-            "a smaller plain model; architecture, parameters, FLOPs and test error of the exported model."
+            "radius mode (largest-gap threshold; thresholds chosen on the validation set; a FLOPs / parameter budget, in "
+            "one step and in prune-and-retrain stages; retrained), export to a smaller plain model; architecture, "
+            "parameters, FLOPs and test error of the exported model."
         ),
         dataset="mnist",
         model="lenet5",
