@@ -243,13 +243,14 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     assert "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |" in markdown and "| BC-GHS | 5-10-76-16 |" in markdown
 
 
-def test_lenet5_prune_even_is_lenet5_prune_with_the_published_radius_split():
-    base, even = get_config("lenet5-prune"), get_config("lenet5-prune-even")
-    assert even.variants[0].family_options == {**base.variants[0].family_options, "radius_init": "even"}
+def test_lenet5_prune_published_differs_from_lenet5_prune_only_in_the_published_choices():
+    base, published = get_config("lenet5-prune"), get_config("lenet5-prune-published")
+    assert published.variants[0].family_options == {**base.variants[0].family_options, "radius_init": "even"}
+    assert published.kl_annealing_epochs == 100 != base.kl_annealing_epochs
     for field in dataclasses.fields(base):
-        if field.name not in ("name", "description", "variants"):
-            assert getattr(even, field.name) == getattr(base, field.name), field.name
-    assert _checkpoint_path(even, "out", even.variants[0], 0) != _checkpoint_path(base, "out", base.variants[0], 0)
+        if field.name not in ("name", "description", "variants", "kl_annealing_epochs"):
+            assert getattr(published, field.name) == getattr(base, field.name), field.name
+    assert _checkpoint_path(published, "out", published.variants[0], 0) != _checkpoint_path(base, "out", base.variants[0], 0)
 
 
 def test_lenet5_radius_init_quick_run_shows_the_even_splits_huge_kl(data_dir, tmp_path):
