@@ -800,14 +800,15 @@ def predictive_targets(
     """Class probabilities of a Bayesian classifier's Monte Carlo predictive, ``mean_s softmax(f_s(x))`` over
     ``samples`` weight draws (:func:`varbnn.predict`, seeded), ``[len(x), classes]``: the soft targets for
     :func:`finetune`'s distillation."""
-    from varbnn.predict import predict
+    from varbnn.predict import classification_summary, predict
 
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, x.shape[0], batch_size):
         chunk = x[start : start + batch_size].to(next(model.parameters()).device)
-        out.append(predict(model, chunk, samples, chunk_size=min(samples, 4), seed=seed + start).softmax(-1).mean(0).cpu())
+        logits = predict(model, chunk, samples, chunk_size=min(samples, 4), seed=seed + start)
+        out.append(classification_summary(logits).probs.cpu())
     model.train(was_training)
     return torch.cat(out)
 
