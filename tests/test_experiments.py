@@ -171,6 +171,70 @@ def test_render_markdown_puts_traces_in_their_own_table():
     assert "| variant | snr@10 |" in text
 
 
+def _pruned_result() -> dict:
+    row = {
+        "variant": "rdp",
+        "accuracy": 0.99,
+        "pruned_architecture": "20-32-423-250",
+        "pruned_parameters": 125062.0,
+        "pruned_flops": 1434078.0,
+        "pruned_test_error": 0.009,
+        "val_pruned_architecture": "18-25-186-55",
+        "val_pruned_parameters": 22588.0,
+        "val_pruned_flops": 1002013.0,
+        "val_pruned_validation_error": 0.0097,
+        "val_pruned_test_error": 0.0112,
+        "val_pruned_finetuned_epoch": 8.0,
+        "val_pruned_finetuned_test_error": 0.0093,
+        "iter_pruned_stages": "12-25-274-196 > 3-13-136-63",
+        "iter_pruned_architecture": "3-13-136-63",
+        "iter_pruned_parameters": 10337.0,
+        "iter_pruned_flops": 117431.0,
+        "iter_pruned_validation_error": 0.0126,
+        "iter_pruned_test_error": 0.0123,
+    }
+    return {"name": "p", "command": "c", "commit": "h", "device": "cpu", "seconds": 1.0, "config": {}, "rows": [row]}
+
+
+def test_render_markdown_puts_each_pruning_rule_in_a_row_of_its_own():
+    text = render_markdown(_pruned_result())
+    lines = text.splitlines()
+    main_header = next(line for line in lines if line.startswith("| variant | accuracy"))
+    assert "pruned" not in main_header  # the rules' columns left the main table
+    cells = [line.split(" | ") for line in lines if line.startswith("| rdp | ")]
+    assert cells[0] == ["| rdp", "0.99 |"]  # the main table: variant and accuracy only
+    rows = {row[1]: row for row in cells[1:]}
+    assert set(rows) == {"gap", "validation", "budget, staged"}  # no budget_pruned_* keys: no one-step row
+    assert rows["gap"][2:8] == ["20-32-423-250", "125,062", "1,434,078", "–", "0.90%", "–"]
+    assert rows["validation"][5:] == ["0.97%", "1.12%", "8", "0.93% |"]
+    # the staged rule's model is retrained in every stage: its test error sits in the retrained column
+    assert rows["budget, staged"][2:] == ["3-13-136-63", "10,337", "117,431", "1.26%", "–", "2 stages", "1.23% |"]
+    assert "- rdp, staged rule: 12-25-274-196 > 3-13-136-63" in lines
+
+
+def test_render_saved_rewrites_the_page_from_the_json(tmp_path, monkeypatch):
+    import json
+
+    from varbnn.cli import main
+    from varbnn.experiments import runner
+
+    monkeypatch.setattr(runner, "git_commit", lambda: "newcommit")
+    saved = tmp_path / "p.json"
+    saved.write_text(json.dumps(_pruned_result()))
+    assert main(["render", str(saved)]) == 0
+    text = (tmp_path / "p.md").read_text()
+    assert text == render_markdown(_pruned_result(), rendered_at="newcommit")
+    assert "- commit: `h`" in text and "re-rendered from the saved JSON at commit `newcommit`" in text
+    bad = tmp_path / "uci.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit):
+        main(["render", str(bad)])
+    with pytest.raises(ValueError, match="missing"):
+        runner.render_saved(bad)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        runner.render_saved(tmp_path / "absent.json")
+
+
 def test_kl_annealing_reaches_one_at_the_configured_epoch(tmp_path):
     config = ExperimentConfig(
         name="anneal",

@@ -1,4 +1,4 @@
-"""The ``varbnn`` command: ``varbnn demo``, ``varbnn reproduce NAME``, ``varbnn list``."""
+"""The ``varbnn`` command: ``varbnn demo``, ``varbnn reproduce NAME``, ``varbnn render NAME.json``, ``varbnn list``."""
 
 from __future__ import annotations
 
@@ -72,10 +72,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     common(rep, "benchmarks/results")
     sub.add_parser("list", help="list the experiment names")
+    ren = sub.add_parser("render", help="rewrite NAME.md from a saved NAME.json of `varbnn reproduce NAME` (layout only)")
+    ren.add_argument("results", nargs="+", help="saved result files NAME.json")
     args = parser.parse_args(argv)
 
     from varbnn.experiments import CONFIGS, get_config, run_experiment
 
+    if args.command == "render":
+        from varbnn.experiments.runner import render_saved
+
+        for path in args.results:
+            try:
+                print(f"wrote {render_saved(path)}")
+            except (OSError, ValueError) as error:
+                parser.error(str(error))
+        return 0
     if args.command == "list":
         for name, config in sorted(CONFIGS.items()):
             print(f"{name:20s} {config.description}")

@@ -36,7 +36,15 @@ from varbnn.plots import reliability_diagram, std_heatmaps, trace_figure, varian
 from varbnn.priors import make_prior
 from varbnn.train import default_optimizer, evaluate_classifier, evaluate_weight_samples, fit, resolve_device, seed_everything
 
-__all__ = ["run_experiment", "render_markdown", "load_classification", "build_model", "describe_device", "git_commit"]
+__all__ = [
+    "run_experiment",
+    "render_markdown",
+    "render_saved",
+    "load_classification",
+    "build_model",
+    "describe_device",
+    "git_commit",
+]
 
 DEFAULT_OUT = Path("benchmarks/results")
 
@@ -601,35 +609,6 @@ _LEGEND = {
     "parameters": "number of trained parameters (variational parameters for Bayesian models)",
     "snr": "mean gradient SNR E[g]^2/Var[g] of the named layer's std parameters over the last steps",
     "val_nelbo": "validation -ELBO per training example (beta = 1), nats",
-    "pruned_architecture": "units kept per layer by varbnn.prune.export (conv channels, dense inputs, dense outputs)",
-    "pruned_parameters": "weights + biases of the exported plain model",
-    "pruned_flops": "FLOPs of the exported model, Oh et al.'s formulas",
-    "pruned_test_error": "test error of the exported plain model (posterior-mode weights, pruned units removed)",
-    "val_pruned_architecture": "units kept when thresholds are chosen on the validation set (varbnn.prune.validation_thresholds, "
-    "start: the gap rule, tolerance prune_validation_tolerance over the unpruned point model's validation error)",
-    "val_pruned_parameters": "weights + biases of that exported model",
-    "val_pruned_flops": "its FLOPs",
-    "val_pruned_validation_error": "its validation error (what the rule saw)",
-    "val_pruned_test_error": "its test error",
-    "val_pruned_finetuned_epoch": "epoch of the retraining (plain Adam, cross-entropy) with the lowest validation error "
-    "(0: none helped)",
-    "val_pruned_finetuned_test_error": "test error of that model after retraining (varbnn.prune.finetune)",
-    "budget_pruned_architecture": "units kept when pruning to the config's FLOPs / parameter budget (varbnn.prune.budget_units: "
-    "from the gap rule, the lowest-scored units of the layer that costs the least validation error per budget excess removed)",
-    "budget_pruned_parameters": "weights + biases of that exported model",
-    "budget_pruned_flops": "its FLOPs",
-    "budget_pruned_validation_error": "its validation error",
-    "budget_pruned_test_error": "its test error",
-    "budget_pruned_finetuned_epoch": "epoch of its retraining with the lowest validation error (0: none helped)",
-    "budget_pruned_finetuned_test_error": "test error of that model after retraining (varbnn.prune.finetune)",
-    "iter_pruned_stages": "architecture after each prune-and-retrain stage of varbnn.prune.iterative_budget (budgets equal "
-    "steps in log size from the gap rule's model to the config's budget; each stage prunes the previous stage's retrained "
-    "model by the budget rule and retrains it)",
-    "iter_pruned_architecture": "units kept after the last stage",
-    "iter_pruned_parameters": "weights + biases of that model",
-    "iter_pruned_flops": "its FLOPs",
-    "iter_pruned_validation_error": "its validation error after its retraining (the epoch kept)",
-    "iter_pruned_test_error": "its test error after its retraining",
     "selected_epoch": "the epoch evaluated: lowest mean training NLL among the last select_best_of_last epochs",
 }
 
@@ -671,14 +650,74 @@ PAPER_TABLES: dict[str, list[str]] = {
 PAPER_TABLES["lenet5-prune-published"] = PAPER_TABLES["lenet5-prune"]
 
 
-def render_markdown(result: dict[str, Any]) -> str:
+# The pruning rules of a prune config, one row each in the rules table: (label, key prefix, how the rule chooses).
+_PRUNE_RULES = (
+    ("gap", "pruned", "largest gap in each layer's score histogram (no data)"),
+    ("validation", "val_pruned", "thresholds chosen on the validation set (varbnn.prune.validation_thresholds)"),
+    ("budget, one step", "budget_pruned", "the config's FLOPs / parameter budget (varbnn.prune.budget_units)"),
+    ("budget, staged", "iter_pruned", "the budget in prune-and-retrain stages (varbnn.prune.iterative_budget)"),
+)
+_PRUNE_COLUMNS = (  # (header, key suffix after the rule's prefix; for the staged rule, its retrained model's)
+    ("architecture", "architecture"),
+    ("parameters", "parameters"),
+    ("FLOPs", "flops"),
+    ("validation error", "validation_error"),
+    ("test error", "test_error"),
+    ("retrained: epoch kept", "finetuned_epoch"),
+    ("retrained: test error", "finetuned_test_error"),
+)
+
+
+def _percent(value: Any) -> str:
+    return "–" if isinstance(value, float) and math.isnan(value) else f"{100 * float(value):.2f}%"
+
+
+def _prune_keys(keys: list[str]) -> list[str]:
+    prefixes = tuple(prefix + "_" for _, prefix, _ in _PRUNE_RULES)
+    return [k for k in keys if k.startswith(prefixes)]
+
+
+def _prune_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One row per (variant, pruning rule): the exported model's architecture, size, errors and retraining. The staged
+    rule's model is retrained inside each stage, so its errors go in the retrained columns."""
+    header = ["variant", "rule", *(h for h, _ in _PRUNE_COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---|" + "---:|" * (len(header) - 3)]
+    stages = []
+    for row in rows:
+        for label, prefix, _ in _PRUNE_RULES:
+            if f"{prefix}_architecture" not in row:
+                continue
+            values = {suffix: row.get(f"{prefix}_{suffix}", float("nan")) for _, suffix in _PRUNE_COLUMNS}
+            if prefix == "iter_pruned":
+                values["finetuned_test_error"], values["test_error"] = values["test_error"], float("nan")
+                values["finetuned_epoch"] = f"{len(str(row.get('iter_pruned_stages', '')).split(' > '))} stages"
+                stages.append(f"- {row['variant']}, staged rule: {row.get('iter_pruned_stages', '–')}")
+            cells = [_percent(v) if suffix.endswith("error") else _format(v) for suffix, v in values.items()]
+            lines.append("| " + " | ".join([str(row["variant"]), label, *cells]) + " |")
+    rules = [f"- {label}: {text}" for label, _, text in _PRUNE_RULES]
+    notes = [
+        "Pruning rules (architecture = units kept per layer; parameters and FLOPs of the exported plain model, Oh et "
+        "al.'s formulas; errors of that model with its posterior-mode weights; validation error: what the rule saw; "
+        "retrained: plain Adam on the training set (varbnn.prune.finetune), the epoch with the lowest validation error, "
+        "0 = none helped; the staged rule retrains in every stage: its validation error is that of its last stage's "
+        "retrained model, whose test error is in the retrained column):",
+        "",
+        *rules,
+    ]
+    return [*notes, "", *lines, *([""] + stages if stages else [])]
+
+
+def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> str:
     """The results tables (metrics as ``mean ± sem`` over seeds; ``*_wsem``: SEM over weight draws within a seed,
-    averaged over seeds) with their provenance; traces (``name@step``) in a second table."""
+    averaged over seeds) with their provenance; traces (``name@step``) in a second table; a prune config's rules in a
+    table of their own, one row per rule. ``rendered_at``: the commit that re-rendered a saved result (``varbnn render``),
+    named under the run's own provenance."""
     rows = result["rows"]
     keys: list[str] = []
     for row in rows:
         keys += [k for k in row if not k.endswith("_sem") and k not in keys]
-    main = [k for k in keys if "@" not in k]
+    prune = _prune_keys(keys)
+    main = [k for k in keys if "@" not in k and k not in prune]
     trace = [k for k in keys if "@" in k]
     lines = [
         f"# {result['name']}",
@@ -692,7 +731,11 @@ def render_markdown(result: dict[str, Any]) -> str:
     ]
     if "n_train" in result:
         lines.append(f"- training examples: {result['n_train']}, optimizer steps per run: {result['steps']}")
+    if rendered_at:
+        lines.append(f"- page re-rendered from the saved JSON at commit `{rendered_at}` (`varbnn render`): layout only")
     lines += ["", *_table(rows, main)]
+    if prune:
+        lines += ["", *_prune_table(rows)]
     if trace:
         lines += ["", "Traces during training (value at the given optimizer step):", "", *_table(rows, ["variant", *trace])]
     legend = [f"- `{k}`: {text}" for k, text in _LEGEND.items() if k in main or any(t.startswith(k + "@") for t in trace)]
@@ -704,3 +747,28 @@ def render_markdown(result: dict[str, Any]) -> str:
     for figure in result.get("figures", []):
         lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"
+
+
+_RESULT_KEYS = ("name", "rows", "config", "command", "commit", "device", "seconds")
+
+
+def render_saved(path: str | Path) -> Path:
+    """Rewrite the Markdown page of a saved result ``NAME.json`` of the generic runner (``varbnn reproduce NAME``) with
+    the current layout, beside it as ``NAME.md``; the numbers and the run's provenance are the JSON's, and the page names
+    the commit that re-rendered it. Returns the page's path."""
+    path = Path(path)
+    if path.suffix != ".json" or not path.is_file():
+        raise FileNotFoundError(f"path must be a saved result NAME.json of `varbnn reproduce NAME`; no such file: {path}")
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    missing = [k for k in _RESULT_KEYS if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise ValueError(
+            f"{path} is not a result of the generic runner (missing {missing}); uci and retina-* pages are re-rendered "
+            "by `varbnn reproduce NAME --no-train`"
+        )
+    page = path.with_suffix(".md")
+    page.write_text(render_markdown(result, rendered_at=git_commit()))
+    return page
