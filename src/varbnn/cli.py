@@ -79,11 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from varbnn.experiments import CONFIGS, get_config, run_experiment
 
     if args.command == "render":
-        from varbnn.experiments.runner import render_saved
+        from varbnn.experiments.runner import git_commit, render_saved
 
+        commit = git_commit()  # before the first page is rewritten (which would make the tree dirty)
         for path in args.results:
             try:
-                print(f"wrote {render_saved(path)}")
+                print(f"wrote {render_saved(path, commit)}")
             except (OSError, ValueError) as error:
                 parser.error(str(error))
         return 0

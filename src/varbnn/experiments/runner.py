@@ -752,10 +752,10 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
 _RESULT_KEYS = ("name", "rows", "config", "command", "commit", "device", "seconds")
 
 
-def render_saved(path: str | Path) -> Path:
+def render_saved(path: str | Path, rendered_at: str | None = None) -> Path:
     """Rewrite the Markdown page of a saved result ``NAME.json`` of the generic runner (``varbnn reproduce NAME``) with
     the current layout, beside it as ``NAME.md``; the numbers and the run's provenance are the JSON's, and the page names
-    the commit that re-rendered it. Returns the page's path."""
+    the commit that re-rendered it (``rendered_at``, default :func:`git_commit` now). Returns the page's path."""
     path = Path(path)
     if path.suffix != ".json" or not path.is_file():
         raise FileNotFoundError(f"path must be a saved result NAME.json of `varbnn reproduce NAME`; no such file: {path}")
@@ -770,5 +770,5 @@ def render_saved(path: str | Path) -> Path:
             "by `varbnn reproduce NAME --no-train`"
         )
     page = path.with_suffix(".md")
-    page.write_text(render_markdown(result, rendered_at=git_commit()))
+    page.write_text(render_markdown(result, rendered_at=rendered_at or git_commit()))
     return page
