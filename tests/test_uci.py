@@ -128,6 +128,35 @@ def test_uci_max_splits_keeps_the_first_splits_and_the_protocol():
             uci_config(max_splits=bad)
 
 
+def test_uci_epochs_change_the_protocol_and_families_only_the_columns():
+    full = uci_config()
+    longer = uci_config(epochs=200)
+    assert longer.epochs == 200 and longer.protocol_hash() != full.protocol_hash()  # saved 40-epoch runs are not reused
+    some = uci_config(families=("radial", "MAP (Delta)"))
+    assert [v.label for v in some.active_variants] == ["radial", "MAP (Delta)"]
+    assert {v.label for _, v, _ in uci_jobs(some)} == {"radial", "MAP (Delta)"}
+    assert len(uci_jobs(some)) == 2 * (8 * 20 + 5)
+    assert some.protocol_hash() == full.protocol_hash()  # a later run of every family reuses these records
+    with pytest.raises(ValueError, match=r"unknown UCI families \['gaussian'\]; allowed: .*'radial'"):
+        uci_config(families=("gaussian",))
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="epochs"):
+            uci_config(epochs=bad)
+
+
+def test_uci_page_shows_only_the_columns_run_and_the_training_budget(data_dir, tmp_path):
+    import warnings
+
+    config = dataclasses.replace(uci_config(quick=True, families=("radial",)), max_splits=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_uci(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="t")
+    assert set(result["rows"][0]) == {"dataset", "reference_ll", "ll_ceiling", "radial"}
+    page = (tmp_path / "uci-quick.md").read_text()
+    assert "| dataset | reference LL | LL ceiling | radial LL | best varbnn beats reference |" in page
+    assert "mean-field" not in page and "- training: 2 epochs per split, at least 60 optimizer steps, batch 32" in page
+
+
 def test_uci_shards_partition_the_jobs_smallest_dataset_first():
     config = uci_config()
     jobs = uci_jobs(config)

@@ -60,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="uci only: run only RDP, with RadialDirectional's current defaults (radius_init=prior, "
         "concentration_param=log) instead of the published code's choices; use its own --out",
     )
+    rep.add_argument(
+        "--epochs", type=int, default=None, help="uci only: training epochs per split (default 40; its own protocol hash)"
+    )
+    rep.add_argument(
+        "--families", default=None, help="uci only: comma-separated columns to run (rdp, meanfield, radial, ktied, delta)"
+    )
     rep.add_argument("--no-train", action="store_true", help="retina-*, uci: render the results from the runs already saved")
     rep.add_argument(
         "--shard", default=None, help="retina-*, uci: K/N runs every N-th job from the K-th (0-based), for parallel processes"
@@ -128,7 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--workers must be a positive integer, got {args.workers}")
             if args.splits is not None and args.splits < 1:
                 parser.error(f"--splits must be a positive integer, got {args.splits}")
-            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits, args.rdp_defaults)
+            if args.epochs is not None and args.epochs < 1:
+                parser.error(f"--epochs must be a positive integer, got {args.epochs}")
+            families = tuple(args.families.split(",")) if args.families else None
+            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits, args.rdp_defaults,
+                             args.epochs, families)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
         uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,

@@ -137,6 +137,12 @@ class UCIConfig:
     prior_rate: float = 6.0
     noise_update: str = "closed_form"
     name: str = "uci"
+    only: tuple[str, ...] | None = None  # labels of the variants to run and show (a partial table; not in the hash)
+
+    @property
+    def active_variants(self) -> tuple[UCIVariant, ...]:
+        """The variants this run trains and tabulates: all, or those named by ``only``."""
+        return self.variants if self.only is None else tuple(v for v in self.variants if v.label in self.only)
 
     def __post_init__(self) -> None:
         if self.noise_update not in NOISE_UPDATES:
@@ -147,9 +153,8 @@ class UCIConfig:
 
     def protocol_hash(self) -> str:
         data = dataclasses.asdict(self)
-        data.pop("datasets")
-        data.pop("max_splits")
-        data.pop("name")
+        for key in ("datasets", "max_splits", "name", "only"):
+            data.pop(key)
         if data["noise_update"] == "gradient":  # the protocol before noise_update existed: its saved runs stay valid
             data.pop("noise_update")
         for variant in data["variants"]:  # likewise RDP's options from before they existed, at their old behaviour
@@ -166,12 +171,17 @@ def uci_config(
     noise_prior: tuple[float, float] = (6.0, 6.0),
     max_splits: int | None = None,
     rdp_defaults: bool = False,
+    epochs: int | None = None,
+    families: tuple[str, ...] | None = None,
 ) -> UCIConfig:
     """The full protocol, or its ``--quick`` form (yacht, 2 splits, a few hundred steps, 8 draws); ``max_splits`` runs
     only each set's first splits (a partial run: the tables count the splits per cell; the protocol hash is unchanged,
     so a later full run adds the missing splits). ``rdp_defaults``: only the RDP variant, with RadialDirectional's
     current defaults (``radius_init="prior"``, ``concentration_param="log"``) instead of the pinned published-code
-    choices; its own protocol hash, so write it to its own ``--out`` directory."""
+    choices; its own protocol hash, so write it to its own ``--out`` directory. ``epochs``: training epochs per split
+    (default 40; still at least ``min_steps`` steps), part of the protocol hash, so a run with another budget goes to
+    its own ``--out`` directory. ``families``: only these columns, by family name (``rdp``, ``meanfield``, ``radial``,
+    ``ktied``, ``delta``) or label; a partial table under the same protocol hash."""
     if max_splits is not None and (isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1):
         raise ValueError(f"max_splits must be a positive integer or None, got {max_splits!r}")
     config = UCIConfig(noise_update=noise_update, prior_shape=float(noise_prior[0]), prior_rate=float(noise_prior[1]))
@@ -186,9 +196,20 @@ def uci_config(
         config = dataclasses.replace(config, datasets=tuple(datasets))
     if max_splits is not None:
         config = dataclasses.replace(config, max_splits=max_splits)
+    if epochs is not None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+        config = dataclasses.replace(config, epochs=epochs)
     if rdp_defaults:
         rdp = dataclasses.replace(UCI_VARIANTS[0], label="RDP (double, library defaults)", family_options={"grouping": "double"})
         config = dataclasses.replace(config, variants=(rdp,))
+    if families:
+        allowed = sorted({v.family for v in config.variants} | {v.label for v in config.variants})
+        unknown = sorted(set(families) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown UCI families {unknown}; allowed: {allowed}")
+        only = tuple(v.label for v in config.variants if v.family in families or v.label in families)
+        config = dataclasses.replace(config, only=only)
     return config
 
 
@@ -314,7 +335,7 @@ def uci_jobs(config: UCIConfig, shard: tuple[int, int] | None = None) -> list[tu
     jobs = []
     for dataset in sorted(config.datasets, key=lambda d: SMALLEST_FIRST.index(d) if d in SMALLEST_FIRST else len(SMALLEST_FIRST)):
         splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
-        jobs += [(dataset, variant, split) for variant in config.variants for split in range(splits)]
+        jobs += [(dataset, variant, split) for variant in config.active_variants for split in range(splits)]
     return jobs if shard is None else jobs[shard[0] :: shard[1]]
 
 
@@ -381,7 +402,7 @@ def run_uci(
         row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
         splits = sorted({k for (d, _, k) in done if d == dataset})
         row["ll_ceiling"] = _mean_ceiling(config, dataset, splits, data_dir)
-        for variant in config.variants:
+        for variant in config.active_variants:
             records = [r for (d, v, _), r in sorted(done.items()) if d == dataset and v == variant.label]
             if not records:
                 continue
@@ -408,7 +429,8 @@ def run_uci(
 
 
 def render_uci_markdown(result: dict[str, Any]) -> str:
-    labels = [v["label"] for v in result["config"]["variants"]]
+    only = result["config"].get("only")
+    labels = [v["label"] for v in result["config"]["variants"] if only is None or v["label"] in only]
     lines = [
         f"# {result['name']}",
         "",
@@ -422,6 +444,8 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
         f"- noise precision: Gamma({result['config']['prior_shape']:g}, {result['config']['prior_rate']:g}) prior, "
         f"Gamma posterior fitted {NOISE_UPDATE_TEXT[result['config'].get('noise_update', 'gradient')]}; protocol hash "
         f"`{result['protocol']}`",
+        f"- training: {result['config'].get('epochs', 40)} epochs per split, at least {result['config'].get('min_steps', 5000)} "
+        f"optimizer steps, batch {result['config'].get('batch_size', 32)}, Adam {result['config'].get('lr', 1e-3):g}",
         "",
         "| dataset | reference LL | LL ceiling | "
         + " | ".join(f"{label} LL" for label in labels)
