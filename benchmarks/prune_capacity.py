@@ -1,0 +1,177 @@
+"""Is the LeNet-5 goal's budget (<= 120K FLOPs, <= 15K parameters, <= 1.0% error) a matter of retraining or of the
+posterior? lenet5-prune's staged pruning to the budget with a longer last retraining, beside the SAME pruned
+architecture trained from a random initialisation (the control of Liu et al. 2019, "Rethinking the value of network
+pruning"): with and without distilling the Bayesian model's Monte Carlo predictive.
+
+Needs the finished checkpoint of ``varbnn reproduce lenet5-prune`` (under ``OUT/.checkpoints/``). Rows:
+
+- ``posterior init``: ``varbnn.prune.iterative_budget`` with lenet5-prune's settings (4 stages of 5 epochs, cosine,
+  distillation 0.7) but ``--final-epochs`` epochs of retraining after the last stage;
+- ``random init, distilled`` / ``random init, labels only``: the posterior row's final architecture (same units, same
+  kept fc1 inputs), every weight re-drawn by PyTorch's default initialisation (seeded), trained by
+  ``varbnn.prune.finetune`` for as many epochs as the posterior row's retraining in all (stages x epochs + final), Adam
+  1e-3 on a cosine, distillation weight 0.7 or 0.
+
+Every retraining keeps its epoch with the lowest VALIDATION error (the last 10,000 training images); the test error is
+reported, not used. Rows are appended to OUT/prune_capacity_rows.jsonl as they finish; a rerun skips the rows there.
+
+Usage: python benchmarks/prune_capacity.py [--final-epochs 100] [--out benchmarks/results] [--device cpu] [--threads 2]
+Writes OUT/prune_capacity.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from report import write_result  # type: ignore[import-not-found]
+
+from varbnn.experiments.registry import CONFIGS
+from varbnn.experiments.runner import _checkpoint_path, build_model, describe_device, git_commit, load_classification
+from varbnn.prune import classification_error, finetune, iterative_budget, predictive_targets
+from varbnn.train import resolve_device
+
+STEM = "prune_capacity"
+
+
+def reinitialise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A copy of ``model`` with every layer's parameters re-drawn by its own ``reset_parameters`` (seeded)."""
+    fresh = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    for module in fresh.modules():
+        if hasattr(module, "reset_parameters") and module is not fresh:
+            module.reset_parameters()
+    return fresh
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--final-epochs", type=int, default=100, help="retraining epochs after the last stage")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    if args.final_epochs < 1:
+        sys.exit(f"--final-epochs must be a positive integer, got {args.final_epochs}")
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    config = CONFIGS["lenet5-prune"]
+    variant = config.variants[0]
+    seed = config.seeds[0]
+    best_path = _checkpoint_path(config, args.out, variant, seed).with_suffix(".best.pt")
+    if not best_path.exists():
+        sys.exit(f"no finished lenet5-prune checkpoint at {best_path}: run `varbnn reproduce lenet5-prune` first")
+    out = Path(args.out)
+    rows_path = out / f"{STEM}_rows.jsonl"
+    done = {}
+    if rows_path.exists():
+        for line in rows_path.read_text().splitlines():
+            row = json.loads(line)
+            if row["final_epochs"] == args.final_epochs:
+                done[row["init"]] = row
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    model = build_model(config, variant).to(device)
+    best = torch.load(best_path, map_location=device, weights_only=True)
+    model.load_state_dict(best["model"])
+    x_train, y_train = load_classification(config.dataset, "train", args.data_dir)
+    x_test, y_test = load_classification(config.dataset, "test", args.data_dir)
+    n_val = config.validation_size
+    train, validation = (x_train[:-n_val], y_train[:-n_val]), (x_train[-n_val:], y_train[-n_val:])
+    t0 = time.perf_counter()
+    soft = predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
+    teacher_seconds = time.perf_counter() - t0
+    max_flops, max_parameters = config.prune_budget  # type: ignore[misc]
+    stages, stage_epochs = config.prune_stages, config.prune_stage_epochs
+    total_epochs = stages * stage_epochs + args.final_epochs
+    common = {"lr": config.prune_finetune_lr, "batch_size": config.batch_size, "schedule": config.prune_finetune_schedule}
+
+    def record(row: dict[str, Any]) -> None:
+        row["final_epochs"] = args.final_epochs
+        with rows_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        done[row["init"]] = row
+        print({k: v for k, v in row.items() if k != "history"}, flush=True)
+
+    # the posterior row's pruned model is the architecture the controls train: kept beside the checkpoint
+    model_path = best_path.with_name(f"{STEM}-final{args.final_epochs}.pt")
+    if "posterior" in done and model_path.exists():
+        pruned = torch.load(model_path, map_location=device, weights_only=False)
+        report = done["posterior"]
+    else:
+        t0 = time.perf_counter()
+        pruned, report = iterative_budget(
+            model, train, validation, max_flops=max_flops, max_parameters=max_parameters, stages=stages,
+            epochs=stage_epochs, final_epochs=args.final_epochs, seed=seed, soft_targets=soft,
+            distill_weight=config.prune_distill_weight, start=config.prune_threshold, min_gap=config.prune_min_gap,
+            **common,
+        )  # fmt: skip
+        torch.save(pruned, model_path)
+        done.pop("posterior", None)
+        record({
+            "init": "posterior", "distill_weight": config.prune_distill_weight, "epochs": total_epochs,
+            "architecture": report["architecture"], "parameters": report["parameters"], "flops": report["flops"],
+            "validation_error": report["validation_error"], "test_error": classification_error(pruned, x_test, y_test),
+            "epoch_kept": report["epoch"], "seconds": time.perf_counter() - t0,
+        })  # fmt: skip
+    for label, weight in (("random, distilled", config.prune_distill_weight), ("random, labels only", 0.0)):
+        if label in done:
+            continue
+        t0 = time.perf_counter()
+        fresh = reinitialise(pruned, seed)
+        fresh, tuned = finetune(
+            fresh, train, validation, epochs=total_epochs, seed=seed, soft_targets=soft if weight else None,
+            distill_weight=weight, **common,
+        )  # fmt: skip
+        record({
+            "init": label, "distill_weight": weight, "epochs": total_epochs, "architecture": report["architecture"],
+            "parameters": report["parameters"], "flops": report["flops"], "validation_error": tuned["validation_error"],
+            "test_error": classification_error(fresh, x_test, y_test), "epoch_kept": tuned["epoch"],
+            "seconds": time.perf_counter() - t0,
+        })  # fmt: skip
+    rows = [done[k] for k in ("posterior", "random, distilled", "random, labels only")]
+    result = {
+        "command": " ".join(["python benchmarks/prune_capacity.py", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "device": describe_device(device),
+        "seconds": time.perf_counter() - start,
+        "teacher_seconds": teacher_seconds,
+        "checkpoint_epoch": int(best["epoch"]),
+        "config": config.name,
+        "final_epochs": args.final_epochs,
+        "rows": rows,
+    }
+    table = [
+        "| initialisation | distillation weight | epochs | architecture | parameters | FLOPs | epoch kept "
+        "| validation error | test error | seconds |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        table.append(
+            f"| {r['init']} | {r['distill_weight']} | {r['epochs']} | {r['architecture']} | {r['parameters']:,} "
+            f"| {r['flops']:,} | {r['epoch_kept']} | {100 * r['validation_error']:.2f}% | {100 * r['test_error']:.2f}% "
+            f"| {r['seconds']:.0f} |"
+        )
+    notes = [
+        f"wall time of this invocation: {result['seconds']:.0f} s (the predictive on the 50,000 training images: "
+        f"{teacher_seconds:.0f} s); rows from earlier invocations keep their own seconds",
+        f"model: lenet5-prune's checkpoint (epoch {result['checkpoint_epoch']}); budget {max_flops:,} FLOPs and "
+        f"{max_parameters:,} parameters; posterior init: varbnn.prune.iterative_budget, {stages} stages of {stage_epochs} "
+        f"epochs then {args.final_epochs}; random init: the same architecture re-initialised, {total_epochs} epochs of "
+        f"varbnn.prune.finetune; Adam {config.prune_finetune_lr} on a {config.prune_finetune_schedule} schedule, batch "
+        f"{config.batch_size}; epoch kept: lowest validation error (last 10,000 training images)",
+        "goal of lenet5-prune: <= 1.0% test error with <= 15K parameters and <= 120K FLOPs",
+    ]
+    write_result(out, STEM, result, "LeNet-5 at the goal's budget: posterior vs random initialisation", notes, table)
+    print(f"wrote {out / STEM}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
