@@ -119,6 +119,8 @@ def test_std_parameters_names_the_scale_parameters():
         ({"kl_annealing_epochs": -1.0}, "kl_annealing_epochs"),
         ({"prune_stages": 2}, "prune_stages prunes to prune_budget"),
         ({"prune_stages": -1}, "prune_stages must be"),
+        ({"prune_scratch_epochs": 3}, "prune_scratch_epochs retrains the staged rule"),
+        ({"prune_scratch_epochs": -1}, "prune_scratch_epochs must be"),
         ({"prune_finetune_schedule": "step"}, "prune_finetune_schedule"),
     ],
 )
@@ -192,6 +194,12 @@ def _pruned_result() -> dict:
         "iter_pruned_flops": 117431.0,
         "iter_pruned_validation_error": 0.0126,
         "iter_pruned_test_error": 0.0123,
+        "scratch_pruned_architecture": "3-13-136-63",
+        "scratch_pruned_parameters": 10337.0,
+        "scratch_pruned_flops": 117431.0,
+        "scratch_pruned_validation_error": 0.011,
+        "scratch_pruned_finetuned_epoch": 54.0,
+        "scratch_pruned_finetuned_test_error": 0.0101,
     }
     return {"name": "p", "command": "c", "commit": "h", "device": "cpu", "seconds": 1.0, "config": {}, "rows": [row]}
 
@@ -204,12 +212,14 @@ def test_render_markdown_puts_each_pruning_rule_in_a_row_of_its_own():
     cells = [line.split(" | ") for line in lines if line.startswith("| rdp | ")]
     assert cells[0] == ["| rdp", "0.99 |"]  # the main table: variant and accuracy only
     rows = {row[1]: row for row in cells[1:]}
-    assert set(rows) == {"gap", "validation", "budget, staged"}  # no budget_pruned_* keys: no one-step row
+    assert set(rows) == {"gap", "validation", "budget, staged", "staged, random init"}  # no budget_pruned_*: no one-step row
     assert rows["gap"][2:8] == ["20-32-423-250", "125,062", "1,434,078", "–", "0.90%", "–"]
     assert rows["validation"][5:] == ["0.97%", "1.12%", "8", "0.93% |"]
     # the staged rule's model is retrained in every stage: its test error sits in the retrained column
     assert rows["budget, staged"][2:] == ["3-13-136-63", "10,337", "117,431", "1.26%", "–", "2 stages", "1.23% |"]
     assert "- rdp, staged rule: 12-25-274-196 > 3-13-136-63" in lines
+    # the random-initialisation control: its retraining's validation error, epoch kept and test error
+    assert rows["staged, random init"][2:] == ["3-13-136-63", "10,337", "117,431", "1.10%", "–", "54", "1.01% |"]
 
 
 def test_render_saved_rewrites_the_page_from_the_json(tmp_path, monkeypatch):
@@ -285,7 +295,12 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
         assert len(checkpoints) == 1
         # a changed evaluation (no validation or budget rule) resumes the same checkpoint: nothing to train
         evaluation_only = dataclasses.replace(
-            config, prune_validation_tolerance=0.0, prune_budget=None, prune_finetune_epochs=0, prune_stages=0
+            config,
+            prune_validation_tolerance=0.0,
+            prune_budget=None,
+            prune_finetune_epochs=0,
+            prune_stages=0,
+            prune_scratch_epochs=0,
         )
         assert _checkpoint_path(evaluation_only, tmp_path, config.variants[0], 0) == checkpoints[0]
         assert _checkpoint_path(dataclasses.replace(config, lr=2e-3), tmp_path, config.variants[0], 0) != checkpoints[0]
@@ -298,7 +313,12 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     assert row["iter_pruned_flops"] <= config.prune_budget[0] and row["iter_pruned_parameters"] <= config.prune_budget[1]
     assert row["iter_pruned_stages"].count(" > ") == config.prune_stages - 1
     assert row["iter_pruned_stages"].endswith(row["iter_pruned_architecture"]) and 0 <= row["iter_pruned_test_error"] <= 1
+    # the random-initialisation control trains the staged rule's architecture
+    for key in ("architecture", "parameters", "flops"):
+        assert row[f"scratch_pruned_{key}"] == row[f"iter_pruned_{key}"]
+    assert 0 <= row["scratch_pruned_finetuned_test_error"] <= 1 and row["scratch_pruned_finetuned_epoch"] in (0.0, 1.0)
     assert "val_pruned_architecture" not in row_again and "iter_pruned_architecture" not in row_again
+    assert "scratch_pruned_architecture" not in row_again
     for key in ("accuracy", "nll", "pruned_test_error", "final_train_loss"):
         assert row[key] == row_again[key]
     assert row["selected_epoch"] == row_again["selected_epoch"] in (1.0, 2.0)

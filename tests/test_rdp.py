@@ -654,3 +654,45 @@ def test_budget_units_meets_the_budget_by_removing_the_dead_units_first():
     assert report["removed"]["0/row"] == 7 and report["removed"]["0/column"] == 5  # one unit and one input left
     with pytest.raises(ValueError, match="max_flops"):
         budget_units(model, x, y)
+
+
+def test_reinitialize_keeps_the_exported_architecture_and_redraws_every_weight_reproducibly():
+    from varbnn.prune import SelectFeatures, export, reinitialize
+
+    torch.manual_seed(4)
+    layers = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
+    model = bayesianize(layers, RadialDirectional(grouping="double"), RadialDirectionalPrior())
+    _kill(model[0].posteriors["weight"], "row", [2, 5])
+    _kill(model[0].posteriors["weight"], "column", [1])
+    x, _ = _labelled_by_itself(model, n=50)
+    exported, report = export(model, x[:2])
+    assert report["architecture"] == "5-8"  # a pruned model: one input and two hidden units gone
+    state = {k: v.clone() for k, v in exported.state_dict().items()}
+    before = torch.get_rng_state()
+    fresh = reinitialize(exported, seed=7)
+    assert torch.equal(torch.get_rng_state(), before)  # the global random state is untouched
+    for key, value in exported.state_dict().items():  # the original is not modified
+        assert torch.equal(value, state[key])
+    fresh_state = fresh.state_dict()
+    assert fresh_state.keys() == state.keys()
+    for key, value in fresh_state.items():
+        assert value.shape == state[key].shape, key
+        if key.endswith("index"):  # SelectFeatures' kept-input indices are part of the architecture
+            assert torch.equal(value, state[key])
+        else:
+            assert not torch.equal(value, state[key]), key
+    assert any(isinstance(m, SelectFeatures) for m in fresh.modules())
+    assert fresh(x).shape == exported(x).shape
+    # the same seed gives the same weights; another seed other weights; the draw is PyTorch's default init
+    again = reinitialize(exported, seed=7)
+    for a, b in zip(fresh.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+    other = reinitialize(exported, seed=8)
+    assert not torch.equal(next(fresh.parameters()), next(other.parameters()))
+    first = next(m for m in fresh.modules() if isinstance(m, nn.Linear))
+    bound = 1 / math.sqrt(first.in_features)  # kaiming_uniform(a=sqrt(5)) of nn.Linear: U(-1/sqrt(fan_in), ...)
+    assert float(first.weight.abs().max()) <= bound
+    with pytest.raises(ValueError, match="plain model"):
+        reinitialize(model)
+    with pytest.raises(TypeError, match="nn.Module"):
+        reinitialize("model")  # type: ignore[arg-type]

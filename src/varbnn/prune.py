@@ -40,6 +40,7 @@ stage pruning the previous stage's retrained model.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -63,6 +64,7 @@ __all__ = [
     "predictive_targets",
     "classification_error",
     "finetune",
+    "reinitialize",
     "score_histograms",
     "export",
     "masked_model",
@@ -791,6 +793,27 @@ def finetune(
     model.load_state_dict(best_state)
     model.eval()
     return model, {"epoch": best_epoch, "validation_error": best_error, "history": history}
+
+
+def reinitialize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """A copy of a plain model (e.g. :func:`export`'s) with every layer's parameters re-drawn by the layer's own
+    ``reset_parameters`` (PyTorch's default initialisation), seeded by ``seed`` without touching the global random
+    state. Buffers (the kept-feature indices of :class:`SelectFeatures`) are kept, so the architecture is the same:
+    retraining it with :func:`finetune` is the random-initialisation control of Liu et al. (2019), "Rethinking the
+    value of network pruning" (is it the pruned weights or only the pruned architecture that matters?)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if any(isinstance(module, BayesianModule) for module in model.modules()):
+        raise ValueError("reinitialize takes a plain model (e.g. prune.export's); this one has Bayesian layers")
+    fresh = copy.deepcopy(model)
+    devices = list({p.device for p in fresh.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for module in fresh.modules():
+            reset = getattr(module, "reset_parameters", None)
+            if module is not fresh and callable(reset) and any(True for _ in module.parameters(recurse=False)):
+                reset()
+    return fresh
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ _AFTER_TRAINING = (
     "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
     "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_budget", "prune_finetune_epochs",
     "prune_finetune_lr", "prune_finetune_schedule", "prune_stages", "prune_stage_epochs", "prune_distill_weight",
-    "prune_distill_samples",
+    "prune_distill_samples", "prune_scratch_epochs",
 )  # fmt: skip
 FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
 
@@ -69,6 +69,9 @@ class ExperimentConfig:
     ``prune_finetune_epochs`` after the last, at the same learning rate and schedule). ``prune_distill_weight`` = w > 0:
     every retraining also fits the trained model's Monte Carlo predictive on the training set
     (:func:`varbnn.prune.predictive_targets` with ``prune_distill_samples`` draws), loss ``(1 - w) CE + w CE(soft)``.
+    ``prune_scratch_epochs`` > 0 (needs ``prune_stages``): the staged rule's architecture again, every weight re-drawn
+    (:func:`varbnn.prune.reinitialize`) and trained by :func:`varbnn.prune.finetune` for that many epochs with the same
+    learning rate, schedule and distillation: the random-initialisation control of Liu et al. (2019).
 
     ``select_best_of_last`` = K > 0: evaluate (and prune) not the model after the last epoch but the one, among the
     last K epochs, with the lowest mean training NLL of its epoch (Oh et al. 2020's choice for LeNet-5: "the best
@@ -114,6 +117,7 @@ class ExperimentConfig:
     prune_stage_epochs: int = 5
     prune_distill_weight: float = 0.0
     prune_distill_samples: int = 16
+    prune_scratch_epochs: int = 0
     select_best_of_last: int = 0
     quick: dict[str, Any] = field(default_factory=dict)
 
@@ -165,6 +169,12 @@ class ExperimentConfig:
             raise ValueError(f"{self.name}: prune_distill_weight must be in [0, 1], got {self.prune_distill_weight!r}")
         if not isinstance(self.prune_distill_samples, int) or self.prune_distill_samples < 1:
             raise ValueError(f"{self.name}: prune_distill_samples must be a positive integer")
+        if not isinstance(self.prune_scratch_epochs, int) or self.prune_scratch_epochs < 0:
+            raise ValueError(
+                f"{self.name}: prune_scratch_epochs must be a non-negative integer, got {self.prune_scratch_epochs!r}"
+            )
+        if self.prune_scratch_epochs and not self.prune_stages:
+            raise ValueError(f"{self.name}: prune_scratch_epochs retrains the staged rule's architecture: set prune_stages")
         if self.prune_stages and self.prune_budget is None:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
         if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):

@@ -236,6 +236,9 @@ register_config(
         prune_stage_epochs=5,
         prune_finetune_schedule="cosine",
         prune_distill_weight=0.7,
+        # and the staged rule's architecture trained from a random initialisation with the same retraining for 120
+        # epochs (the control of benchmarks/prune_capacity.py, whose posterior-init row retrains 4 x 5 + 100 epochs)
+        prune_scratch_epochs=120,
         select_best_of_last=10,  # the paper: "the best training cross-entropy during last 10 epochs"
         figures=("prune_histograms", "reliability"),
         quick={
@@ -247,6 +250,7 @@ register_config(
             "prune_finetune_epochs": 2,
             "prune_stages": 2,
             "prune_stage_epochs": 1,
+            "prune_scratch_epochs": 1,
             "prune_distill_samples": 2,
             "eval_samples": 2,
             "kl_annealing_epochs": 1,
@@ -307,6 +311,7 @@ register_config(
         prune_budget=None,
         prune_finetune_epochs=0,
         prune_stages=0,
+        prune_scratch_epochs=0,
         resumable=False,
         select_best_of_last=0,
         figures=(),

@@ -308,6 +308,7 @@ def _prune_scores(
         finetune,
         iterative_budget,
         predictive_targets,
+        reinitialize,
         validation_thresholds,
     )
 
@@ -374,6 +375,21 @@ def _prune_scores(
             "iter_pruned_validation_error": float(staged_report["validation_error"]),
             "iter_pruned_test_error": classification_error(staged, x_test, y_test),
         })  # fmt: skip
+        if config.prune_scratch_epochs:  # the same architecture from a random initialisation (Liu et al. 2019)
+            scratch, retrained = finetune(
+                reinitialize(staged, seed=seed), train, validation, epochs=config.prune_scratch_epochs,
+                lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed,
+                schedule=config.prune_finetune_schedule, progress=progress, soft_targets=soft_targets,
+                distill_weight=config.prune_distill_weight,
+            )  # fmt: skip
+            scores.update({
+                "scratch_pruned_architecture": str(staged_report["architecture"]),
+                "scratch_pruned_parameters": float(staged_report["parameters"]),
+                "scratch_pruned_flops": float(staged_report["flops"]),
+                "scratch_pruned_validation_error": float(retrained["validation_error"]),
+                "scratch_pruned_finetuned_epoch": float(retrained["epoch"]),
+                "scratch_pruned_finetuned_test_error": classification_error(scratch, x_test, y_test),
+            })  # fmt: skip
     return scores, cuts
 
 
@@ -656,6 +672,12 @@ _PRUNE_RULES = (
     ("validation", "val_pruned", "thresholds chosen on the validation set (varbnn.prune.validation_thresholds)"),
     ("budget, one step", "budget_pruned", "the config's FLOPs / parameter budget (varbnn.prune.budget_units)"),
     ("budget, staged", "iter_pruned", "the budget in prune-and-retrain stages (varbnn.prune.iterative_budget)"),
+    (
+        "staged, random init",
+        "scratch_pruned",
+        "the staged rule's architecture with every weight re-drawn (varbnn.prune.reinitialize) and trained by the same "
+        "retraining for prune_scratch_epochs epochs: does the posterior give more than the architecture? (Liu et al. 2019)",
+    ),
 )
 _PRUNE_COLUMNS = (  # (header, key suffix after the rule's prefix; for the staged rule, its retrained model's)
     ("architecture", "architecture"),
@@ -700,7 +722,7 @@ def _prune_table(rows: list[dict[str, Any]]) -> list[str]:
         "al.'s formulas; errors of that model with its posterior-mode weights; validation error: what the rule saw; "
         "retrained: plain Adam on the training set (varbnn.prune.finetune), the epoch with the lowest validation error, "
         "0 = none helped; the staged rule retrains in every stage: its validation error is that of its last stage's "
-        "retrained model, whose test error is in the retrained column):",
+        "retrained model, whose test error is in the retrained column; likewise the random-initialisation control's):",
         "",
         *rules,
     ]
