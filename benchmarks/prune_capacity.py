@@ -22,7 +22,6 @@ Writes OUT/prune_capacity.json and .md.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -34,20 +33,10 @@ from report import write_result  # type: ignore[import-not-found]
 
 from varbnn.experiments.registry import CONFIGS
 from varbnn.experiments.runner import _checkpoint_path, build_model, describe_device, git_commit, load_classification
-from varbnn.prune import classification_error, finetune, iterative_budget, predictive_targets
+from varbnn.prune import classification_error, finetune, iterative_budget, predictive_targets, reinitialize
 from varbnn.train import resolve_device
 
 STEM = "prune_capacity"
-
-
-def reinitialise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """A copy of ``model`` with every layer's parameters re-drawn by its own ``reset_parameters`` (seeded)."""
-    fresh = copy.deepcopy(model)
-    torch.manual_seed(seed)
-    for module in fresh.modules():
-        if hasattr(module, "reset_parameters") and module is not fresh:
-            module.reset_parameters()
-    return fresh
 
 
 def main() -> None:
@@ -77,6 +66,7 @@ def main() -> None:
             if row["final_epochs"] == args.final_epochs:
                 done[row["init"]] = row
     start = time.perf_counter()
+    commit, device_text = git_commit(), describe_device(device)  # the code that runs: HEAD at the start
     torch.manual_seed(0)
     model = build_model(config, variant).to(device)
     best = torch.load(best_path, map_location=device, weights_only=True)
@@ -85,8 +75,11 @@ def main() -> None:
     x_test, y_test = load_classification(config.dataset, "test", args.data_dir)
     n_val = config.validation_size
     train, validation = (x_train[:-n_val], y_train[:-n_val]), (x_train[-n_val:], y_train[-n_val:])
+    labels = ("posterior", "random, distilled", "random, labels only")
+    model_path = best_path.with_name(f"{STEM}-final{args.final_epochs}.pt")
     t0 = time.perf_counter()
-    soft = predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
+    finished = all(label in done for label in labels) and model_path.exists()
+    soft = None if finished else predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
     teacher_seconds = time.perf_counter() - t0
     max_flops, max_parameters = config.prune_budget  # type: ignore[misc]
     stages, stage_epochs = config.prune_stages, config.prune_stage_epochs
@@ -94,14 +87,13 @@ def main() -> None:
     common = {"lr": config.prune_finetune_lr, "batch_size": config.batch_size, "schedule": config.prune_finetune_schedule}
 
     def record(row: dict[str, Any]) -> None:
-        row["final_epochs"] = args.final_epochs
+        row.update(final_epochs=args.final_epochs, commit=commit, device=device_text)
         with rows_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         done[row["init"]] = row
         print({k: v for k, v in row.items() if k != "history"}, flush=True)
 
     # the posterior row's pruned model is the architecture the controls train: kept beside the checkpoint
-    model_path = best_path.with_name(f"{STEM}-final{args.final_epochs}.pt")
     if "posterior" in done and model_path.exists():
         pruned = torch.load(model_path, map_location=device, weights_only=False)
         report = done["posterior"]
@@ -125,7 +117,7 @@ def main() -> None:
         if label in done:
             continue
         t0 = time.perf_counter()
-        fresh = reinitialise(pruned, seed)
+        fresh = reinitialize(pruned, seed)
         fresh, tuned = finetune(
             fresh, train, validation, epochs=total_epochs, seed=seed, soft_targets=soft if weight else None,
             distill_weight=weight, **common,
@@ -136,11 +128,11 @@ def main() -> None:
             "test_error": classification_error(fresh, x_test, y_test), "epoch_kept": tuned["epoch"],
             "seconds": time.perf_counter() - t0,
         })  # fmt: skip
-    rows = [done[k] for k in ("posterior", "random, distilled", "random, labels only")]
+    rows = [done[k] for k in labels]
     result = {
         "command": " ".join(["python benchmarks/prune_capacity.py", *sys.argv[1:]]),
-        "commit": git_commit(),
-        "device": describe_device(device),
+        "commit": commit,
+        "device": device_text,
         "seconds": time.perf_counter() - start,
         "teacher_seconds": teacher_seconds,
         "checkpoint_epoch": int(best["epoch"]),
@@ -150,18 +142,18 @@ def main() -> None:
     }
     table = [
         "| initialisation | distillation weight | epochs | architecture | parameters | FLOPs | epoch kept "
-        "| validation error | test error | seconds |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| validation error | test error | seconds | commit | device |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         table.append(
             f"| {r['init']} | {r['distill_weight']} | {r['epochs']} | {r['architecture']} | {r['parameters']:,} "
             f"| {r['flops']:,} | {r['epoch_kept']} | {100 * r['validation_error']:.2f}% | {100 * r['test_error']:.2f}% "
-            f"| {r['seconds']:.0f} |"
+            f"| {r['seconds']:.0f} | `{r['commit'][:7]}` | {r['device']} |"
         )
     notes = [
         f"wall time of this invocation: {result['seconds']:.0f} s (the predictive on the 50,000 training images: "
-        f"{teacher_seconds:.0f} s); rows from earlier invocations keep their own seconds",
+        f"{teacher_seconds:.0f} s); rows from earlier invocations keep their own seconds, commit and device (columns)",
         f"model: lenet5-prune's checkpoint (epoch {result['checkpoint_epoch']}); budget {max_flops:,} FLOPs and "
         f"{max_parameters:,} parameters; posterior init: varbnn.prune.iterative_budget, {stages} stages of {stage_epochs} "
         f"epochs then {args.final_epochs}; random init: the same architecture re-initialised, {total_epochs} epochs of "

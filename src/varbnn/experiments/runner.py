@@ -143,7 +143,8 @@ def describe_device(device: torch.device) -> str:
                 break
     except OSError:
         pass
-    return f"cpu: {name}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"cpu: {name}, {threads} thread{'' if threads == 1 else 's'}"
 
 
 class _Tracer:
