@@ -400,3 +400,36 @@ def test_resumable_runs_keep_their_traces_across_invocations(tmp_path):
     for key in ("snr@2", "snr@5", "accuracy"):
         assert again["rows"][0][key] == first["rows"][0][key]
     assert again["rows"][0]["train_seconds"] == pytest.approx(first["rows"][0]["train_seconds"], rel=0.5)
+
+
+def test_git_commit_marks_code_changes_dirty_but_not_results(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from varbnn.experiments import runner
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    source = repo / "src" / "varbnn" / "experiments"
+    source.mkdir(parents=True)
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (source / "runner.py").write_text("code\n")
+    (repo / "benchmarks" / "results" / "runs.jsonl").write_text("{}\n")
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    monkeypatch.delenv("VARBNN_COMMIT", raising=False)
+    monkeypatch.setattr(runner, "__file__", str(source / "runner.py"))
+    assert runner.git_commit() == head
+    (repo / "benchmarks" / "results" / "runs.jsonl").write_text("{}\n{}\n")  # a run appending its records
+    assert runner.git_commit() == head
+    (source / "runner.py").write_text("changed\n")
+    assert runner.git_commit() == head + "+dirty"
+    monkeypatch.setenv("VARBNN_COMMIT", "abc")
+    assert runner.git_commit() == "abc"

@@ -116,16 +116,18 @@ def std_parameters(model: torch.nn.Module, tensor: str) -> list[torch.nn.Paramet
 
 
 def git_commit() -> str:
-    """HEAD's hash (with ``+dirty`` if the tree has uncommitted changes); ``$VARBNN_COMMIT`` where the tree has no
-    git metadata (e.g. a copy sent to another machine); else ``unknown``."""
+    """HEAD's hash (with ``+dirty`` if tracked files outside ``benchmarks/results/`` have uncommitted changes: results
+    that runs in progress append to are not code); ``$VARBNN_COMMIT`` where the tree has no git metadata (e.g. a copy
+    sent to another machine); else ``unknown``."""
     if os.environ.get("VARBNN_COMMIT"):
         return os.environ["VARBNN_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[3]
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
+            cwd=root, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
