@@ -197,3 +197,17 @@ def test_default_optimizer_is_adam_fused_where_supported_and_steps_like_adam():
     assert grouped.defaults["fused"] is True and grouped.param_groups[0]["lr"] == 0.5 and grouped.defaults["amsgrad"]
     counts = torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
     assert default_optimizer([counts]).defaults["fused"] is None
+
+
+def test_cli_threads_sets_torch_threads_and_rejects_nonpositive(capsys):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(SystemExit):
+            main(["reproduce", "no-such-experiment", "--threads", "1"])
+        assert torch.get_num_threads() == 1
+        with pytest.raises(SystemExit):
+            main(["reproduce", "mnist-mlp", "--threads", "0"])
+        assert "--threads must be a positive integer, got 0" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)

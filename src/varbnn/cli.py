@@ -31,6 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--out", default=default_out, help=f"output directory (default: {default_out})")
         p.add_argument("--data-dir", default=None, help="dataset directory (default: $VARBNN_DATA, then ~/.cache/varbnn)")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        p.add_argument(
+            "--threads", type=int, default=None,
+            help="CPU threads of this process (torch.set_num_threads; default: torch's, one per core); the page's "
+            "device line names the count",
+        )  # fmt: skip
 
     demo = sub.add_parser("demo", help="plain MLP vs mean-field BNN on the bundled digits set (offline, < 3 min)")
     common(demo, "varbnn-results")
@@ -107,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'graves-mnist-lstm':20s} graves-mnist on a row LSTM (the recurrent case)")
         print(f"{'graves-prune-lstm':20s} graves-prune on the row LSTM of graves-mnist-lstm")
         return 0
+    if getattr(args, "threads", None) is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be a positive integer, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     name = "demo" if args.command == "demo" else args.name
     distributed = bool(getattr(args, "distributed", False))
     if distributed and (name == "demo" or name == "uci" or name.startswith(("retina-", "graves-", "vcl-", "soap-"))):
