@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
 
-from varbnn.experiments.registry import CONFIGS
-from varbnn.experiments.runner import _checkpoint_path, build_model, describe_device, git_commit, load_classification
+from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.prune import classification_error, finetune, iterative_budget, predictive_targets, reinitialize
 from varbnn.train import resolve_device
 
@@ -51,12 +51,12 @@ def main() -> None:
         sys.exit(f"--final-epochs must be a positive integer, got {args.final_epochs}")
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    config = CONFIGS["lenet5-prune"]
-    variant = config.variants[0]
+    start = time.perf_counter()
+    commit, device_text = git_commit(), describe_device(device)  # the code that runs: HEAD at the start
+    trained = load_trained(args.out, args.data_dir, device)
+    config, model, best_path = trained.config, trained.model, trained.path
+    train, validation, (x_test, y_test) = trained.train, trained.validation, trained.test
     seed = config.seeds[0]
-    best_path = _checkpoint_path(config, args.out, variant, seed).with_suffix(".best.pt")
-    if not best_path.exists():
-        sys.exit(f"no finished lenet5-prune checkpoint at {best_path}: run `varbnn reproduce lenet5-prune` first")
     out = Path(args.out)
     rows_path = out / f"{STEM}_rows.jsonl"
     done = {}
@@ -65,16 +65,6 @@ def main() -> None:
             row = json.loads(line)
             if row["final_epochs"] == args.final_epochs:
                 done[row["init"]] = row
-    start = time.perf_counter()
-    commit, device_text = git_commit(), describe_device(device)  # the code that runs: HEAD at the start
-    torch.manual_seed(0)
-    model = build_model(config, variant).to(device)
-    best = torch.load(best_path, map_location=device, weights_only=True)
-    model.load_state_dict(best["model"])
-    x_train, y_train = load_classification(config.dataset, "train", args.data_dir)
-    x_test, y_test = load_classification(config.dataset, "test", args.data_dir)
-    n_val = config.validation_size
-    train, validation = (x_train[:-n_val], y_train[:-n_val]), (x_train[-n_val:], y_train[-n_val:])
     labels = ("posterior", "random, distilled", "random, labels only")
     model_path = best_path.with_name(f"{STEM}-final{args.final_epochs}.pt")
     t0 = time.perf_counter()
@@ -135,7 +125,7 @@ def main() -> None:
         "device": device_text,
         "seconds": time.perf_counter() - start,
         "teacher_seconds": teacher_seconds,
-        "checkpoint_epoch": int(best["epoch"]),
+        "checkpoint_epoch": trained.epoch,
         "config": config.name,
         "final_epochs": args.final_epochs,
         "rows": rows,

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import torch
+from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
 
-from varbnn.experiments.registry import CONFIGS
-from varbnn.experiments.runner import _checkpoint_path, build_model, describe_device, git_commit, load_classification
+from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.prune import classification_error, iterative_budget, predictive_targets
 from varbnn.train import resolve_device
 
@@ -39,20 +39,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    config = CONFIGS["lenet5-prune"]
-    variant = config.variants[0]
-    best_path = _checkpoint_path(config, args.out, variant, config.seeds[0]).with_suffix(".best.pt")
-    if not best_path.exists():
-        sys.exit(f"no finished lenet5-prune checkpoint at {best_path}: run `varbnn reproduce lenet5-prune` first")
     start = time.perf_counter()
-    torch.manual_seed(0)
-    model = build_model(config, variant).to(device)
-    best = torch.load(best_path, map_location=device, weights_only=True)
-    model.load_state_dict(best["model"])
-    x_train, y_train = load_classification(config.dataset, "train", args.data_dir)
-    x_test, y_test = load_classification(config.dataset, "test", args.data_dir)
-    n_val = config.validation_size
-    train, validation = (x_train[:-n_val], y_train[:-n_val]), (x_train[-n_val:], y_train[-n_val:])
+    trained = load_trained(args.out, args.data_dir, device)
+    config, model, best_epoch = trained.config, trained.model, trained.epoch
+    train, validation, (x_test, y_test) = trained.train, trained.validation, trained.test
     t0 = time.perf_counter()
     soft = predictive_targets(model, train[0], config.prune_distill_samples, seed=config.seeds[0])
     teacher_seconds = time.perf_counter() - t0
@@ -84,7 +74,7 @@ def main() -> None:
         "device": describe_device(device),
         "seconds": time.perf_counter() - start,
         "teacher_seconds": teacher_seconds,
-        "checkpoint_epoch": int(best["epoch"]),
+        "checkpoint_epoch": best_epoch,
         "config": config.name,
         "rows": rows,
         "chosen": chosen,

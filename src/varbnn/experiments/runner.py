@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -319,9 +319,7 @@ def _prune_scores(
     example = x_test[:2].to(dev)
     exported, report = export(model, example, threshold=config.prune_threshold, min_gap=config.prune_min_gap)
     scores: dict[str, Any] = {
-        "pruned_architecture": str(report["architecture"]),
-        "pruned_parameters": float(report["parameters"]),  # type: ignore[arg-type]
-        "pruned_flops": float(report["flops"]),  # type: ignore[arg-type]
+        **_sizes("pruned", report),
         "dense_parameters": float(report["dense_parameters"]),  # type: ignore[arg-type]
         "pruned_test_error": classification_error(exported, x_test, y_test),
     }
@@ -346,9 +344,7 @@ def _prune_scores(
         keep, search = rule()
         exported, report = export(model, example, keep=keep)
         scores.update({
-            f"{prefix}_pruned_architecture": str(report["architecture"]),
-            f"{prefix}_pruned_parameters": float(report["parameters"]),  # type: ignore[arg-type]
-            f"{prefix}_pruned_flops": float(report["flops"]),  # type: ignore[arg-type]
+            **_sizes(f"{prefix}_pruned", report),
             f"{prefix}_pruned_validation_error": float(search["error"]),
             f"{prefix}_pruned_test_error": classification_error(exported, x_test, y_test),
         })  # fmt: skip
@@ -372,9 +368,7 @@ def _prune_scores(
         )  # fmt: skip
         scores.update({
             "iter_pruned_stages": " > ".join(str(stage["architecture"]) for stage in staged_report["stages"]),
-            "iter_pruned_architecture": str(staged_report["architecture"]),
-            "iter_pruned_parameters": float(staged_report["parameters"]),
-            "iter_pruned_flops": float(staged_report["flops"]),
+            **_sizes("iter_pruned", staged_report),
             "iter_pruned_validation_error": float(staged_report["validation_error"]),
             "iter_pruned_test_error": classification_error(staged, x_test, y_test),
         })  # fmt: skip
@@ -386,14 +380,21 @@ def _prune_scores(
                 distill_weight=config.prune_distill_weight,
             )  # fmt: skip
             scores.update({
-                "scratch_pruned_architecture": str(staged_report["architecture"]),
-                "scratch_pruned_parameters": float(staged_report["parameters"]),
-                "scratch_pruned_flops": float(staged_report["flops"]),
+                **_sizes("scratch_pruned", staged_report),
                 "scratch_pruned_validation_error": float(retrained["validation_error"]),
                 "scratch_pruned_finetuned_epoch": float(retrained["epoch"]),
                 "scratch_pruned_finetuned_test_error": classification_error(scratch, x_test, y_test),
             })  # fmt: skip
     return scores, cuts
+
+
+def _sizes(prefix: str, report: Mapping[str, Any]) -> dict[str, Any]:
+    """An exported model's ``architecture``, ``parameters`` and ``FLOPs`` as the score keys ``{prefix}_...``."""
+    return {
+        f"{prefix}_architecture": str(report["architecture"]),
+        f"{prefix}_parameters": float(report["parameters"]),
+        f"{prefix}_flops": float(report["flops"]),
+    }
 
 
 def _parameter_count(model: torch.nn.Module) -> int:
