@@ -15,11 +15,14 @@ Needs the finished checkpoint of ``varbnn reproduce lenet5-prune`` (under ``OUT/
 Every retraining keeps its epoch with the lowest VALIDATION error (the last 10,000 training images); the test error is
 reported, not used. ``--seeds N`` trains the distilled random-init row from N initialisations (seeds s, s + 1, ...;
 the same seed also orders the batches) and adds their mean test error and the test error of the one with the lowest
-validation error (choosing a seed on validation is part of the rule; the test error is only read). Rows are appended to
-OUT/prune_capacity_rows.jsonl as they finish; a rerun skips the rows there.
+validation error (choosing a seed on validation is part of the rule; the test error is only read). ``--widths C1-C2-H``
+adds the same distilled random-init rows for a LeNet-5-Caffe of the given widths (conv1 and conv2 channels, fc1
+outputs; every fc1 input kept) instead of the pruned architecture, e.g. the paper's RDP shape ``4-7-66``: is the budget
+reachable with another allocation of the units? Rows are appended to OUT/prune_capacity_rows.jsonl as they finish; a
+rerun skips the rows there.
 
-Usage: python benchmarks/prune_capacity.py [--final-epochs 100] [--seeds 1] [--out benchmarks/results] [--device cpu]
-       [--threads 2]
+Usage: python benchmarks/prune_capacity.py [--final-epochs 100] [--seeds 1] [--widths C1-C2-H] [--out DIR]
+       [--device cpu] [--threads 2]
 Writes OUT/prune_capacity.json and .md.
 """
 
@@ -35,10 +38,18 @@ from typing import Any
 import torch
 from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
+from torch import nn
 
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.metrics import mean_and_standard_error
-from varbnn.prune import classification_error, finetune, iterative_budget, predictive_targets, reinitialize
+from varbnn.prune import (
+    classification_error,
+    count_parameters_and_flops,
+    finetune,
+    iterative_budget,
+    predictive_targets,
+    reinitialize,
+)
 from varbnn.train import resolve_device
 
 STEM = "prune_capacity"
@@ -49,6 +60,22 @@ def _key(row: dict[str, Any]) -> tuple[str, int]:
     return row["init"], int(row.get("seed_offset", 0))
 
 
+def _parse_widths(text: str) -> tuple[int, int, int]:
+    parts = text.split("-")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        sys.exit(f"--widths must be C1-C2-H with three positive integers (e.g. 4-7-66), got {text!r}")
+    c1, c2, hidden = map(int, parts)
+    return c1, c2, hidden
+
+
+def _lenet5_of_widths(c1: int, c2: int, hidden: int, num_classes: int = 10) -> nn.Sequential:
+    """LeNet-5-Caffe for 28x28 inputs with ``c1`` and ``c2`` conv channels and ``hidden`` fc1 outputs."""
+    return nn.Sequential(
+        nn.Conv2d(1, c1, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * c2, hidden), nn.ReLU(), nn.Linear(hidden, num_classes),
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--final-epochs", type=int, default=100, help="retraining epochs after the last stage")
@@ -57,11 +84,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="initialisations of the distilled random-init row")
+    parser.add_argument("--widths", default=None, help="C1-C2-H: also train a LeNet-5 of these widths from scratch")
     args = parser.parse_args()
     if args.final_epochs < 1:
         sys.exit(f"--final-epochs must be a positive integer, got {args.final_epochs}")
     if args.seeds < 1:
         sys.exit(f"--seeds must be a positive integer, got {args.seeds}")
+    widths = _parse_widths(args.widths) if args.widths else None
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     start = time.perf_counter()
@@ -80,6 +109,8 @@ def main() -> None:
                 done[_key(row)] = row
     # (init, seed offset): the distilled random-init row once per seed, the others once
     keys = [("posterior", 0), *(("random, distilled", k) for k in range(args.seeds)), ("random, labels only", 0)]
+    if widths:
+        keys += [(f"random, distilled, widths {args.widths}", k) for k in range(args.seeds)]
     model_path = best_path.with_name(f"{STEM}-final{args.final_epochs}.pt")
     t0 = time.perf_counter()
     finished = all(key in done for key in keys) and model_path.exists()
@@ -120,28 +151,40 @@ def main() -> None:
     for label, offset in keys[1:]:
         if (label, offset) in done:
             continue
-        weight = config.prune_distill_weight if label == "random, distilled" else 0.0
+        weight = config.prune_distill_weight if label.startswith("random, distilled") else 0.0
+        base, sizes = pruned, report
+        if widths and label.endswith(args.widths):
+            base = _lenet5_of_widths(*widths).to(device)
+            parameters, flops = count_parameters_and_flops(base, x_test[:1].to(device))
+            sizes = {
+                "architecture": f"{widths[0]}-{widths[1]}-{16 * widths[1]}-{widths[2]}",
+                "parameters": parameters,
+                "flops": flops,
+            }
         t0 = time.perf_counter()
-        fresh = reinitialize(pruned, seed + offset)
+        fresh = reinitialize(base, seed + offset)
         fresh, tuned = finetune(
             fresh, train, validation, epochs=total_epochs, seed=seed + offset, soft_targets=soft if weight else None,
             distill_weight=weight, **common,
         )  # fmt: skip
         record({
             "init": label, "seed_offset": offset, "distill_weight": weight, "epochs": total_epochs,
-            "architecture": report["architecture"],
-            "parameters": report["parameters"], "flops": report["flops"], "validation_error": tuned["validation_error"],
+            "architecture": sizes["architecture"],
+            "parameters": sizes["parameters"], "flops": sizes["flops"], "validation_error": tuned["validation_error"],
             "test_error": classification_error(fresh, x_test, y_test), "epoch_kept": tuned["epoch"],
             "seconds": time.perf_counter() - t0,
         })  # fmt: skip
     rows = [done[k] for k in keys]
-    seeded = [done[k] for k in keys if k[0] == "random, distilled"]
-    mean, error = mean_and_standard_error([r["test_error"] for r in seeded])
-    chosen = min(seeded, key=lambda r: (r["validation_error"], r.get("seed_offset", 0)))
-    summary = {
-        "seeds": len(seeded), "mean_test_error": mean, "standard_error": error,
-        "chosen_seed_offset": chosen.get("seed_offset", 0), "chosen_test_error": chosen["test_error"],
-    }  # fmt: skip
+    summaries = {}  # per distilled random-init label: its seeds' mean and the validation-chosen seed
+    for label in dict.fromkeys(k[0] for k in keys if k[0].startswith("random, distilled")):
+        seeded = [done[k] for k in keys if k[0] == label]
+        mean, error = mean_and_standard_error([r["test_error"] for r in seeded])
+        chosen = min(seeded, key=lambda r: (r["validation_error"], r.get("seed_offset", 0)))
+        summaries[label] = {
+            "seeds": len(seeded), "architecture": seeded[0]["architecture"], "mean_test_error": mean,
+            "standard_error": error, "chosen_seed_offset": chosen.get("seed_offset", 0),
+            "chosen_validation_error": chosen["validation_error"], "chosen_test_error": chosen["test_error"],
+        }  # fmt: skip
     result = {
         "command": " ".join(["python benchmarks/prune_capacity.py", *sys.argv[1:]]),
         "commit": commit,
@@ -151,7 +194,7 @@ def main() -> None:
         "checkpoint_epoch": trained.epoch,
         "config": config.name,
         "final_epochs": args.final_epochs,
-        "random_distilled_seeds": summary,
+        "seed_summaries": summaries,
         "rows": rows,
     }
     table = [
@@ -176,12 +219,14 @@ def main() -> None:
         f"{config.batch_size}; epoch kept: lowest validation error (last 10,000 training images)",
         "goal of lenet5-prune: <= 1.0% test error with <= 15K parameters and <= 120K FLOPs",
     ]
-    if len(seeded) > 1:
-        notes.append(
-            f"random init, distilled, over {len(seeded)} seeds: test error {100 * mean:.2f}% +- {100 * error:.2f}% "
-            f"(mean +- standard error); the seed with the lowest validation error "
-            f"({seed + summary['chosen_seed_offset']}) has test error {100 * chosen['test_error']:.2f}%"
-        )
+    for label, summary in summaries.items():
+        if summary["seeds"] > 1:
+            notes.append(
+                f"{label} ({summary['architecture']}), over {summary['seeds']} seeds: test error "
+                f"{100 * summary['mean_test_error']:.2f}% +- {100 * summary['standard_error']:.2f}% (mean +- standard "
+                f"error); the seed with the lowest validation error ({seed + summary['chosen_seed_offset']}, "
+                f"{100 * summary['chosen_validation_error']:.2f}%) has test error {100 * summary['chosen_test_error']:.2f}%"
+            )
     write_result(out, STEM, result, "LeNet-5 at the goal's budget: posterior vs random initialisation", notes, table)
     print(f"wrote {out / STEM}.json and .md")
 
