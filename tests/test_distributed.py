@@ -37,9 +37,12 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("torch.distributed is not available")
     out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(out)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    for _ in range(3):  # a port found free can be taken before torchrun binds it: try another one
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(out)]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode == 0:
+            break
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
