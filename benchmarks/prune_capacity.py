@@ -38,10 +38,10 @@ from typing import Any
 import torch
 from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
-from torch import nn
 
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.metrics import mean_and_standard_error
+from varbnn.models import lenet5
 from varbnn.prune import (
     classification_error,
     count_parameters_and_flops,
@@ -66,14 +66,6 @@ def _parse_widths(text: str) -> tuple[int, int, int]:
         sys.exit(f"--widths must be C1-C2-H with three positive integers (e.g. 4-7-66), got {text!r}")
     c1, c2, hidden = map(int, parts)
     return c1, c2, hidden
-
-
-def _lenet5_of_widths(c1: int, c2: int, hidden: int, num_classes: int = 10) -> nn.Sequential:
-    """LeNet-5-Caffe for 28x28 inputs with ``c1`` and ``c2`` conv channels and ``hidden`` fc1 outputs."""
-    return nn.Sequential(
-        nn.Conv2d(1, c1, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(16 * c2, hidden), nn.ReLU(), nn.Linear(hidden, num_classes),
-    )  # fmt: skip
 
 
 def main() -> None:
@@ -154,7 +146,7 @@ def main() -> None:
         weight = config.prune_distill_weight if label.startswith("random, distilled") else 0.0
         base, sizes = pruned, report
         if widths and label.endswith(args.widths):
-            base = _lenet5_of_widths(*widths).to(device)
+            base = lenet5(widths=widths).to(device)
             parameters, flops = count_parameters_and_flops(base, x_test[:1].to(device))
             sizes = {
                 "architecture": f"{widths[0]}-{widths[1]}-{16 * widths[1]}-{widths[2]}",

@@ -15,7 +15,7 @@ from varbnn.divergence import kl as model_kl
 from varbnn.experiments import get_config, run_experiment
 from varbnn.experiments.config import ExperimentConfig, Variant
 from varbnn.experiments.runner import _BestOfLast, _checkpoint_path, build_model, render_markdown, std_parameters
-from varbnn.models import make_model, resnet18, row_lstm
+from varbnn.models import lenet5, make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
 from varbnn.train import evaluate_weight_samples, fit
 
@@ -433,3 +433,18 @@ def test_git_commit_marks_code_changes_dirty_but_not_results(tmp_path, monkeypat
     assert runner.git_commit() == head + "+dirty"
     monkeypatch.setenv("VARBNN_COMMIT", "abc")
     assert runner.git_commit() == "abc"
+
+
+def test_lenet5_widths_sizes_match_the_paper_formulas():
+    from varbnn.prune import count_parameters_and_flops
+
+    x = torch.zeros(2, 1, 28, 28)
+    # default: the original 20-50-500; (5*5*1+1)*20 + (5*5*20+1)*50 + (800+1)*500 + (500+1)*10
+    assert count_parameters_and_flops(lenet5(), x)[0] == 520 + 25050 + 400500 + 5010
+    # 4-7-66: conv (Kw*Kh*Cin+1)(H-Kh+1)(W-Kw+1)*Cout, fc (In+1)*Out
+    params, flops = count_parameters_and_flops(lenet5(widths=(4, 7, 66)), x)
+    assert params == 104 + 707 + 113 * 66 + 67 * 10
+    assert flops == 26 * 24 * 24 * 4 + 101 * 8 * 8 * 7 + 113 * 66 + 67 * 10
+    assert lenet5(widths=(4, 7, 66))(x).shape == (2, 10)
+    with pytest.raises(ValueError, match="widths"):
+        lenet5(widths=(4, 0, 66))

@@ -21,19 +21,24 @@ def mlp(in_features: int, hidden: Sequence[int], out_features: int, activation: 
     return nn.Sequential(*layers)
 
 
-def lenet5(in_channels: int = 1, num_classes: int = 10) -> nn.Sequential:
-    """LeNet-5-Caffe for 28x28 inputs: conv(20, 5x5) - pool - conv(50, 5x5) - pool - fc 500 - fc classes."""
+def lenet5(in_channels: int = 1, num_classes: int = 10, widths: tuple[int, int, int] = (20, 50, 500)) -> nn.Sequential:
+    """LeNet-5-Caffe for 28x28 inputs: conv(c1, 5x5) - pool - conv(c2, 5x5) - pool - fc h - fc classes, with
+    ``widths = (c1, c2, h)`` (default the original 20-50-500; smaller ones, e.g. a pruned architecture's, for a model
+    trained from scratch at that size)."""
+    if len(widths) != 3 or not all(isinstance(w, int) and w > 0 for w in widths):
+        raise ValueError(f"widths must be three positive integers (conv1, conv2, fc1 outputs), got {widths!r}")
+    c1, c2, hidden = widths
     return nn.Sequential(
-        nn.Conv2d(in_channels, 20, 5),
+        nn.Conv2d(in_channels, c1, 5),
         nn.ReLU(),
         nn.MaxPool2d(2),
-        nn.Conv2d(20, 50, 5),
+        nn.Conv2d(c1, c2, 5),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(50 * 4 * 4, 500),
+        nn.Linear(c2 * 4 * 4, hidden),
         nn.ReLU(),
-        nn.Linear(500, num_classes),
+        nn.Linear(hidden, num_classes),
     )
 
 
