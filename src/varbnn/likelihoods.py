@@ -1,20 +1,241 @@
-"""Likelihoods with their own variational parameters."""
+"""Likelihoods as objects: the training NLL, the Monte Carlo predictive and its metrics, in one place.
+
+A :class:`Likelihood` turns the network's output ``f`` into a distribution over the target ``y``:
+
+* :meth:`Likelihood.nll` -- the batch-mean negative log-likelihood ``-mean_n log p(y_n | f_n)`` of ONE weight draw,
+  the data term of the ELBO (:func:`varbnn.train.fit` minimises ``nll + beta * (KL + likelihood.kl()) / N``);
+* :meth:`Likelihood.log_predictive` -- per example, the Monte Carlo predictive log-density
+  ``log (1/S) sum_s p(y_n | f_s(x_n))`` of ``S`` weight draws (log-sum-exp over the DRAWS, never over examples);
+* :meth:`Likelihood.summary` and :meth:`Likelihood.metrics` -- the predictive (probabilities and entropies for
+  classification; mean and aleatoric / epistemic variance for regression) and the numbers users report.
+
+``outputs`` of the predictive methods are :func:`varbnn.predict`'s ``[S, N, ...]`` stack of network outputs.
+
+| likelihood | network output per example | p(y given f) |
+|---|---|---|
+| :class:`Categorical` | ``C`` logits | ``softmax(f)[y]`` |
+| :class:`Gaussian` | 1 (or the target's shape) | ``N(y; f, sigma^2)``, sigma fixed or learned |
+| :class:`HeteroscedasticGaussian` | 2: mean, log-variance | ``N(y; f_0, exp(f_1) + min_variance)`` |
+| :class:`GammaPrecisionGaussian` | 1 | ``N(y; f, 1/tau)``, ``tau ~ q(tau) = Gamma(a, b)``; predictive Student-t |
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Gamma, kl_divergence
+from torch.distributions import Gamma, Normal, StudentT, kl_divergence
 
+from varbnn import metrics as _metrics
 from varbnn.families.gaussian import inverse_softplus
+from varbnn.predict import ClassificationSummary, RegressionSummary, classification_summary
 
-__all__ = ["GammaPrecisionGaussian"]
+__all__ = ["Likelihood", "Categorical", "Gaussian", "HeteroscedasticGaussian", "GammaPrecisionGaussian", "as_likelihood"]
 
 
-class GammaPrecisionGaussian(nn.Module):
+def _check_finite_positive(owner: str, name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}") from None
+    if isinstance(value, bool) or not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value!r}")
+    return number
+
+
+class Likelihood(nn.Module):
+    """Base class: subclasses implement :meth:`log_prob` (and :meth:`summary`); the rest follows.
+
+    A likelihood may own parameters (a learned noise level): :func:`varbnn.train.fit` then optimises them with the
+    network's, and a likelihood with a variational posterior of its own adds :meth:`kl` to the ELBO's KL.
+    """
+
+    task: str = ""
+
+    def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-example ``log p(target | output)`` (nats), shape ``target.shape[:1]`` (summed over any event dims)."""
+        raise NotImplementedError
+
+    def nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The batch-mean negative log-likelihood of one weight draw (a scalar): the ELBO's data term."""
+        return -self.log_prob(output, target).mean()
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Same as :meth:`nll`, so a likelihood can be passed wherever ``nll=`` takes a loss function."""
+        return self.nll(output, target)
+
+    def kl(self) -> torch.Tensor:
+        """KL of the likelihood's own variational parameters (nats); 0 for point-estimated or fixed ones."""
+        ref = next(self.parameters(), None)
+        return torch.zeros((), device=ref.device if ref is not None else None)
+
+    def log_predictive(self, outputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per example, ``log (1/S) sum_s p(target | outputs[s])`` over the ``S`` draws in ``outputs [S, N, ...]``."""
+        if outputs.dim() < 2 or outputs.shape[1] != target.shape[0]:
+            raise ValueError(
+                f"outputs must be [samples, N, ...] with N = {target.shape[0]} (the targets), got {tuple(outputs.shape)}"
+            )
+        per_draw = torch.stack([self.log_prob(o, target) for o in outputs])  # [S, N]
+        return torch.logsumexp(per_draw, dim=0) - math.log(outputs.shape[0])
+
+    def summary(self, outputs: torch.Tensor) -> ClassificationSummary | RegressionSummary:
+        """The Monte Carlo predictive of ``outputs [S, N, ...]``."""
+        raise NotImplementedError
+
+    def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """The task's metrics of the predictive; ``nll`` is always ``-mean_n log_predictive`` (nats per example)."""
+        raise NotImplementedError
+
+
+class Categorical(Likelihood):
+    """``p(y | f) = softmax(f)[y]``: classification with ``C`` logits per example; targets are class indices.
+
+    Metrics: accuracy, NLL, ECE (15 bins), Brier score of the Monte Carlo mean probabilities.
+    """
+
+    task = "classification"
+
+    @staticmethod
+    def _check(output: torch.Tensor, target: torch.Tensor) -> None:
+        if output.dim() != 2 or target.shape != output.shape[:1]:
+            raise ValueError(
+                f"Categorical: output must be logits [N, classes] and target class indices [N]; got output "
+                f"{tuple(output.shape)} and target {tuple(target.shape)}"
+            )
+        if target.is_floating_point():
+            raise ValueError("Categorical: target must hold integer class indices, got a floating-point tensor")
+
+    def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self._check(output, target)
+        return -F.cross_entropy(output, target, reduction="none")
+
+    def nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self._check(output, target)
+        return F.cross_entropy(output, target)
+
+    def summary(self, outputs: torch.Tensor) -> ClassificationSummary:
+        return classification_summary(outputs)
+
+    def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        probs = self.summary(outputs).probs
+        return {
+            "accuracy": _metrics.accuracy(probs, target),
+            "nll": _metrics.negative_log_likelihood(probs, target),
+            "ece": _metrics.expected_calibration_error(probs, target),
+            "brier": _metrics.brier_score(probs, target),
+        }
+
+
+def _mean_output(output: torch.Tensor, target: torch.Tensor, owner: str, width: int = 1) -> torch.Tensor:
+    """The network's output as the target's shape: ``[N, width]`` outputs for ``[N]`` targets lose their last dim."""
+    if width == 1 and output.shape == target.shape:
+        return output
+    if output.shape == (*target.shape, width):
+        return output if width > 1 else output.squeeze(-1)
+    expected = f"{tuple(target.shape)} or {(*target.shape, width)}" if width == 1 else f"{(*target.shape, width)}"
+    raise ValueError(f"{owner}: output must have shape {expected} for targets {tuple(target.shape)}, got {tuple(output.shape)}")
+
+
+def _sum_event(log_density: torch.Tensor) -> torch.Tensor:
+    return log_density.flatten(1).sum(1) if log_density.dim() > 1 else log_density
+
+
+def _regression_metrics(summary: RegressionSummary, log_predictive: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    return {
+        "rmse": _metrics.rmse(summary.mean, target),
+        "nll": float(-log_predictive.mean()),
+        "mean_predictive_std": float(summary.variance.sqrt().mean()),
+    }
+
+
+class Gaussian(Likelihood):
+    """Homoscedastic ``p(y | f) = N(y; f, sigma^2)``.
+
+    Args:
+        noise_std: a fixed sigma > 0; or ``None`` (default) to learn it: a point estimate that maximises the ELBO,
+            parameterised as ``log sigma`` (an ``nn.Parameter``, so :func:`varbnn.train.fit` optimises it).
+        init_noise_std: sigma's starting value when learned (default 1: the std of standardised targets).
+
+    The network outputs one number per target (shape ``target.shape`` or ``(*target.shape, 1)``). Predictive:
+    mean ``mean_s f_s``, aleatoric variance ``sigma^2``, epistemic variance ``var_s f_s``.
+    """
+
+    task = "regression"
+
+    def __init__(self, noise_std: float | None = None, *, init_noise_std: float = 1.0) -> None:
+        super().__init__()
+        self.learn_noise = noise_std is None
+        start = _check_finite_positive("Gaussian", "noise_std" if noise_std is not None else "init_noise_std",
+                                       noise_std if noise_std is not None else init_noise_std)  # fmt: skip
+        log_std = torch.tensor(math.log(start))
+        if self.learn_noise:
+            self.log_noise_std = nn.Parameter(log_std)
+        else:
+            self.register_buffer("log_noise_std", log_std)
+
+    @property
+    def noise_std(self) -> torch.Tensor:
+        return self.log_noise_std.exp()
+
+    def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        mean = _mean_output(output, target, "Gaussian")
+        return _sum_event(Normal(mean, self.noise_std).log_prob(target))
+
+    def summary(self, outputs: torch.Tensor) -> RegressionSummary:
+        means = outputs.squeeze(-1) if outputs.shape[-1] == 1 and outputs.dim() > 2 else outputs
+        noise = self.noise_std.detach().square().to(means.dtype)
+        return RegressionSummary(means.mean(0), noise.expand_as(means[0]), means.var(0, unbiased=False))
+
+    def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        summary = self.summary(outputs)
+        return _regression_metrics(summary, self.log_predictive(outputs, target), target)
+
+    def extra_repr(self) -> str:
+        return f"noise_std={float(self.noise_std):.4g}, learned={self.learn_noise}"
+
+
+class HeteroscedasticGaussian(Likelihood):
+    """``p(y | f) = N(y; f_0, exp(f_1) + min_variance)``: the network outputs a mean and a log-variance per target
+    (last dim of size 2), so the noise level depends on the input (Nix & Weigend 1994; Kendall & Gal 2017).
+
+    Args:
+        min_variance: a floor added to ``exp(f_1)`` (default 1e-6) so that the NLL stays finite when the network
+            drives the log-variance to -inf on a point it fits exactly.
+
+    Predictive: mean ``mean_s f_0``, aleatoric variance ``mean_s sigma_s^2``, epistemic variance ``var_s f_0``.
+    """
+
+    task = "regression"
+
+    def __init__(self, min_variance: float = 1e-6) -> None:
+        super().__init__()
+        self.min_variance = _check_finite_positive("HeteroscedasticGaussian", "min_variance", min_variance)
+
+    def _split(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        both = _mean_output(output, target, "HeteroscedasticGaussian", width=2)
+        return both[..., 0], both[..., 1].exp() + self.min_variance
+
+    def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        mean, variance = self._split(output, target)
+        return _sum_event(Normal(mean, variance.sqrt()).log_prob(target))
+
+    def summary(self, outputs: torch.Tensor) -> RegressionSummary:
+        if outputs.dim() < 3 or outputs.shape[-1] != 2:
+            raise ValueError(f"HeteroscedasticGaussian: outputs must be [samples, N, ..., 2], got {tuple(outputs.shape)}")
+        means, variances = outputs[..., 0], outputs[..., 1].exp() + self.min_variance
+        return RegressionSummary(means.mean(0), variances.mean(0), means.var(0, unbiased=False))
+
+    def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        return _regression_metrics(self.summary(outputs), self.log_predictive(outputs, target), target)
+
+    def extra_repr(self) -> str:
+        return f"min_variance={self.min_variance:g}"
+
+
+class GammaPrecisionGaussian(Likelihood):
     """Gaussian likelihood ``y ~ N(f, 1/tau)`` whose noise precision has a Gamma prior and a Gamma variational
     posterior (Hernandez-Lobato & Adams 2015; Oh et al. 2020, section 5.1).
 
@@ -33,6 +254,7 @@ class GammaPrecisionGaussian(nn.Module):
     (e.g. 144 for yacht) only over tens of thousands of steps, and the noise is overestimated meanwhile.
     """
 
+    task = "regression"
     mean_square: torch.Tensor
 
     prior_shape: torch.Tensor
@@ -73,6 +295,31 @@ class GammaPrecisionGaussian(nn.Module):
             raise ValueError(f"y and f must have the same shape, got {tuple(y.shape)} and {tuple(f.shape)}")
         a, b = self.shape, self.rate
         return 0.5 * (torch.digamma(a) - b.log()) - 0.5 * math.log(2 * math.pi) - 0.5 * (a / b) * (y - f).square()
+
+    def nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``-mean_n E_q(tau)[log N(y_n | f_n, 1/tau)]``: the ELBO's data term (with :meth:`kl` in the KL)."""
+        mean = _mean_output(output, target, "GammaPrecisionGaussian")
+        return -_sum_event(self.expected_log_likelihood(target, mean)).mean()
+
+    def _marginal(self, mean: torch.Tensor) -> StudentT:
+        a, b = self.shape.detach().to(mean.dtype), self.rate.detach().to(mean.dtype)
+        return StudentT(2 * a, mean, (b / a).sqrt())
+
+    def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``log int N(y | f, 1/tau) q(tau) dtau``: with q(tau) = Gamma(a, b) a Student-t with ``2a`` degrees of
+        freedom, location ``f`` and scale ``sqrt(b / a)`` (the predictive integrates tau exactly)."""
+        mean = _mean_output(output, target, "GammaPrecisionGaussian")
+        return _sum_event(self._marginal(mean).log_prob(target))
+
+    def summary(self, outputs: torch.Tensor) -> RegressionSummary:
+        means = outputs.squeeze(-1) if outputs.shape[-1] == 1 and outputs.dim() > 2 else outputs
+        a, b = float(self.shape), float(self.rate)
+        noise = b / (a - 1) if a > 1 else float("inf")  # E_q[1/tau]
+        aleatoric = torch.full_like(means[0], noise)
+        return RegressionSummary(means.mean(0), aleatoric, means.var(0, unbiased=False))
+
+    def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        return _regression_metrics(self.summary(outputs), self.log_predictive(outputs, target), target)
 
     def kl(self) -> torch.Tensor:
         """KL(Gamma(a1, b1) || Gamma(a0, b0))."""
@@ -126,3 +373,15 @@ class GammaPrecisionGaussian(nn.Module):
 
     def extra_repr(self) -> str:
         return f"prior=Gamma({float(self.prior_shape):g}, {float(self.prior_rate):g})"
+
+
+def as_likelihood(value: Likelihood | str) -> Likelihood:
+    """A :class:`Likelihood` from itself or a name: ``"categorical"``, ``"gaussian"`` (learned noise),
+    ``"heteroscedastic"``, ``"gamma-precision"``."""
+    if isinstance(value, Likelihood):
+        return value
+    names = {"categorical": Categorical, "gaussian": Gaussian, "heteroscedastic": HeteroscedasticGaussian,
+             "gamma-precision": GammaPrecisionGaussian}  # fmt: skip
+    if isinstance(value, str) and value in names:
+        return names[value]()
+    raise ValueError(f"likelihood must be a varbnn.likelihoods.Likelihood or one of {sorted(names)}, got {value!r}")
