@@ -35,6 +35,9 @@ def predict(
     untouched), so results are reproducible, and with estimators that draw whole weights (``reparam``) draw ``s``
     is the same network on every batch. The draws depend on ``chunk_size`` (a different chunking gives different,
     equally distributed draws). The model's ``training`` flag is left as it is.
+
+    A model that defines ``predictive_draws(x, samples)`` supplies its own draws (:class:`varbnn.baselines.DeepEnsemble`:
+    one per member, whatever ``samples``).
     """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
@@ -60,6 +63,9 @@ def predict(
 
 
 def _draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: int | None, vectorize: bool) -> torch.Tensor:
+    own = getattr(model, "predictive_draws", None)
+    if callable(own):  # e.g. a DeepEnsemble: its members are the draws
+        return own(x, samples)
     if vectorize:
         try:
             return vmap(lambda _: model(x), randomness="different", chunk_size=chunk_size)(torch.arange(samples, device=x.device))
