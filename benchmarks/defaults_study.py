@@ -1,0 +1,312 @@
+"""How the library's defaults were chosen: every family over a grid of KL weights (and the mean-field family over two
+ways to initialise the posterior means) on three small tasks, scored on VALIDATION data only.
+
+Tasks (the test sets are never loaded):
+* ``digits-mlp``: scikit-learn's 8x8 digits (the train split of :func:`varbnn.data.load_digits`; its last 300 images
+  are the validation set), MLP 64-128-128-10, 150 epochs, batch 64, Adam 3e-3 (the demo's network and budget);
+* ``digits-cnn``: the same images as 1x8x8, a small CNN (conv 16 - pool - conv 32 - pool - linear), 100 epochs;
+* ``fmnist-mlp``: the first 12,000 Fashion-MNIST training images (10,000 train, 2,000 validation), MLP
+  784-400-400-10, 20 epochs, batch 128, Adam 1e-3.
+
+Each run: ``varbnn.bayesianize`` with the family at its class defaults and a ``Normal(0, 1)`` prior
+(``RadialDirectionalPrior()`` for RDP), trained by ``varbnn.train.fit`` with a constant KL weight ``beta``; the plain
+network is trained the same way. Validation metrics from 32 Monte Carlo draws.
+
+Selection rule (stated before the runs): per family, the ``beta`` with the lowest mean over tasks and seeds of the
+validation NLL divided by the plain network's validation NLL on the same task and seed.
+
+    .venv/bin/python benchmarks/defaults_study.py [--workers 2] [--seeds 0,1] [--quick]
+
+Writes ``benchmarks/results/defaults/defaults_runs.jsonl`` (one line per finished run: resumable), and
+``defaults.json`` + ``defaults.md`` + ``defaults.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+OUT = ROOT / "benchmarks" / "results" / "defaults"
+BETAS = (1.0, 0.3, 0.1, 0.03, 0.01)
+FAMILIES = ("meanfield", "radial", "ktied", "rdp", "delta")
+
+
+@dataclass(frozen=True)
+class Run:
+    task: str
+    family: str  # "plain" or a FAMILIES name
+    beta: float
+    init: str  # "family": the layer's own initialisation of the means; "module": the plain module's weights
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}|{self.family}|{self.beta:g}|{self.init}|{self.seed}"
+
+
+TASKS: dict[str, dict[str, Any]] = {
+    "digits-mlp": {"epochs": 150, "batch": 64, "lr": 3e-3},
+    "digits-cnn": {"epochs": 100, "batch": 64, "lr": 3e-3},
+    "fmnist-mlp": {"epochs": 20, "batch": 128, "lr": 1e-3},
+}
+
+
+def _data(task: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from varbnn.data import load_digits, load_fashion_mnist
+
+    if task.startswith("digits"):
+        x, y = load_digits("train")
+        if task == "digits-cnn":
+            x = x.view(-1, 1, 8, 8)
+        return x[:-300], y[:-300], x[-300:], y[-300:]
+    x, y = load_fashion_mnist("train")
+    x = x.reshape(x.shape[0], -1)[:12_000].float()
+    if x.max() > 1:
+        x = x / 255.0
+    y = y[:12_000]
+    return x[:10_000], y[:10_000], x[10_000:], y[10_000:]
+
+
+def _network(task: str) -> nn.Module:
+    from varbnn.models import mlp
+
+    if task == "digits-mlp":
+        return mlp(64, (128, 128), 10)
+    if task == "digits-cnn":
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * 2 * 2, 10),
+        )  # fmt: skip
+    return mlp(784, (400, 400), 10)
+
+
+def _model(run: Run) -> nn.Module:
+    import varbnn
+    from varbnn.families import make_family
+    from varbnn.priors import Normal, RadialDirectionalPrior
+
+    net = _network(run.task)
+    if run.family == "plain":
+        return net
+    prior = RadialDirectionalPrior() if run.family == "rdp" else Normal(0.0, 1.0)
+    return varbnn.bayesianize(net, make_family(run.family), prior, pretrained=run.init == "module")
+
+
+def execute(run: Run) -> dict[str, Any]:
+    """Train and validate one run in this process (1 thread); returns its record."""
+    import varbnn
+    from varbnn import metrics
+    from varbnn.train import fit, seed_everything
+
+    torch.set_num_threads(1)
+    settings = TASKS[run.task]
+    x, y, xv, yv = _data(run.task)
+    seed_everything(run.seed)
+    model = _model(run)
+    loader = DataLoader(TensorDataset(x, y), batch_size=settings["batch"], shuffle=True,
+                        generator=torch.Generator().manual_seed(run.seed))  # fmt: skip
+    start = time.perf_counter()
+    fit(model, loader, n_data=x.shape[0], epochs=settings["epochs"], lr=settings["lr"], beta=run.beta, progress=False)
+    seconds = time.perf_counter() - start
+    model.eval()
+    logits = varbnn.predict(model, xv, samples=1 if run.family == "plain" else 32, seed=run.seed)
+    summary = varbnn.classification_summary(logits)
+    return {
+        **asdict(run),
+        "key": run.key,
+        "accuracy": metrics.accuracy(summary.probs, yv),
+        "nll": metrics.negative_log_likelihood(summary.probs, yv),
+        "ece": metrics.expected_calibration_error(summary.probs, yv),
+        "brier": metrics.brier_score(summary.probs, yv),
+        "mutual_information": float(summary.mutual_information.mean()),
+        "seconds": round(seconds, 2),
+    }
+
+
+def plan(seeds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Run]:
+    runs = []
+    for task in tasks:
+        for seed in seeds:
+            runs.append(Run(task, "plain", 0.0, "module", seed))
+            for family in FAMILIES:
+                for beta in BETAS:
+                    runs.append(Run(task, family, beta, "family", seed))
+            for beta in BETAS:
+                runs.append(Run(task, "meanfield", beta, "module", seed))
+    return runs
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    records = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            records[record["key"]] = record
+    return records
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean validation NLL ratio (to plain, same task and seed) per (family, init, beta), and the selected beta."""
+    plain = {(r["task"], r["seed"]): r for r in records if r["family"] == "plain"}
+    table: dict[tuple[str, str, float], dict[str, list[float]]] = {}
+    for r in records:
+        if r["family"] == "plain" or (r["task"], r["seed"]) not in plain:
+            continue
+        base = plain[(r["task"], r["seed"])]
+        cell = table.setdefault((r["family"], r["init"], r["beta"]), {})
+        cell.setdefault("nll_ratio", []).append(r["nll"] / base["nll"])
+        cell.setdefault("ece_diff", []).append(r["ece"] - base["ece"])
+        for metric in ("nll", "ece", "accuracy", "mutual_information"):
+            cell.setdefault(f"{r['task']}:{metric}", []).append(r[metric])
+    rows = []
+    for (family, init, beta), cell in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])):
+        row: dict[str, Any] = {"family": family, "init": init, "beta": beta, "runs": len(cell["nll_ratio"])}
+        row.update({k: sum(v) / len(v) for k, v in cell.items()})
+        rows.append(row)
+    selected = {}
+    for family in {(r["family"], r["init"]) for r in rows}:
+        candidates = [r for r in rows if (r["family"], r["init"]) == family]
+        best = min(candidates, key=lambda r: r["nll_ratio"])
+        selected[f"{family[0]}/{family[1]}"] = {"beta": best["beta"], "nll_ratio": best["nll_ratio"], "ece_diff": best["ece_diff"]}
+    plain_rows = {}
+    for (task, _seed), r in plain.items():
+        for metric in ("nll", "ece", "accuracy"):
+            plain_rows.setdefault(f"{task}:{metric}", []).append(r[metric])
+    return {"rows": rows, "selected": selected, "plain": {k: sum(v) / len(v) for k, v in plain_rows.items()}}
+
+
+def render(result: dict[str, Any]) -> str:
+    tasks = result["tasks"]
+    lines = [
+        "# Defaults study: which KL weight and initialisation each family gets by default",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Commit: `{result['commit']}`; device: {result['device']}; {result['seconds']:.0f} s of runs "
+        f"({result['runs']} runs, seeds {result['seeds']}).",
+        "",
+        "Validation data only (no test set is loaded). `nll ratio` = validation NLL / the plain network's (same task and "
+        "seed), averaged over tasks and seeds: below 1 beats the plain net. `ECE diff` = ECE minus the plain net's. "
+        "Selection rule: per family, the beta with the lowest mean NLL ratio.",
+        "",
+        "| family | init | beta | nll ratio | ECE diff | " + " | ".join(f"{t} NLL | {t} ECE | {t} MI" for t in tasks) + " |",
+        "|---|---|---|---|---|" + "---|---|---|" * len(tasks),
+    ]
+    for r in result["summary"]["rows"]:
+        chosen = result["summary"]["selected"].get(f"{r['family']}/{r['init']}", {}).get("beta") == r["beta"]
+        cells = [f"{r['family']}", r["init"], f"**{r['beta']:g}**" if chosen else f"{r['beta']:g}",
+                 f"{r['nll_ratio']:.3f}", f"{r['ece_diff']:+.3f}"]  # fmt: skip
+        for t in tasks:
+            cells += [f"{r.get(f'{t}:nll', math.nan):.3f}", f"{r.get(f'{t}:ece', math.nan):.3f}",
+                      f"{r.get(f'{t}:mutual_information', math.nan):.4f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    plain = result["summary"]["plain"]
+    lines += ["", "Plain network (mean over seeds): " + "; ".join(
+        f"{t}: NLL {plain.get(f'{t}:nll', math.nan):.3f}, ECE {plain.get(f'{t}:ece', math.nan):.3f}, "
+        f"accuracy {plain.get(f'{t}:accuracy', math.nan):.3f}" for t in tasks) + ".", ""]  # fmt: skip
+    lines += ["Selected (bold above):", ""]
+    for name, s in sorted(result["summary"]["selected"].items()):
+        lines.append(f"- {name}: beta = {s['beta']:g} (NLL ratio {s['nll_ratio']:.3f}, ECE diff {s['ece_diff']:+.3f})")
+    lines += ["", "![validation NLL ratio against beta](defaults.png)", ""]
+    return "\n".join(lines)
+
+
+def figure(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = result["tasks"]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    plain = result["summary"]["plain"]
+    for ax, task in zip(axes[0], tasks):
+        for family, init in sorted({(r["family"], r["init"]) for r in result["summary"]["rows"]}):
+            rows = sorted((r for r in result["summary"]["rows"] if (r["family"], r["init"]) == (family, init)), key=lambda r: r["beta"])
+            betas = [r["beta"] for r in rows if f"{task}:nll" in r]
+            values = [r[f"{task}:nll"] for r in rows if f"{task}:nll" in r]
+            label = family if init == "family" else f"{family} ({init} init)"
+            ax.plot(betas, values, marker="o", label=label, linestyle="-" if init == "family" else "--")
+        if f"{task}:nll" in plain:
+            ax.axhline(plain[f"{task}:nll"], color="black", linewidth=1, label="plain")
+        ax.set_xscale("log")
+        ax.set_xlabel("KL weight beta")
+        ax.set_ylabel("validation NLL (nats)")
+        ax.set_title(task)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of one thread each (default 2)")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks (default all: {','.join(TASKS)})")
+    parser.add_argument("--out", default=str(OUT), help="output folder")
+    args = parser.parse_args(argv)
+    from varbnn.experiments.runner import describe_device, git_commit
+
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    tasks = tuple(t for t in args.tasks.split(",") if t)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        parser.error(f"--tasks: unknown {unknown}; allowed: {list(TASKS)}")
+    if not 1 <= args.workers <= 64:
+        parser.error(f"--workers must be in [1, 64], got {args.workers}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_path = out / "defaults_runs.jsonl"
+    done = _read(runs_path)
+    todo = [r for r in plan(seeds, tasks) if r.key not in done]
+    commit = git_commit()
+    print(f"{len(done)} runs done, {len(todo)} to go", flush=True)
+    from tqdm.auto import tqdm
+
+    with mp.get_context("spawn").Pool(args.workers) as pool, runs_path.open("a") as sink:
+        for record in tqdm(pool.imap_unordered(execute, todo), total=len(todo), disable=not sys.stderr.isatty()):
+            record["commit"] = commit
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            done[record["key"]] = record
+            print(f"{record['key']}: nll {record['nll']:.4f} ece {record['ece']:.4f} ({record['seconds']} s)", flush=True)
+    wanted = {r.key for r in plan(seeds, tasks)}
+    records = [r for k, r in done.items() if k in wanted]
+    result = {
+        "name": "defaults",
+        "command": "python benchmarks/defaults_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": commit,
+        "device": describe_device(torch.device("cpu")) + f" ({args.workers} worker processes of 1 thread)",
+        "seconds": sum(r["seconds"] for r in records),
+        "runs": len(records),
+        "seeds": list(seeds),
+        "tasks": list(tasks),
+        "summary": summarise(records),
+        "records": records,
+    }
+    (out / "defaults.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "defaults.md").write_text(render(result))
+    figure(result, out / "defaults.png")
+    print(f"wrote {out / 'defaults.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
