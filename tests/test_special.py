@@ -266,3 +266,155 @@ def test_cpu_scalar_path_matches_mpmath_and_the_tensor_path(oracle):
     torch.testing.assert_close(ratio, big[1][:4], rtol=1e-13, atol=1e-13)
     assert log_bessel_iv(torch.tensor([0.0, 1.0]), torch.zeros(2, dtype=torch.float64)).tolist() == [0.0, -math.inf]
     assert bessel_ratio(torch.tensor([0.0, 3.0]), torch.zeros(2, dtype=torch.float64)).tolist() == [math.inf, 0.0]
+
+
+# --- the end points, tiny arguments and argument types (issue 25) ----------------------------------------------------
+
+
+def _paths(values: list[float], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The values as a small CPU tensor (Python-float path) and repeated past _SCALAR_MAX (tensor path)."""
+    small = torch.tensor(values, dtype=dtype)
+    return [small, small.repeat(special._SCALAR_MAX // len(values) + 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_infinite_argument_gives_the_limits_with_finite_gradients(dtype, masked, monkeypatch):
+    # R_nu(z) -> 1 and log I_nu(z) ~ z - log(2 pi z)/2 -> inf as z -> inf, for every finite order; dR/dz -> 0 and
+    # d log I_nu / dz = R_{nu+1} + nu / z -> 1.
+    monkeypatch.setattr(special, "_use_masked", lambda device: masked)
+    nus = [0.0, 0.5, 2.0, 1e4]
+    for z in _paths([math.inf] * 4, dtype):
+        nu = torch.tensor(nus, dtype=torch.float64).repeat(z.numel() // 4)
+        z = z.clone().requires_grad_()
+        ratio = bessel_ratio(nu, z)
+        assert ratio.dtype == dtype and (ratio == 1).all()
+        assert (torch.autograd.grad(ratio.sum(), z)[0] == 0).all()
+        log_iv = log_bessel_iv(nu, z)
+        assert torch.isposinf(log_iv).all()
+        assert (torch.autograd.grad(log_iv.sum(), z)[0] == 1).all()
+        over_power = log_bessel_iv_over_power(nu, z)
+        assert torch.isposinf(over_power).all()
+        assert (torch.autograd.grad(over_power.sum(), z)[0] == 1).all()
+        fused_log, fused_ratio = special.log_bessel_iv_over_power_and_ratio(nu, z)
+        assert torch.isposinf(fused_log).all() and (fused_ratio == 1).all()
+        assert (torch.autograd.grad(fused_ratio.sum(), z)[0] == 0).all()
+        for method in ("bounds", "bounds-amos"):
+            approx = bessel_ratio(nu + 0.5, z, method=method)
+            assert (approx == 1).all() and (torch.autograd.grad(approx.sum(), z)[0] == 0).all()
+        for method in ("approx", "ratio-series"):  # (ratio-series is O(nu) work: small orders)
+            assert torch.isposinf(log_bessel_iv(nu.clamp_max(10), z.detach(), method=method)).all()
+        for theorem in (4, 5):
+            assert all((b == 1).all() for b in bessel_ratio_bounds(nu + 0.5, z.detach(), theorem=theorem))
+
+
+def test_huge_finite_arguments_do_not_overflow_to_nan():
+    # sqrt(nu^2 + z^2) overflowed to inf for z > 1e154 and gave inf / inf; hypot does not
+    z = torch.tensor([1e200, 1e300], dtype=torch.float64)
+    assert (bessel_ratio(3.0, z) == 1).all()
+    torch.testing.assert_close(log_bessel_iv(3.0, z), z, rtol=1e-13, atol=0)  # log I ~ z - log(2 pi z)/2
+
+
+@pytest.mark.parametrize("fn", [bessel_ratio, log_bessel_iv, log_bessel_iv_over_power, bessel_ratio_bounds])
+@pytest.mark.parametrize("bad_nu", [math.inf, -math.inf, math.nan, -0.5])
+def test_order_must_be_finite_and_non_negative(fn, bad_nu):
+    with pytest.raises(ValueError, match=r"order nu must be >= 0 and finite, i\.e\. in \[0, inf\)"):
+        fn(bad_nu, 1.0)
+    with pytest.raises(ValueError, match=r"order nu must be >= 0 and finite"):
+        fn(torch.tensor([1.0, bad_nu]), torch.tensor([2.0, 3.0]))
+
+
+def test_finite_values_at_zero_have_finite_derivatives():
+    # R_nu(z) ~ z / (2 nu): dR/dz = 1/(2 nu) at 0; log I_0 is even: derivative 0 at 0
+    nu = torch.tensor([0.5, 1.0, 2.0, 50.0], dtype=torch.float64)
+    for z in _paths([0.0] * 4, torch.float64):
+        z = z.clone().requires_grad_()
+        n = nu.repeat(z.numel() // 4)
+        (grad,) = torch.autograd.grad(bessel_ratio(n, z).sum(), z)
+        torch.testing.assert_close(grad, 0.5 / n)
+        _, ratio = special.log_bessel_iv_over_power_and_ratio(n, z)
+        (grad,) = torch.autograd.grad(ratio.sum(), z)
+        torch.testing.assert_close(grad, 0.5 / (n + 1))
+        (grad,) = torch.autograd.grad(log_bessel_iv(torch.zeros_like(n), z).sum(), z)
+        assert (grad == 0).all()
+    # the paper's baselines at z = 0: finite values with finite derivatives, the exact limits of log I_nu
+    z = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    nu = torch.tensor([0.5, 1.0, 7.0], dtype=torch.float64)
+    for out in (bessel_ratio(nu, z, method="bounds"), bessel_ratio(nu, z, method="bounds-amos")):
+        assert torch.isfinite(out).all() and torch.isfinite(torch.autograd.grad(out.sum(), z)[0]).all()
+    for method in ("approx", "ratio-series"):
+        out = log_bessel_iv(torch.zeros(3), z, method=method)
+        assert (out == 0).all() and torch.isfinite(torch.autograd.grad(out.sum(), z)[0]).all()
+        assert torch.isneginf(log_bessel_iv(nu, z.detach(), method=method)).all()
+
+
+TINY_Z = np.logspace(-12, -4, 9)
+TINY_Z_ORDERS = [0.0, 0.5, 1.0, 2.5, 10.0, 49.5, 1000.0]
+
+
+@pytest.fixture(scope="module")
+def tiny_z_oracle() -> dict[torch.dtype, dict[str, np.ndarray]]:
+    """mpmath (40 digits) at the tiny z as float64 and as rounded to float32, for every order."""
+    out = {}
+    with mpmath.workdps(40):
+        for dtype in (torch.float64, torch.float32):
+            zs = torch.tensor(TINY_Z, dtype=dtype).double().numpy()
+            rows = {"nu": [], "z": [], "log_iv": [], "over_power": [], "ratio": []}
+            for n in TINY_Z_ORDERS:
+                for x in zs:
+                    xm, nm = mpmath.mpf(float(x)), mpmath.mpf(n)
+                    log_iv = mpmath.log(mpmath.besseli(nm, xm))
+                    rows["nu"].append(n)
+                    rows["z"].append(float(x))
+                    rows["log_iv"].append(float(log_iv))
+                    rows["over_power"].append(float(log_iv - nm * mpmath.log(xm)))
+                    rows["ratio"].append(float(mpmath.besseli(nm, xm) / mpmath.besseli(nm - 1, xm)))
+            out[dtype] = {k: np.array(v) for k, v in rows.items()}
+    return out
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-14), (torch.float32, 2**-23)])
+def test_tiny_arguments_match_mpmath(tiny_z_oracle, dtype, tolerance):
+    """z in [1e-12, 1e-4]: relative error of log I_nu itself (log I_0(5.8e-8) = 8.41e-16 was 8.88e-16 before log1p), of
+    log(I_nu / z^nu) and of the ratio, on both the Python-float and the tensor path; float32 to its rounding."""
+    want = tiny_z_oracle[dtype]
+    nu, z = _t(want["nu"]), _t(want["z"], dtype)
+    checks = [(log_bessel_iv, "log_iv"), (log_bessel_iv_over_power, "over_power"), (bessel_ratio, "ratio")]
+    for fn, key in checks:
+        batched = fn(nu, z)
+        one_by_one = torch.cat([fn(nu[i : i + 1], z[i : i + 1]) for i in range(len(nu))])
+        for got in (batched, one_by_one):
+            assert got.dtype == dtype
+            err = np.abs(got.double().numpy() / want[key] - 1)
+            assert err.max() < tolerance, (key, err.max(), want["nu"][err.argmax()], want["z"][err.argmax()])
+    got = log_bessel_iv(0.0, torch.tensor(5.8e-8, dtype=torch.float64)).item()
+    assert got == pytest.approx(5.8e-8**2 / 4, rel=1e-14)
+
+
+def test_numbers_of_any_numeric_type_are_accepted():
+    want = bessel_ratio(2.0, 3.0)
+    for nu, z in [(np.int64(2), np.int64(3)), (np.float32(2), np.float64(3)), (torch.tensor(2), torch.tensor(3.0)),
+                  (2, 3), (np.array(2.0), np.array(3))]:  # fmt: skip
+        torch.testing.assert_close(bessel_ratio(nu, z), want)
+        torch.testing.assert_close(log_bessel_iv(nu, z), log_bessel_iv(2.0, 3.0))
+    assert bessel_ratio_bounds(2.0, 3.0, theorem=np.int64(4))[0] == bessel_ratio_bounds(2.0, 3.0, theorem=4)[0]
+    # a Python float order is used in float64, not rounded through float32 first
+    assert log_bessel_iv(1e-3, torch.tensor(1e-12, dtype=torch.float64)).item() == pytest.approx(
+        1e-3 * math.log(0.5e-12) - math.lgamma(1.001), rel=1e-13
+    )
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: bessel_ratio(True, 1.0), "nu must be a real number.*bool"),
+        (lambda: log_bessel_iv(1.0, torch.tensor(True)), "z must be a real number.*torch.bool"),
+        (lambda: log_bessel_iv("1", 1.0), "nu must be a real number.*str"),
+        (lambda: log_bessel_iv(1.0, 1 + 2j), "z must be a real number"),
+        (lambda: bessel_ratio_bounds(1.0, 1.0, theorem=4.0), "theorem must be an integer"),
+        (lambda: bessel_ratio_bounds(1.0, 1.0, theorem=True), "theorem must be an integer.*bool"),
+    ],
+)
+def test_non_numbers_are_refused_by_name(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -29,6 +29,18 @@ Methods
   ``floor(nu)`` log-ratios from the Theorem-5 average. O(nu) work per element; for comparison only.
 
 ``bessel_ratio_bounds(nu, z, theorem=5)`` returns the (lower, upper) pair of either theorem.
+
+Arguments and limits
+--------------------
+``nu`` and ``z`` are tensors or numbers of any numeric type (``int``, ``float``, NumPy scalars and arrays; not
+``bool``). Allowed: ``0 <= nu < inf`` and ``0 <= z <= inf``; NaN, negative values and an infinite order raise a
+``ValueError`` naming the argument (an infinite order is not a sphere's: vMF orders are ``d/2 - 1``, and at
+``nu = z = inf`` the ratio has no limit). The end points take their limits: ``I_nu(z) / I_{nu-1}(z)`` is 1 at
+``z = inf`` and 0 at ``z = 0`` (+inf for ``nu = 0``); ``log I_nu`` is +inf at ``z = inf`` and at ``z = 0`` it is 0 for
+``nu = 0``, -inf otherwise. Where the value is finite, so is the derivative (``dR/dz`` is ``1 / (2 nu)`` at 0 and 0 at
+inf; ``d log I_nu / dz`` is 1 at inf and 0 at ``nu = z = 0``). For small ``z`` the series is summed as
+``log I_nu(z) = nu log(z/2) - lgamma(nu + 1) + log1p(z^2 / (4 (nu + 1)) + ...)``, so ``log I_0(z) ~ z^2 / 4`` keeps
+its relative accuracy down to the smallest ``z`` (the plain ``log`` of the sum lost it below ``z ~ 1e-7``).
 """
 
 from __future__ import annotations
@@ -37,10 +49,12 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from varbnn._checks import ArgumentTypeError, as_int
 
 __all__ = [
     "RATIO_METHODS",
@@ -141,24 +155,58 @@ def _work_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+def _as_real_tensor(value: Any, argument: str, name: str, dtype: torch.dtype) -> Tensor:
+    """A tensor argument as it is, or a number of any numeric type (Python, NumPy scalar or array, list) as a tensor of
+    ``dtype``; bools, complex numbers and non-numbers are refused."""
+    if isinstance(value, Tensor):
+        tensor = value
+    else:
+        if _is_bool_like(value):
+            raise ArgumentTypeError(f"{name}: {argument} must be a real number or a real tensor, got a bool ({value!r})")
+        try:
+            tensor = torch.as_tensor(value)  # its own dtype, to refuse bools and complex numbers
+            if tensor.dtype != torch.bool and not tensor.is_complex():
+                tensor = torch.as_tensor(value, dtype=dtype)  # from the value itself: a Python float is not rounded
+        except (TypeError, ValueError, RuntimeError):
+            raise ArgumentTypeError(
+                f"{name}: {argument} must be a real number or a real tensor, got {type(value).__name__} ({value!r})"
+            ) from None
+    if tensor.dtype == torch.bool or tensor.is_complex():
+        raise ArgumentTypeError(f"{name}: {argument} must be a real number or a real tensor, got dtype {tensor.dtype}")
+    return tensor
+
+
+def _is_bool_like(value: Any) -> bool:
+    return isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b"
+
+
 def _prepare(nu: Tensor | float, z: Tensor | float, name: str, validate: bool = True) -> tuple[Tensor, Tensor, torch.dtype]:
     """Broadcast nu and z to float tensors of a working precision; returns (nu, z, output dtype).
 
-    ``validate=False`` skips the range checks, which cost a device-to-host synchronisation on GPUs.
+    ``nu`` and ``z`` may be tensors or numbers of any numeric type (``int``, ``float``, NumPy scalars); a non-tensor
+    ``z`` takes torch's default dtype, an integer tensor ``z`` too. The allowed ranges are ``0 <= nu < inf`` and
+    ``0 <= z <= inf`` (``z = +inf`` gives the limits: ratio 1, ``log I_nu`` +inf). ``validate=False`` skips the range
+    checks, which cost a device-to-host synchronisation on GPUs (out-of-range inputs then give NaN or inf).
     """
-    z_t = z if isinstance(z, Tensor) else torch.as_tensor(z, dtype=torch.get_default_dtype())
+    z_t = _as_real_tensor(z, "the argument z", name, torch.get_default_dtype())
     if not (z_t.is_floating_point()):
         z_t = z_t.to(torch.get_default_dtype())
-    nu_t = nu if isinstance(nu, Tensor) else torch.as_tensor(nu, dtype=torch.float64)
+    nu_t = _as_real_tensor(nu, "the order nu", name, torch.float64)
     nu_t = nu_t.to(device=z_t.device)
     out_dtype = z_t.dtype
     work = _work_dtype(z_t.device)
     nu_t, z_t = torch.broadcast_tensors(nu_t.to(work), z_t.to(work))
     if validate and not torch.compiler.is_compiling():
-        if bool(torch.any(nu_t < 0)) or bool(torch.any(torch.isnan(nu_t))):
-            raise ValueError(f"{name}: the order nu must be >= 0 (got min {float(nu_t.min()):.4g})")
-        if bool(torch.any(z_t < 0)) or bool(torch.any(torch.isnan(z_t))):
-            raise ValueError(f"{name}: the argument z must be >= 0 and not NaN (got min {float(z_t.min()):.4g})")
+        bad_nu = ~(torch.isfinite(nu_t) & (nu_t >= 0))
+        if bool(bad_nu.any()):
+            raise ValueError(
+                f"{name}: the order nu must be >= 0 and finite, i.e. in [0, inf) (got {float(nu_t[bad_nu][0]):.4g})"
+            )
+        bad_z = torch.isnan(z_t) | (z_t < 0)
+        if bool(bad_z.any()):
+            raise ValueError(
+                f"{name}: the argument z must be >= 0 and not NaN, i.e. in [0, inf] (got {float(z_t[bad_z][0]):.4g})"
+            )
     return nu_t, z_t, out_dtype
 
 
@@ -167,19 +215,21 @@ def _prepare(nu: Tensor | float, z: Tensor | float, name: str, validate: bool = 
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _series_sums(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
-    """S_nu = sum_k (z^2/4)^k / (k! (nu+1)_k) and S_{nu+1}, both >= 1 (positive terms; exact in relative terms)."""
+def _series_tails(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+    """T_nu = S_nu - 1 = sum_{k >= 1} (z^2/4)^k / (k! (nu+1)_k) and T_{nu+1}, both >= 0 (positive terms; exact in relative
+    terms). The series is ``S_nu = 1 + T_nu``; ``log S_nu`` is taken as ``log1p(T_nu)``, which keeps its relative accuracy
+    when ``T_nu ~ z^2 / (4 (nu + 1))`` is below the float64 resolution of 1 (``log I_0(z) ~ z^2 / 4`` for z < 1e-8)."""
     k = torch.arange(1, _SERIES_TERMS + 1, dtype=z.dtype, device=z.device)
     q = (z * z / 4).unsqueeze(-1)
     nu_ = nu.unsqueeze(-1)
-    s0 = 1 + torch.cumprod(q / (k * (nu_ + k)), dim=-1).sum(-1)
-    s1 = 1 + torch.cumprod(q / (k * (nu_ + 1 + k)), dim=-1).sum(-1)
-    return s0, s1
+    t0 = torch.cumprod(q / (k * (nu_ + k)), dim=-1).sum(-1)
+    t1 = torch.cumprod(q / (k * (nu_ + 1 + k)), dim=-1).sum(-1)
+    return t0, t1
 
 
 def _debye_sums(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """S = sqrt(nu^2 + z^2), U = sum_k u_k(t)/nu^k and V = sum_k v_k(t)/nu^k with t = nu/S."""
-    s = torch.sqrt(nu * nu + z * z)
+    s = torch.hypot(nu, z)  # no overflow of nu^2 + z^2 for z > 1e154
     t = nu / s
     mu, mv = _debye_matrices(_DEBYE_TERMS, z.device, z.dtype)
     degree = mu.shape[0]
@@ -204,7 +254,7 @@ def _two_branches(
     On the CPU each branch runs only on its own elements (the series is the expensive one). On other devices
     both run on every element, masked with torch.where, so that no call waits for a device-to-host copy.
     """
-    small = torch.sqrt(nu * nu + z * z) < _SERIES_RADIUS
+    small = torch.hypot(nu, z) < _SERIES_RADIUS
     if not _use_masked(z.device):
         out = torch.empty_like(z)
         if bool(small.any()):
@@ -221,8 +271,8 @@ def _two_branches(
 
 def _ratio_series(nu: Tensor, z: Tensor) -> Tensor:
     # 1/R = 2 nu / z + z / (2 (nu + 1)) * S_{nu+1} / S_nu
-    s0, s1 = _series_sums(nu, z)
-    return z / (2 * nu + z * z / (2 * (nu + 1)) * (s1 / s0))
+    t0, t1 = _series_tails(nu, z)
+    return z / (2 * nu + z * z / (2 * (nu + 1)) * ((1 + t1) / (1 + t0)))
 
 
 def _ratio_debye(nu: Tensor, z: Tensor) -> Tensor:
@@ -232,8 +282,9 @@ def _ratio_debye(nu: Tensor, z: Tensor) -> Tensor:
 
 
 def _log_iv_series(nu: Tensor, z: Tensor) -> Tensor:
-    s0, _ = _series_sums(nu, z)
-    return nu * torch.log(z / 2) - torch.lgamma(nu + 1) + torch.log(s0)
+    # log I_nu(z) = nu log(z/2) - lgamma(nu + 1) + log1p(z^2 / (4 (nu + 1)) + ...)   (DLMF 10.25.2)
+    t0, _ = _series_tails(nu, z)
+    return torch.xlogy(nu, z) - nu * math.log(2) - torch.lgamma(nu + 1) + torch.log1p(t0)
 
 
 def _log_iv_debye(nu: Tensor, z: Tensor) -> Tensor:
@@ -243,8 +294,8 @@ def _log_iv_debye(nu: Tensor, z: Tensor) -> Tensor:
 
 
 def _log_iv_over_power_series(nu: Tensor, z: Tensor) -> Tensor:
-    s0, _ = _series_sums(nu, z)
-    return -nu * math.log(2) - torch.lgamma(nu + 1) + torch.log(s0)
+    t0, _ = _series_tails(nu, z)
+    return -nu * math.log(2) - torch.lgamma(nu + 1) + torch.log1p(t0)
 
 
 def _log_iv_over_power_debye(nu: Tensor, z: Tensor) -> Tensor:
@@ -254,18 +305,20 @@ def _log_iv_over_power_debye(nu: Tensor, z: Tensor) -> Tensor:
 
 def _accurate_ratio(nu: Tensor, z: Tensor) -> Tensor:
     out = _two_branches(nu, z, _ratio_series, _ratio_debye)
-    return torch.where(z == 0, torch.where(nu == 0, torch.full_like(z, math.inf), torch.zeros_like(z)), out)
+    out = torch.where(z == 0, torch.where(nu == 0, torch.full_like(z, math.inf), torch.zeros_like(z)), out)
+    return torch.where(torch.isposinf(z), torch.ones_like(z), out)  # R_nu(z) -> 1 as z -> inf (any finite nu)
 
 
 def _accurate_log_iv(nu: Tensor, z: Tensor) -> Tensor:
     out = _two_branches(nu, z, _log_iv_series, _log_iv_debye)
     at_zero = torch.where(nu == 0, torch.zeros_like(z), torch.full_like(z, -math.inf))
-    return torch.where(z == 0, at_zero, out)
+    return torch.where(torch.isposinf(z), z, torch.where(z == 0, at_zero, out))  # log I_nu(inf) = inf
 
 
 def _accurate_log_iv_over_power(nu: Tensor, z: Tensor) -> Tensor:
     """log(I_nu(z) / z^nu): the same two branches with the nu * log z term cancelled analytically."""
-    return _two_branches(nu, z, _log_iv_over_power_series, _log_iv_over_power_debye)
+    out = _two_branches(nu, z, _log_iv_over_power_series, _log_iv_over_power_debye)
+    return torch.where(torch.isposinf(z), z, out)  # ~ z - (nu + 1/2) log z -> inf
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -280,9 +333,9 @@ def _scalar_path(z: Tensor) -> bool:
     return z.device.type == "cpu" and z.numel() <= _SCALAR_MAX and not torch.compiler.is_compiling()
 
 
-def _series_sum_scalar(nu: float, z: float) -> float:
-    """S_nu of :func:`_series_sums` for one (nu, z)."""
-    q, term, total = z * z / 4, 1.0, 1.0
+def _series_tail_scalar(nu: float, z: float) -> float:
+    """T_nu of :func:`_series_tails` for one (nu, z)."""
+    q, term, total = z * z / 4, 1.0, 0.0
     for k in range(1, _SERIES_TERMS + 1):
         term *= q / (k * (nu + k))
         total += term
@@ -291,7 +344,7 @@ def _series_sum_scalar(nu: float, z: float) -> float:
 
 def _debye_sums_scalar(nu: float, z: float) -> tuple[float, float, float]:
     """(S, U, V) of :func:`_debye_sums` for one (nu, z) (each polynomial by Horner's rule)."""
-    s = math.sqrt(nu * nu + z * z)
+    s = math.hypot(nu, z)
     t = nu / s
     u = v = 0.0
     inv_s_power = 1.0
@@ -313,16 +366,21 @@ def _scalar_ratio(nu: float, z: float) -> float:
     """:func:`_accurate_ratio` for one (nu, z)."""
     if z == 0:
         return math.inf if nu == 0 else 0.0
-    if math.sqrt(nu * nu + z * z) < _SERIES_RADIUS:
-        return z / (2 * nu + z * z / (2 * (nu + 1)) * (_series_sum_scalar(nu + 1, z) / _series_sum_scalar(nu, z)))
+    if z == math.inf:
+        return 1.0
+    if math.hypot(nu, z) < _SERIES_RADIUS:
+        ratio = (1 + _series_tail_scalar(nu + 1, z)) / (1 + _series_tail_scalar(nu, z))
+        return z / (2 * nu + z * z / (2 * (nu + 1)) * ratio)
     s, u, v = _debye_sums_scalar(nu, z)
     return z / (s * v / u + nu)
 
 
 def _scalar_log_iv_over_power(nu: float, z: float) -> float:
     """:func:`_accurate_log_iv_over_power` for one (nu, z)."""
-    if math.sqrt(nu * nu + z * z) < _SERIES_RADIUS:
-        return -nu * math.log(2) - math.lgamma(nu + 1) + math.log(_series_sum_scalar(nu, z))
+    if z == math.inf:
+        return math.inf
+    if math.hypot(nu, z) < _SERIES_RADIUS:
+        return -nu * math.log(2) - math.lgamma(nu + 1) + math.log1p(_series_tail_scalar(nu, z))
     s, u, _ = _debye_sums_scalar(nu, z)
     return s - nu * math.log(nu + s) - 0.5 * math.log(2 * math.pi * s) + math.log(u)
 
@@ -331,10 +389,12 @@ def _scalar_log_iv(nu: float, z: float) -> float:
     """:func:`_accurate_log_iv` for one (nu, z)."""
     if z == 0:
         return 0.0 if nu == 0 else -math.inf
-    if math.sqrt(nu * nu + z * z) < _SERIES_RADIUS:
-        return nu * math.log(z / 2) - math.lgamma(nu + 1) + math.log(_series_sum_scalar(nu, z))
+    if z == math.inf:
+        return math.inf
+    if math.hypot(nu, z) < _SERIES_RADIUS:
+        return nu * (math.log(z) - math.log(2)) - math.lgamma(nu + 1) + math.log1p(_series_tail_scalar(nu, z))
     s, u, _ = _debye_sums_scalar(nu, z)
-    return s + (nu * math.log(z / (nu + s)) if nu != 0 else 0.0) - 0.5 * math.log(2 * math.pi * s) + math.log(u)
+    return s + (nu * (math.log(z) - math.log(nu + s)) if nu != 0 else 0.0) - 0.5 * math.log(2 * math.pi * s) + math.log(u)
 
 
 def _elementwise(fn: Callable[[float, float], float], nu: Tensor, z: Tensor) -> Tensor:
@@ -349,6 +409,21 @@ def _elementwise(fn: Callable[[float, float], float], nu: Tensor, z: Tensor) -> 
 
 
 def _bounds(nu: Tensor, z: Tensor, theorem: int) -> tuple[Tensor, Tensor]:
+    """(lower, upper) of the theorem, with their limits at the end points: both are 1 at ``z = inf``; at ``z = 0`` both
+    are 0 for nu > 0 and +inf for nu = 0 (as I_0 / I_1), except Theorem 5's upper bound at nu = 1/2, which is 1 for
+    every z > 0. The formulas are evaluated at z = 1 at the end points, so that no NaN reaches a gradient."""
+    infinite, zero = torch.isposinf(z), z == 0
+    lower, upper = _finite_bounds(nu, torch.where(infinite | zero, torch.ones_like(z), z), theorem)
+    one = torch.ones_like(lower)
+    at_zero = torch.where(nu == 0, torch.full_like(lower, math.inf), torch.zeros_like(lower))
+    upper_at_zero = torch.where(nu == 0.5, one, at_zero) if theorem == 5 else at_zero
+    lower = torch.where(infinite, one, torch.where(zero, at_zero, lower))
+    upper = torch.where(infinite, one, torch.where(zero, upper_at_zero, upper))
+    return lower, upper
+
+
+def _finite_bounds(nu: Tensor, z: Tensor, theorem: int) -> tuple[Tensor, Tensor]:
+    """The theorem's bounds for finite z > 0."""
     if theorem == 4:  # Ruiz-Antolin & Segura (2016) Theorem 4 (Amos-type), valid for nu >= 0
         lower = z / (nu - 0.5 + torch.sqrt((nu + 0.5) ** 2 + z * z))
         upper = z / (nu - 1 + torch.sqrt((nu + 1) ** 2 + z * z))
@@ -370,7 +445,9 @@ def _approx_log_iv(nu: Tensor, z: Tensor) -> Tensor:
     zc = z.clamp_min(torch.finfo(z.dtype).tiny)
     below = nu * torch.log(zc) + eta * zc - (eta + nu) * math.log(2) - torch.lgamma(nu + 1)
     above = zc - 0.5 * torch.log(zc) - 0.5 * math.log(2 * math.pi)
-    return torch.where(z < nu, below, above)
+    out = torch.where(z < nu, below, above)
+    at_zero = torch.where(nu == 0, torch.zeros_like(z), torch.full_like(z, -math.inf))  # the exact values at 0 and inf
+    return torch.where(torch.isposinf(z), z, torch.where(z == 0, at_zero, out))
 
 
 def _ratio_series_log_iv(nu: Tensor, z: Tensor, chunk: int = 2048) -> Tensor:
@@ -387,22 +464,35 @@ def _ratio_series_log_iv(nu: Tensor, z: Tensor, chunk: int = 2048) -> Tensor:
         # orders of the ratios: nu, nu - 1, ..., base + 1, all >= 1/2 (base = nu - steps >= 0)
         steps = torch.where(n_c - steps + 1 < 0.5, steps - 1, steps).clamp_min(0)
         base = n_c - steps
-        total = _accurate_log_iv(base, z_c)
+        total = _LogBessel.apply(base, z_c, False)  # with its closed-form derivative (finite at z = 0 and inf)
         max_steps = int(steps.max().item()) if steps.numel() else 0
         if max_steps > 0:
             n = torch.arange(max_steps, dtype=n_c.dtype, device=n_c.device)
             orders = n_c.unsqueeze(-1) - n
             valid = n < steps.unsqueeze(-1)
-            lower, upper = _bounds(orders.clamp_min(0.5), z_c.unsqueeze(-1).expand_as(orders), 5)
+            # z = 0 and inf (where the base term already has the value, 0 or -inf and inf) are evaluated at z = 1
+            finite_z = torch.where((z_c == 0) | torch.isposinf(z_c), torch.ones_like(z_c), z_c)
+            lower, upper = _finite_bounds(orders.clamp_min(0.5), finite_z.unsqueeze(-1).expand_as(orders), 5)
             logs = torch.log((lower + upper) / 2)
             total = total + torch.where(valid, logs, torch.zeros_like(logs)).sum(-1)
         out[start : start + chunk] = total
-    return out.reshape(nu.shape)
+    out = out.reshape(nu.shape)
+    at_zero = torch.where(nu == 0, torch.zeros_like(out), torch.full_like(out, -math.inf))  # the exact log I_nu(0)
+    return torch.where(z == 0, at_zero, out)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Autograd wrappers
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _ratio_derivative(nu: Tensor, z: Tensor, r: Tensor) -> Tensor:
+    """dR_nu/dz = 1 - (2 nu - 1) R / z - R^2, with its limits 1 / (2 nu) at z = 0 (R ~ z / (2 nu)) and 0 at z = inf
+    (R -> 1). The formula is evaluated at z = 1 where z = 0, so that the branch torch.where drops has no NaN (which
+    would leak into a second derivative)."""
+    at_zero = z == 0
+    safe_z = torch.where(at_zero, torch.ones_like(z), z)
+    return torch.where(at_zero, 0.5 / nu, 1 - (2 * nu - 1) * r / safe_z - r * r)
 
 
 class _BesselRatio(torch.autograd.Function):
@@ -417,7 +507,7 @@ class _BesselRatio(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:  # type: ignore[override]
         nu, z, r = ctx.saved_tensors
-        return None, grad * (1 - (2 * nu - 1) * r / z - r * r)
+        return None, grad * _ratio_derivative(nu, z, r)
 
 
 class _LogBessel(torch.autograd.Function):
@@ -436,7 +526,9 @@ class _LogBessel(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor, None]:  # type: ignore[override]
         nu, z = ctx.saved_tensors
         derivative = _BesselRatio.apply(nu + 1, z)
-        return None, grad * (derivative if ctx.over_power else derivative + nu / z), None
+        if not ctx.over_power:  # + nu / z, whose nu = 0 term is 0 also at z = 0 (I_0 is even: d log I_0 / dz = 0 there)
+            derivative = derivative + nu / torch.where((nu == 0) & (z == 0), torch.ones_like(z), z)
+        return None, grad * derivative, None
 
 
 class _LogNormalizerAndRatio(torch.autograd.Function):
@@ -460,7 +552,7 @@ class _LogNormalizerAndRatio(torch.autograd.Function):
         if grad_log is not None:
             total = total + grad_log * r
         if grad_ratio is not None:
-            total = total + grad_ratio * (1 - (2 * nu + 1) * r / z - r * r)
+            total = total + grad_ratio * _ratio_derivative(nu + 1, z, r)
         return None, total
 
 
@@ -473,8 +565,8 @@ def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "a
     """``I_nu(z) / I_{nu-1}(z)`` elementwise (broadcasting ``nu`` against ``z``), differentiable in ``z``.
 
     Args:
-        nu: order(s), >= 0 (``"bounds"`` needs >= 1/2); a float or a tensor; gets no gradient.
-        z: argument(s), >= 0; the output has ``z``'s dtype and device.
+        nu: order(s), finite and >= 0 (``"bounds"`` needs >= 1/2); a number or a tensor; gets no gradient.
+        z: argument(s), in ``[0, inf]`` (1 at ``z = inf``); the output has ``z``'s dtype and device.
         method: ``"accurate"`` (default; < 1e-12 relative error in float64), ``"bounds"`` (the paper's average
             of the Theorem-5 bounds) or ``"bounds-amos"`` (average of the Theorem-4 bounds).
         validate: check ``nu >= 0`` and ``z >= 0`` (a host synchronisation on GPUs); off inside
@@ -492,7 +584,12 @@ def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "a
 
 
 def bessel_ratio_bounds(nu: Tensor | float, z: Tensor | float, theorem: int = 5) -> tuple[Tensor, Tensor]:
-    """(lower, upper) bounds on ``I_nu(z) / I_{nu-1}(z)`` from Ruiz-Antolin & Segura (2016), Theorem 4 or 5."""
+    """(lower, upper) bounds on ``I_nu(z) / I_{nu-1}(z)`` from Ruiz-Antolin & Segura (2016), Theorem 4 (valid for
+    nu >= 0) or 5 (nu >= 1/2); ``theorem`` is an integer, 4 or 5. Same ``nu`` and ``z`` as :func:`bessel_ratio`; both
+    bounds are 1 at ``z = inf``."""
+    theorem = as_int(theorem, "theorem", owner="bessel_ratio_bounds")
+    if theorem not in (4, 5):
+        raise ValueError(f"bessel_ratio_bounds: theorem must be 4 or 5 (Ruiz-Antolin & Segura 2016), got {theorem!r}")
     nu_t, z_t, out_dtype = _prepare(nu, z, "bessel_ratio_bounds")
     lower, upper = _bounds(nu_t, z_t, theorem)
     return lower.to(out_dtype), upper.to(out_dtype)
@@ -502,8 +599,8 @@ def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "
     """``log I_nu(z)`` elementwise, stable for nu up to 1e4+ and z from 1e-6 to 1e6+, differentiable in ``z``.
 
     Args:
-        nu: order(s), >= 0; gets no gradient.
-        z: argument(s), >= 0 (``log I_nu(0)`` is 0 for nu = 0 and -inf otherwise).
+        nu: order(s), finite and >= 0; a number or a tensor; gets no gradient.
+        z: argument(s), in ``[0, inf]`` (``log I_nu(0)`` is 0 for nu = 0 and -inf otherwise; ``log I_nu(inf) = inf``).
         method: ``"accurate"`` (default), ``"approx"`` (the paper's eq. 44) or ``"ratio-series"`` (eq. 45).
         validate: as for :func:`bessel_ratio`.
     """
