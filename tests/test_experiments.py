@@ -448,3 +448,62 @@ def test_lenet5_widths_sizes_match_the_paper_formulas():
     assert lenet5(widths=(4, 7, 66))(x).shape == (2, 10)
     with pytest.raises(ValueError, match="widths"):
         lenet5(widths=(4, 0, 66))
+
+
+def test_ood_dataset_adds_aurocs_and_a_figure(tmp_path):
+    config = ExperimentConfig(
+        name="ood",
+        description="",
+        dataset="digits",
+        model="mlp",
+        model_options={"in_features": 64, "hidden": (16,), "out_features": 10},
+        variants=(Variant("plain", family="plain"), Variant("mf", family_options={"init_std": 1e-2})),
+        epochs=3,
+        batch_size=128,
+        seeds=(0,),
+        eval_samples=4,
+        ood_dataset="digits-noise",
+        figures=("ood",),
+    )
+    result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    rows = {r["variant"]: r for r in result["rows"]}
+    for row in rows.values():
+        assert 0.0 <= row["ood_auroc_entropy"] <= 1.0
+    assert rows["plain"]["ood_auroc_mi"] == pytest.approx(0.5)  # no epistemic term: every score ties
+    assert rows["mf"]["ood_auroc_mi"] != pytest.approx(0.5)
+    assert (tmp_path / "ood_ood.png").exists() and result["figures"] == ["ood_ood.png"]
+    # evaluation-only: the checkpoint hash ignores it, and the default leaves existing hashes alone
+    assert "ood_dataset" not in config.training_dict()
+    assert "ood_dataset" not in dataclasses.replace(config, ood_dataset="", figures=()).to_dict()
+
+
+def test_rotated_digits_are_the_test_digits_turned():
+    from varbnn.experiments.runner import load_classification
+
+    x, y = load_classification("digits", "test")
+    turned, labels = load_classification("digits-rotated", "test")
+    assert torch.equal(labels, y)
+    assert torch.equal(turned.view(-1, 8, 8)[0], torch.rot90(x.view(-1, 8, 8)[0], 1))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [({"figures": ("ood",)}, "needs an ood_dataset"), ({"kl_weight": -1.0}, "kl_weight must be a finite number >= 0")],
+)
+def test_ood_and_kl_weight_fields_are_validated(change, message):
+    base = get_config("demo")
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(base, **change)
+
+
+def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():
+    from varbnn.experiments.runner import _kl_weight
+
+    config = get_config("mnist-mlp")
+    assert "kl_weight" not in config.to_dict()  # the default 1.0 keeps existing checkpoint hashes
+    assert _kl_weight(config, 0) == {"beta": 1.0}
+    tempered = dataclasses.replace(config, kl_weight=0.1)
+    assert "kl_weight" in tempered.training_dict()
+    schedule = _kl_weight(tempered, 10)["beta"]
+    assert schedule(5) == pytest.approx(0.05) and schedule(20) == pytest.approx(0.1)
+    assert _kl_weight(dataclasses.replace(config, kl_weight=None), 0) == {}  # fit's own default

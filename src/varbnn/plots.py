@@ -16,6 +16,7 @@ from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa:
 
 __all__ = [
     "reliability_diagram",
+    "ood_histograms",
     "variance_explained_figure",
     "std_heatmaps",
     "trace_figure",
@@ -68,6 +69,34 @@ def reliability_diagram(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def ood_histograms(
+    entropies: Mapping[str, tuple[torch.Tensor, torch.Tensor]], path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """One panel per model: histograms of the predictive entropy (nats) of in-distribution test inputs and of
+    out-of-distribution inputs, with the AUROC of telling them apart by it. ``entropies``: ``{label: (in, out)}``."""
+    from varbnn.metrics import auroc
+
+    n = len(entropies)
+    fig, axes = plt.subplots(1, n, figsize=(3.8 * n, 3.2), squeeze=False, sharey=True)
+    top = max(float(torch.cat(pair).max()) for pair in entropies.values())
+    bins = torch.linspace(0.0, max(top, 1e-3), 31).numpy()
+    for ax, (label, (inside, outside)) in zip(axes[0], entropies.items()):
+        score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
+        ax.hist(inside.numpy(), bins=bins, alpha=0.6, density=True, label="in distribution (test)")
+        ax.hist(outside.numpy(), bins=bins, alpha=0.6, density=True, label="out of distribution")
+        ax.set(xlabel="predictive entropy (nats)", title=f"{label}\nAUROC = {score:.3f}")
+    axes[0][0].set_ylabel("density")
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

@@ -14,9 +14,9 @@ _AFTER_TRAINING = (
     "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
     "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_budget", "prune_finetune_epochs",
     "prune_finetune_lr", "prune_finetune_schedule", "prune_stages", "prune_stage_epochs", "prune_distill_weight",
-    "prune_distill_samples", "prune_scratch_epochs",
+    "prune_distill_samples", "prune_scratch_epochs", "ood_dataset",
 )  # fmt: skip
-FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms")
+FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "ood")
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,8 @@ class ExperimentConfig:
     prune_distill_samples: int = 16
     prune_scratch_epochs: int = 0
     select_best_of_last: int = 0
+    kl_weight: float | None = 1.0
+    ood_dataset: str = ""
     quick: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -177,6 +179,10 @@ class ExperimentConfig:
             raise ValueError(f"{self.name}: prune_scratch_epochs retrains the staged rule's architecture: set prune_stages")
         if self.prune_stages and self.prune_budget is None:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
+        if "ood" in self.figures and not self.ood_dataset:
+            raise ValueError(f"{self.name}: the 'ood' figure needs an ood_dataset")
+        if self.kl_weight is not None and not (isinstance(self.kl_weight, (int, float)) and 0 <= self.kl_weight < float("inf")):
+            raise ValueError(f"{self.name}: kl_weight must be a finite number >= 0 or None, got {self.kl_weight!r}")
         if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):
             raise ValueError(f"{self.name}: posthoc_ranks must be positive integers, got {self.posthoc_ranks!r}")
 
@@ -187,8 +193,9 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("quick")
-        if not data["select_best_of_last"]:  # added later: configs without it keep their checkpoint hashes
-            data.pop("select_best_of_last")
+        for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("ood_dataset", "")):
+            if data[name] == default:  # added later: configs that keep the default keep their checkpoint hashes
+                data.pop(name)
         return data
 
     def training_dict(self) -> dict[str, Any]:

@@ -28,13 +28,23 @@ from varbnn.convert import bayesianize
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
-from varbnn.metrics import mean_and_standard_error
+from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
 from varbnn.objectives import linear_kl_annealing
-from varbnn.plots import reliability_diagram, std_heatmaps, trace_figure, variance_explained_figure
+from varbnn.plots import ood_histograms, reliability_diagram, std_heatmaps, trace_figure, variance_explained_figure
+from varbnn.predict import classification_summary, predict
 from varbnn.priors import make_prior
-from varbnn.train import default_optimizer, evaluate_classifier, evaluate_weight_samples, fit, resolve_device, seed_everything
+from varbnn.train import (
+    CheckpointError,
+    default_optimizer,
+    evaluate_classifier,
+    evaluate_weight_samples,
+    fit,
+    read_checkpoint,
+    resolve_device,
+    seed_everything,
+)
 
 __all__ = [
     "run_experiment",
@@ -48,8 +58,22 @@ __all__ = [
 
 DEFAULT_OUT = Path("benchmarks/results")
 
+def _rotated_digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits images turned by 90 degrees (an out-of-distribution set for the digits task; labels kept)."""
+    x, y = datasets.load_digits(split)
+    return torch.rot90(x.view(-1, 8, 8), 1, dims=(1, 2)).reshape(-1, 64).contiguous(), y
+
+
+def _noise_digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform noise in [0, 1] of the digits' shape and count (seeded; labels are placeholders)."""
+    x, y = datasets.load_digits(split)
+    return torch.rand(x.shape, generator=torch.Generator().manual_seed(0)), torch.zeros_like(y)
+
+
 _LOADERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "digits": lambda split, data_dir: datasets.load_digits(split),
+    "digits-rotated": lambda split, data_dir: _rotated_digits(split),
+    "digits-noise": lambda split, data_dir: _noise_digits(split),
     "mnist": lambda split, data_dir: datasets.load_mnist(split, data_dir),
     "fashion-mnist": lambda split, data_dir: datasets.load_fashion_mnist(split, data_dir),
     "retinamnist": lambda split, data_dir: datasets.load_retinamnist(split, data_dir),
@@ -87,6 +111,22 @@ def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, converted)
     return model
+
+
+def _kl_weight(config: ExperimentConfig, warmup: int) -> dict[str, Any]:
+    """``fit``'s ``beta`` argument: annealed from 0 over ``warmup`` steps to ``config.kl_weight``; none at all (fit's
+    library default) when ``kl_weight`` is None and nothing is annealed."""
+    if config.kl_weight is None and not warmup:
+        return {}
+    if config.kl_weight is None:
+        from varbnn.train import DEFAULT_KL_WEIGHT
+
+        final = DEFAULT_KL_WEIGHT
+    else:
+        final = float(config.kl_weight)
+    if warmup:
+        return {"beta": lambda step: final * linear_kl_annealing(step, warmup)}
+    return {"beta": final}
 
 
 def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimizer:
@@ -201,58 +241,117 @@ class _Tracer:
         self.seconds += time.perf_counter() - t0
 
 
+def _committed_state(checkpoint: Path | None) -> dict[str, Any] | None:
+    """The content of a resumable run's epoch checkpoint (verified), or None when there is none or it cannot be
+    read (``fit`` then refuses it with the reason when it resumes)."""
+    if checkpoint is None or not checkpoint.exists():
+        return None
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a checkpoint without checksum: fit warns when it loads it
+            return read_checkpoint(checkpoint)
+    except (CheckpointError, OSError):
+        return None
+
+
 class _Sidecar:
-    """For resumable runs: the traces and training time so far, written next to the checkpoint after every epoch
-    (``<checkpoint>.traces.json``) and read back on resume, so a continued run reports the whole run. (The SNR
-    window is not saved: a logged step within ``snr_window`` steps after a resume sees a shorter window.)"""
+    """For resumable runs: the traces and training time so far. They are committed inside the epoch checkpoint
+    (``fit(checkpoint_extra=...)``, entry ``"traces"``), so they always belong to the checkpoint's epoch, and read
+    back on resume, so a continued run reports the whole run; ``<checkpoint>.traces.json`` holds a readable copy
+    (read only for checkpoints written before the traces were committed with them). (The SNR window is not saved: a
+    logged step within ``snr_window`` steps after a resume sees a shorter window.)"""
 
     def __init__(self, checkpoint: Path | None, tracer: _Tracer | None, t0: float) -> None:
         self.path = checkpoint.with_suffix(".traces.json") if checkpoint is not None else None
         self.tracer, self.t0, self.previous_seconds = tracer, t0, 0.0
-        if self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
+        self._state: dict[str, Any] = {}
+        committed = _committed_state(checkpoint)
+        saved: dict[str, Any] | None = None
+        if committed is not None and isinstance(committed.get("extra"), dict) and "traces" in committed["extra"]:
+            saved = committed["extra"]["traces"]
+        elif self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
             saved = json.loads(self.path.read_text())
+        if saved is not None:
             self.previous_seconds = float(saved.get("train_seconds", 0.0))
             if tracer is not None:
-                tracer.records = list(saved.get("records", []))
+                tracer.records = [dict(r) for r in saved.get("records", [])]
 
     def __call__(self, epoch: int, record: dict[str, float]) -> None:
         from varbnn.distributed import is_main_process
 
+        seconds = self.previous_seconds + time.perf_counter() - self.t0 - (self.tracer.seconds if self.tracer else 0.0)
+        self._state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
         if self.path is None or not is_main_process():
             return
-        seconds = self.previous_seconds + time.perf_counter() - self.t0 - (self.tracer.seconds if self.tracer else 0.0)
-        state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
+        tmp.write_text(json.dumps(self._state))
         os.replace(tmp, self.path)
+
+    def state(self) -> dict[str, Any]:
+        """What the epoch checkpoint commits (plain data)."""
+        return {k: ([dict(r) for r in v] if k == "records" else v) for k, v in self._state.items()}
 
 
 class _BestOfLast:
     """``select_best_of_last``: keeps the state of the epoch with the lowest mean training NLL among the last K
-    epochs; for resumable runs in ``<checkpoint>.best.pt`` (written atomically, read back on resume)."""
+    epochs. For resumable runs the best state is committed inside the epoch checkpoint (``fit(checkpoint_extra=...)``,
+    entry ``"best"``): the pair cannot disagree, whenever the run is killed. ``<checkpoint>.best.pt`` is an export of
+    it for other tools (rewritten by :meth:`restore` from the committed state); it is read back only for checkpoints
+    written before the best state was committed with them, and then checked against the checkpoint's last epoch
+    (a kill between the two writes left it one epoch behind)."""
 
     def __init__(self, model: torch.nn.Module, epochs: int, last: int, checkpoint: Path | None) -> None:
         self.model, self.first = model, epochs - last + 1
         self.path = checkpoint.with_suffix(".best.pt") if checkpoint is not None else None
         self.best: dict[str, Any] | None = None
-        if self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
+        self._exported: int | None = None  # the epoch whose state .best.pt holds, when known
+        committed = _committed_state(checkpoint)
+        if committed is not None and isinstance(committed.get("extra"), dict) and "best" in committed["extra"]:
+            self.best = committed["extra"]["best"]
+        elif self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
             self.best = torch.load(self.path, map_location="cpu", weights_only=True)
+            self._exported = int(self.best["epoch"])
+            if committed is not None and "epoch" in committed and "history" in committed:
+                self._reconcile(committed)
+
+    def _reconcile(self, committed: dict[str, Any]) -> None:
+        """An old pair (best file beside a checkpoint without the committed best): apply the checkpoint's last epoch
+        if the best file missed it, exactly as :meth:`__call__` would have."""
+        epoch, history = int(committed["epoch"]), committed["history"]
+        if not 1 <= epoch <= len(history) or self.best is None:
+            return
+        nll = float(history[epoch - 1]["nll"])
+        if epoch >= self.first and int(self.best["epoch"]) < epoch and nll < float(self.best["nll"]):
+            self.best = {"epoch": epoch, "nll": nll, "model": committed["model"]}
 
     def __call__(self, epoch: int, record: dict[str, float]) -> None:
         if epoch < self.first or (self.best is not None and record["nll"] >= self.best["nll"]):
             return
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         self.best = {"epoch": epoch, "nll": float(record["nll"]), "model": state}
-        if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            torch.save(self.best, tmp)
-            os.replace(tmp, self.path)
+        self._export()
+
+    def _export(self) -> None:
+        if self.path is None or self.best is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(self.best, tmp)
+        os.replace(tmp, self.path)
+        self._exported = int(self.best["epoch"])
+
+    def state(self) -> dict[str, Any] | None:
+        """What the epoch checkpoint commits: the best epoch so far, its training NLL and its state dict."""
+        return self.best
 
     def restore(self) -> int:
-        """Load the selected state into the model; returns its epoch."""
+        """Load the selected state into the model (and make ``.best.pt`` hold it); returns its epoch."""
         if self.best is None:
             raise RuntimeError("select_best_of_last: no epoch was recorded (did training run?)")
         self.model.load_state_dict(self.best["model"])
+        if self._exported != int(self.best["epoch"]):
+            self._export()
         return int(self.best["epoch"])
 
 
@@ -279,6 +378,35 @@ def _evaluate(
             scores[label] = float(per_draw[key].mean())
             scores[f"{label}_wsem"] = _sem(per_draw[key])
     return scores, probs
+
+
+@torch.no_grad()
+def _uncertainties(model: torch.nn.Module, x: torch.Tensor, samples: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predictive entropy and mutual information per example (nats), batches of 1,000."""
+    model.eval()
+    entropy, information = [], []
+    for start in range(0, x.shape[0], 1000):
+        summary = classification_summary(predict(model, x[start : start + 1000].to(dev), samples=samples))
+        entropy.append(summary.predictive_entropy.cpu())
+        information.append(summary.mutual_information.cpu())
+    return torch.cat(entropy), torch.cat(information)
+
+
+def _ood_scores(
+    config: ExperimentConfig, variant: Variant, model: torch.nn.Module, x_test: torch.Tensor, x_ood: torch.Tensor,
+    dev: torch.device,
+) -> tuple[dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
+    """AUROC of telling ``x_ood`` (positives) from ``x_test`` by predictive entropy and by mutual information, and the
+    two entropy vectors (for the figure). A deterministic model's mutual information is 0 everywhere: AUROC 0.5."""
+    samples = 1 if variant.family in ("plain", "delta") else config.eval_samples
+    h_in, mi_in = _uncertainties(model, x_test, samples, dev)
+    h_out, mi_out = _uncertainties(model, x_ood, samples, dev)
+    labels = torch.cat([torch.zeros(len(h_in)), torch.ones(len(h_out))])
+    scores = {
+        "ood_auroc_entropy": auroc(torch.cat([h_in, h_out]), labels),
+        "ood_auroc_mi": auroc(torch.cat([mi_in, mi_out]), labels),
+    }
+    return scores, (h_in, h_out)
 
 
 def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
@@ -445,6 +573,12 @@ def run_experiment(
         x_train, y_train = x_train[: config.train_limit], y_train[: config.train_limit]
     if config.test_limit:
         x_test, y_test = x_test[: config.test_limit], y_test[: config.test_limit]
+    x_ood = load_classification(config.ood_dataset, "test", data_dir)[0] if config.ood_dataset else None
+    if x_ood is not None and x_ood.shape[1:] != x_test.shape[1:]:
+        raise ValueError(
+            f"{config.name}: ood_dataset {config.ood_dataset!r} has inputs of shape {tuple(x_ood.shape[1:])}, the test set "
+            f"{tuple(x_test.shape[1:])}"
+        )
     n_train = len(x_train)
     steps_per_epoch = math.ceil(n_train / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
@@ -453,6 +587,7 @@ def run_experiment(
     traces: dict[str, list[list[dict[str, float]]]] = {}
     first_seed_predictions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     first_seed_models: dict[str, torch.nn.Module] = {}
+    first_seed_entropies: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     validation_cuts: dict[str, dict[tuple[str, str], float]] = {}
     for variant in config.variants:
         per_seed: dict[str, list[dict[str, float]]] = {}
@@ -478,12 +613,16 @@ def run_experiment(
                 for callback in callbacks:
                     callback(epoch, record)
 
+            def checkpoint_extra(sidecar: _Sidecar = sidecar, best: _BestOfLast | None = best) -> dict[str, Any]:
+                return {"traces": sidecar.state(), **({"best": best.state()} if best is not None else {})}
+
             history = fit(
                 model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
                 optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
-                beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
+                **_kl_weight(config, warmup),
                 on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
                 on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
+                checkpoint_extra=checkpoint_extra if checkpoint is not None else None,
                 mc_samples=config.mc_samples if variant.family != "plain" else 1,
             )  # fmt: skip
             train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
@@ -501,6 +640,11 @@ def run_experiment(
                     )
                     if selected_epoch is not None:
                         scores["selected_epoch"] = float(selected_epoch)
+                    if x_ood is not None:
+                        ood, entropies = _ood_scores(config, variant, model, x_test, x_ood, dev)
+                        scores.update(ood)
+                        if seed == config.seeds[0]:
+                            first_seed_entropies[label] = entropies
                     if config.prune and variant.family != "plain":
                         pruned, thresholds = _prune_scores(
                             config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
@@ -537,7 +681,7 @@ def run_experiment(
     if not vdist.is_main_process():  # rank 0 writes the results
         return {"name": config.name, "rows": rows, "figures": [], "written": False}
     out.mkdir(parents=True, exist_ok=True)
-    figures = _figures(config, out, first_seed_predictions, first_seed_models, traces, validation_cuts)
+    figures = _figures(config, out, first_seed_predictions, first_seed_models, traces, validation_cuts, first_seed_entropies)
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
@@ -563,9 +707,13 @@ def _figures(
     models: dict[str, torch.nn.Module],
     traces: dict[str, list[list[dict[str, float]]]],
     validation_cuts: dict[str, dict[tuple[str, str], float]] | None = None,
+    entropies: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[str]:
     seed = config.seeds[0]
     paths: list[Path] = []
+    if "ood" in config.figures and entropies:
+        title = f"{config.name}: {config.dataset} test vs {config.ood_dataset} (seed {seed})"
+        paths.append(ood_histograms(entropies, out / f"{config.name}_ood.png", title=title))
     if "reliability" in config.figures:
         paths.append(
             reliability_diagram(predictions, out / f"{config.name}_reliability.png", title=f"{config.name} (seed {seed})")
