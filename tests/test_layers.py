@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import varbnn
-from varbnn import BayesConv2d, BayesLinear, BayesLSTM, Delta, MeanField
+from varbnn import BayesConv1d, BayesConv2d, BayesConv3d, BayesLinear, BayesLSTM, Delta, MeanField
 from varbnn.convert import register_converter
 from varbnn.nn import BayesianModule
 from varbnn.priors import Laplace, Normal
@@ -83,14 +83,18 @@ def exact_moments(layer, x):
 
 
 @pytest.mark.parametrize("estimator", ["reparam", "local", "flipout"])
-@pytest.mark.parametrize("kind", ["linear", "conv2d"])
+@pytest.mark.parametrize("kind", ["linear", "conv1d", "conv2d", "conv3d"])
 def test_estimators_have_the_exact_output_mean_and_variance(estimator, kind):
     torch.manual_seed(0)
     family = MeanField(init_std=0.4, estimator=estimator)
     if kind == "linear":
         layer, x = BayesLinear(5, 3, family=family), torch.randn(4, 5)
-    else:
+    elif kind == "conv1d":
+        layer, x = BayesConv1d(2, 3, 3, padding=1, family=family), torch.randn(2, 2, 5)
+    elif kind == "conv2d":
         layer, x = BayesConv2d(2, 3, 3, family=family), torch.randn(2, 2, 5, 5)
+    else:
+        layer, x = BayesConv3d(2, 3, 2, family=family), torch.randn(2, 2, 3, 3, 3)
     with torch.no_grad():
         for q in layer.posteriors.values():
             q.rho.add_(torch.randn_like(q.rho) * 0.3)
@@ -116,7 +120,7 @@ def test_flipout_decorrelates_examples_in_a_batch():
 
 
 def test_local_and_flipout_refused_in_lstm():
-    with pytest.raises(ValueError, match="not supported in a lstm layer.*allowed there: \\['reparam', 'graves'\\]"):
+    with pytest.raises(ValueError, match="not supported in lstm layers.*allowed there: \\['reparam', 'graves'\\]"):
         BayesLSTM(3, 4, family=MeanField(estimator="local"))
     with pytest.raises(ValueError, match="flipout"):
         varbnn.bayesianize(nn.LSTM(3, 4), MeanField(estimator="flipout"))

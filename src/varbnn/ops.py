@@ -1,8 +1,14 @@
 """Weight-linear operations that layers hand to their weight family.
 
 A family's fast estimators (local reparameterization, flipout) rely only on the op being LINEAR in the
-weight, so one implementation serves ``F.linear`` and ``F.conv2d`` alike; the op also says where flipout's
-per-example random signs go (every feature for a dense layer, every channel for a convolution).
+weight, so one implementation serves ``F.linear``, ``F.conv{1,2,3}d`` and ``F.embedding`` alike. The op says
+
+* what input the variance path takes (:meth:`WeightOp.squared_input`): local reparameterization samples each
+  output from ``N(op(x, mu, b_mu), op(x^2, sigma^2, b_sigma^2))`` (Kingma et al. 2015, eq. 6-7) since for
+  independent weights ``Var[sum_i x_i w_i] = sum_i x_i^2 Var[w_i]``; for an embedding lookup, a one-hot input
+  row squared is itself, so the indices are used as they are;
+* where flipout's per-example random signs go (every feature for a dense layer, every channel for a
+  convolution; an embedding has no input features to flip, so flipout is not offered there).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-__all__ = ["WeightOp", "LinearOp", "Conv2dOp"]
+__all__ = ["WeightOp", "LinearOp", "ConvOp", "Conv2dOp", "EmbeddingOp"]
 
 
 class WeightOp(Protocol):
@@ -24,6 +30,11 @@ class WeightOp(Protocol):
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
 
+    def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The input of the variance path: ``op(squared_input(x), sigma^2, None)`` is the output variance under
+        independent weights."""
+        ...
+
     def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor: ...
 
     def input_sign_shape(self, x: torch.Tensor) -> torch.Size: ...
@@ -33,10 +44,15 @@ class WeightOp(Protocol):
 
 @dataclass(frozen=True)
 class LinearOp:
+    """``F.linear(x, W, b)``: y = x W^T + b."""
+
     name: str = "linear"
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)
+
+    def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x
 
     def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         return out + bias
@@ -48,23 +64,86 @@ class LinearOp:
         return out.shape
 
 
+_CONVOLUTIONS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
 @dataclass(frozen=True)
-class Conv2dOp:
-    stride: tuple[int, int] = (1, 1)
-    padding: tuple[int, int] | str = (0, 0)
-    dilation: tuple[int, int] = (1, 1)
+class ConvOp:
+    """``F.conv{dim}d(x, W, b, stride, padding, dilation, groups)``: one op for 1-, 2- and 3-d convolutions.
+
+    Args:
+        dim: number of spatial dimensions (1, 2 or 3).
+        stride, padding, dilation, groups: as ``F.conv{dim}d`` (tuples of length ``dim``; padding may be
+            ``"same"`` or ``"valid"``).
+    """
+
+    dim: int = 2
+    stride: tuple[int, ...] = (1, 1)
+    padding: tuple[int, ...] | str = (0, 0)
+    dilation: tuple[int, ...] = (1, 1)
     groups: int = 1
-    name: str = "conv2d"
+
+    def __post_init__(self) -> None:
+        if self.dim not in _CONVOLUTIONS:
+            raise ValueError(f"ConvOp: dim must be 1, 2 or 3, got {self.dim!r}")
+
+    @property
+    def name(self) -> str:
+        return f"conv{self.dim}d"
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        convolution = _CONVOLUTIONS[self.dim]
+        return convolution(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)  # type: ignore[arg-type]
+
+    def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x
 
     def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return out + bias.view(-1, 1, 1)
+        return out + bias.view(-1, *(1,) * self.dim)
 
     def input_sign_shape(self, x: torch.Tensor) -> torch.Size:
         # One sign per example and input channel: the perturbation must be shared across positions.
-        return x.shape[:-2] + (1, 1)
+        return x.shape[: -self.dim] + (1,) * self.dim
 
     def output_sign_shape(self, out: torch.Tensor) -> torch.Size:
-        return out.shape[:-2] + (1, 1)
+        return out.shape[: -self.dim] + (1,) * self.dim
+
+
+def Conv2dOp(  # noqa: N802 -- kept under its former class name
+    stride: tuple[int, int] = (1, 1),
+    padding: tuple[int, int] | str = (0, 0),
+    dilation: tuple[int, int] = (1, 1),
+    groups: int = 1,
+) -> ConvOp:
+    """The 2-d :class:`ConvOp` (``ConvOp(2, stride, padding, dilation, groups)``)."""
+    return ConvOp(2, stride, padding, dilation, groups)
+
+
+@dataclass(frozen=True)
+class EmbeddingOp:
+    """``F.embedding(indices, W)``: row ``W[i]`` for every index ``i``; linear in W (a one-hot row times W).
+
+    Args:
+        padding_idx: as ``F.embedding``: that row gets no gradient (``None``: every row does).
+        scale_grad_by_freq: as ``F.embedding``: scale each row's gradient by the inverse of its count in the batch.
+    """
+
+    padding_idx: int | None = None
+    scale_grad_by_freq: bool = False
+    name: str = "embedding"
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = F.embedding(x, weight, self.padding_idx, None, 2.0, self.scale_grad_by_freq, False)
+        return out if bias is None else out + bias
+
+    def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # the one-hot row of an index is its own square
+
+    def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return out + bias
+
+    def input_sign_shape(self, x: torch.Tensor) -> torch.Size:
+        raise NotImplementedError("an embedding lookup has no input features to flip: flipout is not defined for it")
+
+    def output_sign_shape(self, out: torch.Tensor) -> torch.Size:
+        return out.shape

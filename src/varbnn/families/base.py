@@ -19,7 +19,13 @@ __all__ = ["VariationalFamily", "SampleMode", "SAMPLE_MODES", "FAMILIES", "make_
 
 SampleMode = Literal["sample", "mean", "mode"]
 SAMPLE_MODES: tuple[str, ...] = ("sample", "mean", "mode")
-LAYER_KINDS = ("linear", "conv2d", "lstm")
+LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d", "embedding", "lstm", "gru")
+"""The ``layer_kind`` of every Bayesian layer; ``estimator_layers`` tables name the kinds each estimator runs in."""
+_LAYER_KIND_NOTES = {
+    "lstm": " (local reparameterization and flipout would draw new weights at every time step)",
+    "gru": " (local reparameterization and flipout would draw new weights at every time step)",
+    "embedding": " (flipout flips the signs of input features, and an embedding's input is an index)",
+}
 
 F = TypeVar("F", bound="VariationalFamily")
 
@@ -87,13 +93,8 @@ class VariationalFamily(nn.Module):
         if layer_kind not in allowed:
             supported = [e for e, layers in self.estimator_layers.items() if layer_kind in layers]
             raise ValueError(
-                f"{type(self).__name__}(estimator={self.estimator!r}) is not supported in a {layer_kind} layer; "
-                f"estimators allowed there: {supported}"
-                + (
-                    " (local reparameterization and flipout would draw new weights at every time step)"
-                    if layer_kind == "lstm"
-                    else ""
-                )
+                f"{type(self).__name__}(estimator={self.estimator!r}) is not supported in {layer_kind} layers; "
+                f"estimators allowed there: {supported}" + _LAYER_KIND_NOTES.get(layer_kind, "")
             )
 
     # -- the distribution -------------------------------------------------------------------------------

@@ -248,8 +248,8 @@ class MeanField(VariationalFamily):
     estimators = _ESTIMATORS
     estimator_layers = {
         "reparam": LAYER_KINDS,
-        "local": ("linear", "conv2d"),
-        "flipout": ("linear", "conv2d"),
+        "local": ("linear", "conv1d", "conv2d", "conv3d", "embedding"),
+        "flipout": ("linear", "conv1d", "conv2d", "conv3d"),
         "graves": LAYER_KINDS,
     }
 
@@ -379,7 +379,7 @@ class MeanField(VariationalFamily):
                 except NotImplementedError:
                     sampled_bias = bias.weight("sample")
             mean = op(x, loc, bias_mean)
-            var = op(x * x, variance, bias_var)
+            var = op(op.squared_input(x), variance, bias_var)
             out = mean + var.clamp_min(1e-30).sqrt() * torch.randn_like(mean)
             return op.add_bias(out, sampled_bias) if sampled_bias is not None else out
         # flipout

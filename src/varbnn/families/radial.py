@@ -63,7 +63,7 @@ class Radial(VariationalFamily):
     """
 
     estimators = _ESTIMATORS
-    estimator_layers = {"reparam": LAYER_KINDS, "flipout": ("linear", "conv2d")}
+    estimator_layers = {"reparam": LAYER_KINDS, "flipout": ("linear", "conv1d", "conv2d", "conv3d")}
 
     loc: nn.Parameter
     rho: nn.Parameter
