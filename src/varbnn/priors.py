@@ -45,6 +45,7 @@ __all__ = [
     "RadialPrior",
     "banerjee_concentration",
     "PriorSpec",
+    "as_prior",
     "update_adaptive_priors",
     "make_prior",
     "PRIORS",
@@ -98,9 +99,10 @@ class Prior(nn.Module):
                 raise ValueError(f"{type(self).__name__}: an adaptive {name} must be a scalar")
 
 
-PriorSpec = Prior | Callable[[str], Prior]
+PriorSpec = Prior | Distribution | Callable[[str], Prior | Distribution]
 """What layers and ``bayesianize`` accept as a prior: one shared instance, or a factory called with the
-qualified name of each tensor (e.g. ``"fc1.weight"``) that returns its own prior."""
+qualified name of each tensor (e.g. ``"fc1.weight"``) that returns its own prior. A torch ``Normal`` or
+``Laplace`` with scalar parameters stands for the varbnn prior of the same name (see :func:`as_prior`)."""
 
 
 def _pooled_moments(posteriors: Sequence[VariationalFamily]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,3 +372,36 @@ def make_prior(name: str, **kwargs: object) -> Prior:
     except KeyError:
         raise ValueError(f"unknown prior name {name!r}; allowed: {sorted(PRIORS)}") from None
     return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def as_prior(prior: Prior | Distribution) -> Prior:
+    """The varbnn :class:`Prior` that ``prior`` stands for.
+
+    A varbnn prior is returned as it is. A ``torch.distributions.Normal`` or ``Laplace`` whose ``loc`` and ``scale``
+    are scalars becomes :class:`Normal` / :class:`Laplace` with those values, i.i.d. over every element of each
+    tensor it is given to. A varbnn prior is a module (its parameters move with the model and are saved in its
+    ``state_dict``) that builds a distribution over a whole weight tensor of any shape; a torch distribution has a
+    fixed shape, so any other one (other types, tensor-valued parameters) is refused with a ``TypeError`` that names
+    the accepted priors.
+    """
+    if isinstance(prior, Prior):
+        return prior
+    accepted = (
+        "a varbnn prior (varbnn.priors.Normal, Laplace, ScaleMixture, Uniform, RadialPrior, RadialDirectionalPrior; "
+        "e.g. prior=varbnn.priors.Normal(0.0, 1.0)), a torch.distributions Normal or Laplace with scalar loc and scale "
+        "(converted to the varbnn prior of the same name), or a callable qualified_tensor_name -> prior"
+    )
+    converted: dict[type[Distribution], type[_LocScalePrior]] = {_TorchNormal: Normal, _TorchLaplace: Laplace}
+    if isinstance(prior, Distribution):
+        target = converted.get(type(prior))
+        if target is None:
+            name = type(prior).__name__
+            raise TypeError(f"prior must be {accepted}; got torch.distributions.{name}, which has no varbnn equivalent")
+        loc, scale = prior.loc, prior.scale  # type: ignore[attr-defined]
+        if loc.numel() != 1 or scale.numel() != 1:
+            raise TypeError(
+                f"prior must be {accepted}; got a torch {type(prior).__name__} with loc of shape {tuple(loc.shape)} and "
+                f"scale of shape {tuple(scale.shape)}: use varbnn.priors.{target.__name__}(loc, scale) per tensor instead"
+            )
+        return target(loc.detach().reshape(()), scale.detach().reshape(()))
+    raise TypeError(f"prior must be {accepted}; got {type(prior).__name__}")

@@ -1,4 +1,11 @@
-"""Base class of Bayesian layers: owns families + priors per tensor, returns only the output."""
+"""Base class of Bayesian layers: owns families + priors per tensor, returns only the output.
+
+Sampling rule: a Bayesian layer draws its weights on EVERY forward pass, in ``model.train()`` and ``model.eval()``
+alike. ``eval()`` keeps its torch meaning (dropout off, batch norm on running statistics) and does not touch the
+weights; what a forward pass uses is chosen by ``sample_mode`` alone: ``"sample"`` (default), ``"mean"`` or ``"mode"``
+of the posterior, set with :func:`set_sample_mode` or, for a block, :func:`sample_mode`. Monte Carlo prediction
+(:func:`varbnn.predict`) relies on this: it evaluates in ``eval()`` and still samples.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +14,31 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.distributions import Distribution
 
 from varbnn.families.base import SAMPLE_MODES, SampleMode, VariationalFamily
-from varbnn.priors import Normal, Prior, PriorSpec
+from varbnn.priors import Normal, Prior, PriorSpec, as_prior
 
 __all__ = ["BayesianModule", "set_sample_mode", "sample_mode", "resolve_prior"]
 
 
 def resolve_prior(prior: PriorSpec | None, name: str) -> Prior:
-    """A ``Prior`` instance is used as is (shared); a callable is called with the tensor's name."""
+    """The prior of tensor ``name``: ``None`` gives ``Normal(0, 1)``; a ``Prior`` instance is used as is (shared); a
+    torch ``Normal`` / ``Laplace`` with scalar parameters becomes the varbnn prior of the same name
+    (:func:`varbnn.priors.as_prior`; other torch distributions are refused with a ``TypeError``); a callable is called
+    with the tensor's name and may return either."""
     if prior is None:
         return Normal(0.0, 1.0)
-    if isinstance(prior, Prior):
-        return prior
+    if isinstance(prior, (Prior, Distribution)):
+        return as_prior(prior)
     if callable(prior):
         made = prior(name)
+        if isinstance(made, Distribution):
+            return as_prior(made)
         if not isinstance(made, Prior):
             raise TypeError(f"prior factory returned {type(made).__name__} for {name!r}; expected a varbnn Prior")
         return made
-    raise TypeError(f"prior must be a varbnn.priors.Prior or a callable name -> Prior, got {type(prior).__name__}")
+    return as_prior(prior)  # raises the TypeError that lists what is accepted
 
 
 class BayesianModule(nn.Module):
@@ -33,6 +46,10 @@ class BayesianModule(nn.Module):
 
     ``sample_mode`` selects what forward passes use: ``"sample"`` (draw from q, the default), ``"mean"``
     or ``"mode"`` of q. Set it for a whole model with :func:`set_sample_mode` or :func:`sample_mode`.
+
+    ``model.eval()`` does NOT stop the sampling: in eval mode every forward pass still draws new weights (this is
+    what Monte Carlo prediction, :func:`varbnn.predict`, relies on). For a deterministic pass use
+    ``with varbnn.sample_mode(model, "mean"): ...`` (or ``"mode"``), or :func:`varbnn.to_deterministic`.
     """
 
     layer_kind: str = ""
