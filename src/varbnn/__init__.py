@@ -4,10 +4,30 @@ The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the b
 """
 
 from varbnn import distributions, families, metrics, nn, priors
-from varbnn.convert import bayesianize, register_converter, register_deterministic, to_deterministic
+from varbnn.convert import (
+    ConversionReport,
+    ConversionWarning,
+    bayesianize,
+    conversion_report,
+    register_converter,
+    register_deterministic,
+    register_left_deterministic,
+    to_deterministic,
+)
 from varbnn.divergence import kl, kl_divergence
 from varbnn.families import Delta, KTied, MeanField, Radial, RadialDirectional, VariationalFamily
-from varbnn.nn import BayesConv2d, BayesianModule, BayesLinear, BayesLSTM, sample_mode, set_sample_mode
+from varbnn.nn import (
+    BayesConv1d,
+    BayesConv2d,
+    BayesConv3d,
+    BayesEmbedding,
+    BayesGRU,
+    BayesianModule,
+    BayesLinear,
+    BayesLSTM,
+    sample_mode,
+    set_sample_mode,
+)
 from varbnn.objectives import ELBOTerms, elbo_loss, linear_kl_annealing
 from varbnn.predict import classification_summary, predict, regression_summary
 from varbnn.priors import RadialDirectionalPrior, RadialPrior, update_adaptive_priors
@@ -24,6 +44,10 @@ __all__ = [
     "to_deterministic",
     "register_converter",
     "register_deterministic",
+    "register_left_deterministic",
+    "conversion_report",
+    "ConversionReport",
+    "ConversionWarning",
     "kl",
     "kl_divergence",
     "Delta",
@@ -35,8 +59,12 @@ __all__ = [
     "RadialPrior",
     "VariationalFamily",
     "BayesLinear",
+    "BayesConv1d",
     "BayesConv2d",
+    "BayesConv3d",
+    "BayesEmbedding",
     "BayesLSTM",
+    "BayesGRU",
     "BayesianModule",
     "sample_mode",
     "set_sample_mode",
