@@ -4,6 +4,7 @@
 * :class:`DeepEnsemble` (Lakshminarayanan et al. 2017): independently trained plain networks; the members are the
   draws (the predictive is their uniform mixture). :func:`train_ensemble` trains one with :func:`varbnn.train.fit`.
 * Temperature scaling lives in :mod:`varbnn.calibration`.
+* Last-layer Laplace lives in :mod:`varbnn.laplace` (KFAC, prior precision by marginal likelihood).
 
 Both wrappers return outputs of the same shape as the wrapped network, so :func:`varbnn.predict`, the likelihoods'
 ``metrics`` and :func:`varbnn.train.evaluate` treat them exactly like a Bayesian model.
