@@ -8,6 +8,8 @@ import scipy.stats
 import torch
 
 from varbnn.families import FAMILIES, Delta, KTied, MeanField, Radial, make_family
+from varbnn.families.gaussian import INIT_STD_RANGE
+from varbnn.families.rdp import INIT_LOG_STD_RANGE, INIT_RESULTANT_RANGE
 from varbnn.priors import Laplace, Normal
 
 SHAPE = (4, 3)
@@ -295,3 +297,108 @@ def test_normal_kl_from_stats_gradcheck_and_value(var_scale):
         torch.distributions.Normal(loc, sigma), torch.distributions.Normal(prior_loc, prior_scale)
     ).sum() + 0.5 * loc.numel() * math.log(var_scale)  # the formula omits the constant n log(v) / 2
     torch.testing.assert_close(f(loc, rho), expected)
+
+
+# --- allowed ranges of the numeric init arguments (issue 25) ---------------------------------------------------------
+
+# (family name, argument, its allowed closed interval, other arguments)
+RANGE_TABLE = [
+    pytest.param("meanfield", "init_std", INIT_STD_RANGE, {}, id="meanfield-init_std"),
+    pytest.param("meanfield", "init_std", INIT_STD_RANGE, {"estimator": "local"}, id="meanfield-local-init_std"),
+    pytest.param("meanfield", "init_std", INIT_STD_RANGE, {"estimator": "flipout"}, id="meanfield-flipout-init_std"),
+    pytest.param("meanfield", "init_std", INIT_STD_RANGE, {"learn_std": False}, id="meanfield-fixed-init_std"),
+    pytest.param("ktied", "init_std", INIT_STD_RANGE, {"rank": 1}, id="ktied-init_std"),
+    pytest.param("ktied", "init_std", INIT_STD_RANGE, {"rank": 1, "estimator": "local"}, id="ktied-local-init_std"),
+    pytest.param("radial", "init_std", INIT_STD_RANGE, {}, id="radial-init_std"),
+    pytest.param("radial", "init_std", INIT_STD_RANGE, {"estimator": "flipout"}, id="radial-flipout-init_std"),
+    pytest.param("rdp", "init_log_std", INIT_LOG_STD_RANGE, {"grouping": "double"}, id="rdp-double-init_log_std"),
+    pytest.param("rdp", "init_log_std", INIT_LOG_STD_RANGE, {"grouping": "row"}, id="rdp-row-init_log_std"),
+    pytest.param("rdp", "init_log_std", INIT_LOG_STD_RANGE, {"grouping": "column"}, id="rdp-column-init_log_std"),
+    pytest.param("rdp", "init_resultant", INIT_RESULTANT_RANGE, {}, id="rdp-init_resultant"),
+    pytest.param("rdp", "init_resultant", INIT_RESULTANT_RANGE, {"ratio_method": "bounds"}, id="rdp-bounds-init_resultant"),
+    pytest.param("rdp", "fallback_init_std", INIT_STD_RANGE, {}, id="rdp-fallback_init_std"),
+]
+
+
+def _prior_for(name: str):
+    from varbnn.priors import RadialDirectionalPrior
+
+    return RadialDirectionalPrior() if name == "rdp" else Normal(0.0, 1.0)
+
+
+@pytest.mark.parametrize("name, argument, allowed, extra", RANGE_TABLE)
+def test_range_ends_give_finite_outputs_and_gradients_in_float32(name, argument, allowed, extra):
+    """At both ends of the allowed interval a float32 layer's sampled, mean and mode outputs, its KL and every gradient
+    are finite (before the ranges, init_std=1e-44 gave infinite gradients and RDP's init_log_std=10 a NaN mean output)."""
+    from varbnn import kl
+    from varbnn.nn import BayesLinear, set_sample_mode
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 20)
+    for value in allowed:
+        layer = BayesLinear(20, 30, family=make_family(name, **{argument: value}, **extra), prior=_prior_for(name))
+        assert all(p.dtype == torch.float32 for p in layer.parameters())
+        for mode in ("sample", "mean", "mode"):
+            set_sample_mode(layer, mode)
+            layer.zero_grad()
+            out = layer(x)
+            loss = out.square().mean() + kl(layer) / 100
+            loss.backward()
+            assert torch.isfinite(out).all() and torch.isfinite(loss), (value, mode)
+            for parameter_name, parameter in layer.named_parameters():
+                if parameter.grad is not None:
+                    assert torch.isfinite(parameter.grad).all(), (value, mode, parameter_name)
+
+
+@pytest.mark.parametrize("name, argument, allowed, extra", RANGE_TABLE)
+def test_values_just_outside_the_range_are_refused_by_name(name, argument, allowed, extra):
+    low, high = allowed
+    outside = [math.nextafter(low, -math.inf), math.nextafter(high, math.inf), 0.0, -1.0, math.nan, math.inf, -math.inf]
+    for value in outside:
+        with pytest.raises(ValueError, match=rf"{argument} must be a finite number in \[{low:g}, {high:g}\]"):
+            make_family(name, **{argument: value}, **extra)
+
+
+@pytest.mark.parametrize(
+    "name, argument, value",
+    [
+        ("meanfield", "init_std", np.float32(0.25)),
+        ("meanfield", "init_std", torch.tensor(0.25)),
+        ("meanfield", "init_std", torch.tensor(0.25, dtype=torch.float64, requires_grad=True)),
+        ("ktied", "init_std", np.float64(0.25)),
+        ("ktied", "rank", np.int64(2)),
+        ("ktied", "rank", torch.tensor(2)),
+        ("radial", "init_std", torch.tensor(0.25)),
+        ("radial", "kl_samples", np.int32(3)),
+        ("rdp", "init_log_std", np.float32(0.25)),
+        ("rdp", "init_resultant", torch.tensor(0.75)),
+        ("rdp", "fallback_init_std", np.float16(0.25)),
+        ("rdp", "score_correction", np.bool_(False)),
+        ("meanfield", "learn_std", torch.tensor(False)),
+    ],
+)
+def test_numbers_of_any_numeric_type_are_accepted(name, argument, value):
+    family = make_family(name, **{argument: value})
+    stored = family._hyperparameters[argument]
+    want = value.item() if hasattr(value, "item") else value
+    assert stored == want and type(stored) is type(want) and type(stored) in (int, float, bool)
+    built = family.build((4, 3))  # the spec rebuilds from its plain-number hyperparameters
+    assert built._hyperparameters == family._hyperparameters
+
+
+@pytest.mark.parametrize(
+    "name, argument, value, message",
+    [
+        ("meanfield", "init_std", True, r"init_std must be a finite number in .*got a bool"),
+        ("meanfield", "init_std", "0.1", r"init_std must be a finite number in .*got str"),
+        ("meanfield", "init_std", torch.tensor([0.1, 0.2]), r"init_std must be .*0-d tensor at most"),
+        ("radial", "kl_samples", 2.0, r"kl_samples must be an int >= 1, got 2.0"),
+        ("radial", "kl_samples", np.int64(0), r"kl_samples must be an int >= 1, got 0"),
+        ("ktied", "rank", np.float64(2.0), r"rank must be an int >= 1"),
+        ("rdp", "score_correction", "False", r"score_correction must be True or False"),
+        ("meanfield", "learn_std", 1, r"learn_std must be True or False"),
+    ],
+)
+def test_non_numbers_are_refused_by_name(name, argument, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_family(name, **{argument: value})

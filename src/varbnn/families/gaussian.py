@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
+from varbnn._checks import as_bool, as_float_in
 from varbnn.divergence import register_family_kl
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.ops import WeightOp
@@ -20,6 +21,7 @@ from varbnn.priors import Normal as NormalPrior
 
 __all__ = [
     "MeanField",
+    "INIT_STD_RANGE",
     "inverse_softplus",
     "cached_softplus",
     "stats_per_step",
@@ -32,6 +34,12 @@ __all__ = [
 ]
 
 _ESTIMATORS = ("reparam", "local", "flipout", "graves")
+
+INIT_STD_RANGE: tuple[float, float] = (1e-8, 1e2)
+"""The allowed initial standard deviations ``init_std`` of the Gaussian families (:class:`MeanField`, ``KTied``,
+``Radial``, RDP's ``fallback_init_std``), a closed interval. Both ends give finite outputs and gradients in float32 (tested
+for every estimator); far below it ``1 / sigma`` and ``sigma^2`` leave float32's range (``init_std=1e-44`` gave infinite
+gradients of ``rho``), and a weight standard deviation above 100 is no prior belief anyone holds."""
 
 
 @overload
@@ -222,7 +230,8 @@ class MeanField(VariationalFamily):
     """q(W) = prod_i N(w_i | loc_i, sigma_i^2) with sigma = softplus(rho).
 
     Args:
-        init_std: initial posterior standard deviation of every weight (default 1e-2); must be > 0.
+        init_std: initial posterior standard deviation of every weight (default 1e-2); a number (any numeric type, e.g.
+            ``np.float32`` or a 0-d tensor) in ``[1e-8, 1e2]`` (:data:`INIT_STD_RANGE`).
         estimator: how a layer draws its output and how the std gradient is formed (default ``"reparam"``):
 
             * ``"reparam"``: one weight sample per forward pass, shared by the batch (any layer).
@@ -235,7 +244,7 @@ class MeanField(VariationalFamily):
               the reparameterization gradient. Training steps go through
               :func:`varbnn.objectives.graves_gradients` (``varbnn.fit`` does this by itself); a plain forward pass
               draws like ``"reparam"``. Any layer.
-        learn_std: ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a parameter): Graves' fixed-variance
+        learn_std: ``True`` or ``False``. ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a parameter): Graves' fixed-variance
             "weight noise" posterior, where only the means are trained (default True).
 
     The means are He-initialised by the layer, or copied from a pretrained weight by ``bayesianize``.
@@ -259,14 +268,12 @@ class MeanField(VariationalFamily):
     _scale_cache: tuple[Any, torch.Tensor, Any] | None = None
 
     def __init__(self, init_std: float = 1e-2, estimator: str = "reparam", learn_std: bool = True) -> None:
-        if not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
-            raise ValueError(f"MeanField: init_std must be a finite number > 0, got {init_std!r}")
+        init_std = as_float_in(init_std, "init_std", *INIT_STD_RANGE, owner="MeanField")
         if estimator not in _ESTIMATORS:
             raise ValueError(f"MeanField: unknown estimator {estimator!r}; allowed: {list(_ESTIMATORS)}")
-        if not isinstance(learn_std, bool):
-            raise ValueError(f"MeanField: learn_std must be True or False, got {learn_std!r}")
-        super().__init__(init_std=float(init_std), estimator=estimator, learn_std=learn_std)
-        self.init_std = float(init_std)
+        learn_std = as_bool(learn_std, "learn_std", owner="MeanField")
+        super().__init__(init_std=init_std, estimator=estimator, learn_std=learn_std)
+        self.init_std = init_std
         self.estimator = estimator
         self.learn_std = learn_std
         self.register_buffer("weight_mask", None)

@@ -20,8 +20,9 @@ import math
 import torch
 from torch import nn
 
+from varbnn._checks import as_float_in, as_positive_int
 from varbnn.families.base import register_family
-from varbnn.families.gaussian import MeanField, ScaleStats, stats_per_step
+from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, ScaleStats, stats_per_step
 
 __all__ = ["KTied"]
 
@@ -80,9 +81,10 @@ class KTied(MeanField):
     """k-tied Normal posterior.
 
     Args:
-        rank: k >= 1, the rank of the standard-deviation matrix (default 2: the paper's recommendation).
-        init_std: the mean of the initial standard deviations (default 1e-2, as :class:`MeanField`), paper
-            section 3.1. U and V start at ``sqrt(init_std / k)`` times independent log-normal jitter
+        rank: k, an int >= 1 (any integer type, e.g. ``np.int64``), the rank of the standard-deviation matrix (default 2:
+            the paper's recommendation).
+        init_std: the mean of the initial standard deviations (default 1e-2, as :class:`MeanField`), a number in
+            ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`), paper section 3.1. U and V start at ``sqrt(init_std / k)`` times independent log-normal jitter
             (``exp(0.1 * N(0, 1))``, which breaks the symmetry between the k columns; without it they would get
             identical gradients and stay a rank-1 matrix), rescaled so that the mean of U V^T is ``init_std``.
         estimator: ``"reparam"``, ``"local"`` or ``"flipout"``, as for :class:`MeanField`.
@@ -92,10 +94,10 @@ class KTied(MeanField):
     log_v: nn.Parameter
 
     def __init__(self, rank: int = 2, init_std: float = 1e-2, estimator: str = "reparam") -> None:
-        if not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
-            raise ValueError(f"KTied: rank must be an int >= 1, got {rank!r}")
+        rank = as_positive_int(rank, "rank", owner="KTied")
+        init_std = as_float_in(init_std, "init_std", *INIT_STD_RANGE, owner="KTied")
         super().__init__(init_std=init_std, estimator=estimator)
-        self._hyperparameters = {"rank": rank, "init_std": float(init_std), "estimator": estimator}
+        self._hyperparameters = {"rank": rank, "init_std": init_std, "estimator": estimator}
         self.rank = rank
 
     @staticmethod

@@ -16,11 +16,13 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 
+from varbnn._checks import as_float_in, as_positive_int
 from varbnn.distributions.radial import Radial as RadialDistribution
 from varbnn.distributions.radial import radial_entropy_constant
 from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.families.gaussian import (
+    INIT_STD_RANGE,
     _functorch_active,
     _rademacher,
     cache_until_backward,
@@ -47,12 +49,13 @@ class Radial(VariationalFamily):
 
     Args:
         init_std: initial ``sigma = softplus(rho)`` of every element (default 1e-2, as :class:`MeanField`; the
-            paper initialises rho = -6 for both families in its continual-learning runs, i.e. 2.5e-3). Note that the
+            paper initialises rho = -6 for both families in its continual-learning runs, i.e. 2.5e-3); a number in
+            ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`). Note that the
             per-element standard deviation of a radial draw is ``sigma / sqrt(D)``.
         estimator: ``"reparam"`` (one draw per forward pass, any layer) or ``"flipout"`` (Linear, Conv2d: the
             perturbation ``sigma * u * r`` times per-example random signs; sign flips keep a uniform direction
             uniform, so each example sees an exact radial draw).
-        kl_samples: Monte Carlo draws for the cross-entropy with the prior (default 1), averaged. With 1 draw and the
+        kl_samples: Monte Carlo draws for the cross-entropy with the prior (default 1; an int >= 1), averaged. With 1 draw and the
             ``"reparam"`` estimator, a KL evaluated in a training step after the forward pass uses that pass's weight
             draw (once), as Blundell et al. (2015) and the paper do: unbiased, and one draw of the weight instead of
             two. Otherwise (no forward draw in this step, flipout, several draws, a second KL call) it draws afresh.
@@ -77,16 +80,14 @@ class Radial(VariationalFamily):
         kl_samples: int = 1,
         cross_entropy: str = "monte_carlo",
     ) -> None:
-        if not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
-            raise ValueError(f"Radial: init_std must be a finite number > 0, got {init_std!r}")
+        init_std = as_float_in(init_std, "init_std", *INIT_STD_RANGE, owner="Radial")
         if estimator not in _ESTIMATORS:
             raise ValueError(f"Radial: unknown estimator {estimator!r}; allowed: {list(_ESTIMATORS)}")
-        if isinstance(kl_samples, bool) or not isinstance(kl_samples, int) or kl_samples < 1:
-            raise ValueError(f"Radial: kl_samples must be a positive integer, got {kl_samples!r}")
+        kl_samples = as_positive_int(kl_samples, "kl_samples", owner="Radial")
         if cross_entropy not in CROSS_ENTROPY_ESTIMATORS:
             raise ValueError(f"Radial: cross_entropy must be one of {list(CROSS_ENTROPY_ESTIMATORS)}, got {cross_entropy!r}")
-        super().__init__(init_std=float(init_std), estimator=estimator, kl_samples=kl_samples, cross_entropy=cross_entropy)
-        self.init_std = float(init_std)
+        super().__init__(init_std=init_std, estimator=estimator, kl_samples=kl_samples, cross_entropy=cross_entropy)
+        self.init_std = init_std
         self.estimator = estimator
         self.kl_samples = kl_samples
         self.cross_entropy = cross_entropy

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
+from varbnn._checks import as_bool, as_float_in
 from varbnn.distributions.vmf import (
     RATIO_METHODS,
     VonMisesFisher,
@@ -42,11 +43,11 @@ from varbnn.distributions.vmf import (
 )
 from varbnn.divergence import family_kl, half_cauchy_pair_kl, register_family_kl
 from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
-from varbnn.families.gaussian import MeanField, inverse_softplus
+from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, inverse_softplus
 from varbnn.priors import Prior, RadialDirectionalPrior, banerjee_concentration
 from varbnn.special import _work_dtype, log_bessel_iv_over_power
 
-__all__ = ["RadialDirectional", "GROUPINGS"]
+__all__ = ["RadialDirectional", "GROUPINGS", "INIT_LOG_STD_RANGE", "INIT_RESULTANT_RANGE"]
 
 GROUPINGS = ("row", "column", "double")
 _PREFIX = {"row": "row", "column": "col"}
@@ -126,6 +127,14 @@ class _LogNormalRadius(torch.autograd.Function):
 
 
 RADIUS_INITS = ("prior", "even")
+INIT_LOG_STD_RANGE: tuple[float, float] = (1e-8, 1.0)
+"""Allowed ``init_log_std`` (closed interval). A grouping's mean factor is ``exp(m + v / 2)`` with ``v = init_log_std^2``,
+so double grouping multiplies the mean weight by ``exp(init_log_std^2)``: 10 gave exp(100) = inf and a NaN posterior-mean
+output in float32. Up to 1 (a log-normal whose mean is 1.6 times its median) outputs and gradients stay finite in float32
+at every grouping (tested); a smaller floor than 1e-8 only adds float32 round-off."""
+INIT_RESULTANT_RANGE: tuple[float, float] = (1e-6, 1 - 1e-6)
+"""Allowed ``init_resultant`` (closed interval inside (0, 1)): the concentration ``kappa ~ d / (2 (1 - A))`` stays below
+~1e6 d and above ~1e-6 d (tested finite in float32 with both Bessel-ratio methods)."""
 CONCENTRATION_PARAMS = ("softplus", "log")
 
 
@@ -138,13 +147,18 @@ class RadialDirectional(VariationalFamily):
         grouping: ``"row"`` (output units), ``"column"`` (input units) or ``"double"`` (default, both; the paper's
             experiments).
         init_log_std: initial standard deviation of each log-normal factor's log (default 1e-2, the published
-            code's variance 1e-4).
+            code's variance 1e-4); a number in ``[1e-8, 1]`` (:data:`INIT_LOG_STD_RANGE`).
         init_resultant: initial mean resultant length A_d(kappa) of the directions, via Banerjee's concentration
-            (default 0.95, the published code's 1 - 0.05).
+            (default 0.95, the published code's 1 - 0.05); a number in ``[1e-6, 1 - 1e-6]``
+            (:data:`INIT_RESULTANT_RANGE`).
         ratio_method: Bessel-ratio method of the vMF (``"accurate"``, default, or the paper's ``"bounds"``).
         score_correction: record the rejection-sampling score term for :func:`varbnn.objectives.elbo_loss`
-            (default True; False keeps only the biased pathwise kappa gradient).
-        fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2).
+            (``True``, default, or ``False``, which keeps only the biased pathwise kappa gradient).
+        fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2; in
+            ``[1e-8, 1e2]``, :data:`~varbnn.families.gaussian.INIT_STD_RANGE`).
+
+    Numbers may be of any numeric type (``np.float32``, 0-d tensors, ...); out-of-range values raise a ``ValueError``
+    naming the argument and its range.
         radius_init: how the initial log radius is split over the four log-normal factors. ``"prior"`` (default): once
             the layer pairs the family with a :class:`~varbnn.priors.RadialDirectionalPrior`, the two Gamma factors
             and the global InvGamma factor start where their own KL terms are smallest (``m = log(scale^2 / 2) -
@@ -186,30 +200,30 @@ class RadialDirectional(VariationalFamily):
             raise ValueError(f"RadialDirectional: radius_init must be one of {RADIUS_INITS}, got {radius_init!r}")
         if grouping not in GROUPINGS:
             raise ValueError(f"RadialDirectional: grouping must be one of {GROUPINGS}, got {grouping!r}")
-        if not (isinstance(init_log_std, (int, float)) and math.isfinite(init_log_std) and init_log_std > 0):
-            raise ValueError(f"RadialDirectional: init_log_std must be a finite number > 0, got {init_log_std!r}")
-        if not 0.0 < init_resultant < 1.0:
-            raise ValueError(f"RadialDirectional: init_resultant must be in (0, 1), got {init_resultant!r}")
+        init_log_std = as_float_in(init_log_std, "init_log_std", *INIT_LOG_STD_RANGE, owner="RadialDirectional")
+        init_resultant = as_float_in(init_resultant, "init_resultant", *INIT_RESULTANT_RANGE, owner="RadialDirectional")
         if ratio_method not in RATIO_METHODS:
             raise ValueError(f"RadialDirectional: ratio_method must be one of {RATIO_METHODS}, got {ratio_method!r}")
+        score_correction = as_bool(score_correction, "score_correction", owner="RadialDirectional")
+        fallback_init_std = as_float_in(fallback_init_std, "fallback_init_std", *INIT_STD_RANGE, owner="RadialDirectional")
         super().__init__(
             grouping=grouping,
-            init_log_std=float(init_log_std),
-            init_resultant=float(init_resultant),
+            init_log_std=init_log_std,
+            init_resultant=init_resultant,
             ratio_method=ratio_method,
-            score_correction=bool(score_correction),
-            fallback_init_std=float(fallback_init_std),
+            score_correction=score_correction,
+            fallback_init_std=fallback_init_std,
             radius_init=radius_init,
             concentration_param=concentration_param,
         )
         self.radius_init = radius_init
         self.concentration_param = concentration_param
         self.grouping = grouping
-        self.init_log_std = float(init_log_std)
-        self.init_resultant = float(init_resultant)
+        self.init_log_std = init_log_std
+        self.init_resultant = init_resultant
         self.ratio_method = ratio_method
-        self.score_correction = bool(score_correction)
-        self.fallback_init_std = float(fallback_init_std)
+        self.score_correction = score_correction
+        self.fallback_init_std = fallback_init_std
         self.pending_score: torch.Tensor | None = None
         self._normalizer_cache: tuple[tuple[tuple[int, int], ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
         self._dims_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
