@@ -76,7 +76,7 @@ def describe_range(low: float | None, high: float | None, low_open: bool = False
 def as_int(value: Any, name: str, low: int | None = None, high: int | None = None, *, owner: str | None = None) -> int:
     """``value`` as a Python ``int`` (via ``operator.index``: ints, NumPy integers, 0-d integer tensors), checked to lie in
     ``[low, high]`` (either bound may be None). Floats, even integral ones, are refused: counts are integers."""
-    allowed = "an integer" + ("" if low is None and high is None else f" {describe_range(low, high)}")
+    allowed = "an int" + ("" if low is None and high is None else f" {describe_range(low, high)}")
     scalar = _scalar(value, allowed, name, owner)
     try:
         number = operator.index(scalar)
