@@ -22,9 +22,15 @@ are true bounds.
 
 Against any prior p there is no closed-form KL in general; :func:`radial_kl` returns the analytic entropy plus a
 Monte Carlo estimate of the cross-entropy ``-E_q[log p(w)]``, AVERAGED over its samples (a published implementation
-sums over samples, which scales the KL with the number of samples). Against a Gaussian prior
-:func:`radial_normal_cross_entropy` gives the cross-entropy in closed form (``E[(w_i - loc_i)^2] = scale_i^2 / D``),
-the oracle the Monte Carlo estimate is tested against.
+sums over samples, which scales the KL with the number of samples). It is therefore RANDOM: two calls give different
+values around the true KL. ``torch.distributions.kl_divergence(Radial, p)`` (registered here) is that estimate with one
+draw from torch's global generator (``torch.manual_seed`` makes it repeatable); ``radial_kl(q, p, samples=S,
+generator=g)`` takes more draws and its own ``torch.Generator``, so a fixed seed gives the same value. Against a
+Gaussian prior :func:`radial_normal_cross_entropy` gives the cross-entropy in closed form (``E[(w_i - loc_i)^2] =
+scale_i^2 / D``), the oracle the Monte Carlo estimate is tested against.
+
+Batches: ``Radial(loc, scale)`` makes the whole of ``loc`` one event (``batch_shape == ()``); :meth:`Radial.expand`
+adds batch dimensions in front (independent radial distributions with the same parameters), as torch distributions do.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ import math
 import torch
 from torch import Tensor
 from torch.distributions import Distribution, constraints, register_kl
+from torch.distributions.utils import _sum_rightmost
 from torch.types import _size
+
+from varbnn._checks import as_positive_int
 
 __all__ = ["Radial", "radial_entropy_constant", "radial_kl", "radial_normal_cross_entropy"]
 
@@ -71,12 +80,14 @@ class Radial(Distribution):
             ``scale^2 / D`` (D = number of elements): the scale sets the shape of the distribution, the radius
             ``||(w - loc) / scale||`` is half-normal.
 
-    ``rsample`` is reparameterised; ``log_prob`` and ``entropy`` are analytic. ``log_prob`` is +inf at ``loc``
-    itself (the density has an integrable singularity there for D > 1).
+    ``event_shape`` is ``loc.shape`` and ``support`` is ``constraints.independent(constraints.real, loc.dim())`` (its
+    ``event_dim`` is the event's number of dimensions). :meth:`expand` adds batch dimensions. ``rsample`` is
+    reparameterised (and takes an optional ``generator``); ``log_prob`` and ``entropy`` are analytic. ``log_prob`` is
+    +inf at ``loc`` itself (the density has an integrable singularity there for D > 1). KL divergences to other
+    distributions are Monte Carlo estimates (see :func:`radial_kl`).
     """
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
-    support = constraints.real
     has_rsample = True
 
     def __init__(self, loc: Tensor, scale: Tensor | float, validate_args: bool | None = None) -> None:
@@ -93,10 +104,15 @@ class Radial(Distribution):
         self.loc, self.scale = loc, scale
         super().__init__(batch_shape=torch.Size(), event_shape=loc.shape, validate_args=validate_args)
 
+    @constraints.dependent_property(is_discrete=False)
+    def support(self) -> constraints.Constraint:
+        """Real tensors of the event's shape: ``independent(real, len(event_shape))``."""
+        return constraints.independent(constraints.real, len(self.event_shape))
+
     @property
     def dim(self) -> int:
-        """D, the number of elements of the tensor."""
-        return self.loc.numel()
+        """D, the number of elements of one event (the tensor)."""
+        return math.prod(self.event_shape)
 
     @property
     def mean(self) -> Tensor:
@@ -112,14 +128,27 @@ class Radial(Distribution):
         return self.scale.square() / self.dim
 
     def expand(self, batch_shape: _size, _instance: Radial | None = None) -> Radial:
-        if torch.Size(batch_shape) != torch.Size():
-            raise NotImplementedError("Radial is one event over a whole tensor; it has no batch dimensions")
-        return self
+        """The same radial distribution with ``batch_shape`` batch dimensions (independent draws; parameters broadcast,
+        not copied), as ``torch.distributions.Distribution.expand``."""
+        new = self._get_checked_instance(Radial, _instance)
+        batch_shape = torch.Size(batch_shape)
+        shape = batch_shape + self.event_shape
+        try:
+            new.loc, new.scale = self.loc.expand(shape), self.scale.expand(shape)
+        except RuntimeError:
+            raise ValueError(
+                f"Radial.expand: batch_shape {tuple(batch_shape)} does not broadcast with the batch shape "
+                f"{tuple(self.batch_shape)}"
+            ) from None
+        super(Radial, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
 
-    def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _size = torch.Size(), generator: torch.Generator | None = None) -> Tensor:
+        """Draws of shape ``sample_shape + batch_shape + event_shape``; ``generator`` (optional) is the random stream."""
         sample_shape = torch.Size(sample_shape)
-        eps = torch.randn(sample_shape + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
-        r = torch.randn(sample_shape, dtype=self.loc.dtype, device=self.loc.device)
+        eps = torch.randn(sample_shape + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device, generator=generator)
+        r = torch.randn(sample_shape + self.batch_shape, dtype=self.loc.dtype, device=self.loc.device, generator=generator)
         return self.loc + self.scale * unit_direction(eps, len(self.event_shape)) * _right_pad(r, len(self.event_shape))
 
     def radius(self, value: Tensor) -> Tensor:
@@ -132,13 +161,15 @@ class Radial(Distribution):
         if self._validate_args:
             self._validate_sample(value)
         rho = self.radius(value)
-        return _log_normaliser(self.dim) - 0.5 * rho.square() - (self.dim - 1) * rho.log() - self.scale.log().sum()
+        log_scale = _sum_rightmost(self.scale.log(), len(self.event_shape))
+        return _log_normaliser(self.dim) - 0.5 * rho.square() - (self.dim - 1) * rho.log() - log_scale
 
     def entropy(self) -> Tensor:
-        return self.scale.log().sum() + radial_entropy_constant(self.dim)
+        return _sum_rightmost(self.scale.log(), len(self.event_shape)) + radial_entropy_constant(self.dim)
 
     def __repr__(self) -> str:
-        return f"Radial(shape={tuple(self.loc.shape)})"
+        batch = f", batch_shape={tuple(self.batch_shape)}" if self.batch_shape else ""
+        return f"Radial(shape={tuple(self.event_shape)}{batch})"
 
 
 def unit_direction(eps: Tensor, event_dims: int) -> Tensor:
@@ -162,16 +193,28 @@ def radial_normal_cross_entropy(loc: Tensor, scale: Tensor, prior_loc: Tensor, p
     return (log_s + 0.5 * _LOG_2PI).sum() + (second / (2 * prior_scale.square())).sum()
 
 
-def radial_kl(q: Radial, p: Distribution, samples: int = 1) -> Tensor:
-    """KL(q || p) = -H[q] (analytic) - mean over ``samples`` draws w_s ~ q of log p(w_s) (Monte Carlo, averaged)."""
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+def radial_kl(q: Radial, p: Distribution, samples: int = 1, generator: torch.Generator | None = None) -> Tensor:
+    """A Monte Carlo estimate of KL(q || p) = -H[q] (analytic) - mean over ``samples`` draws w_s ~ q of log p(w_s).
+
+    Unbiased, with a standard error that shrinks as ``1 / sqrt(samples)``, and random: each call draws afresh.
+    ``generator`` (a ``torch.Generator`` on q's device) makes it repeatable: the same seed gives the same value; without
+    it the draws come from torch's global generator. Reparameterised, so it is differentiable in q's parameters.
+
+    Args:
+        q: the radial posterior.
+        p: any distribution with q's event shape and a ``log_prob``.
+        samples: number of draws, an int >= 1 (default 1, as the paper's training loss).
+        generator: optional random stream of the draws.
+    """
+    samples = as_positive_int(samples, "samples", owner="radial_kl")
     if p.event_shape != q.event_shape:
         raise ValueError(f"prior event shape {tuple(p.event_shape)} differs from the posterior's {tuple(q.event_shape)}")
-    w = q.rsample(torch.Size([samples]))
+    w = q.rsample(torch.Size([samples]), generator=generator)
     return -q.entropy() - p.log_prob(w).mean(0)
 
 
 @register_kl(Radial, Distribution)
 def _kl_radial_any(q: Radial, p: Distribution) -> Tensor:
+    """``torch.distributions.kl_divergence(Radial, p)``: :func:`radial_kl` with ONE draw from torch's global generator, a
+    random estimate (seed torch, or call :func:`radial_kl` with ``samples`` and a ``generator``, for a fixed value)."""
     return radial_kl(q, p)

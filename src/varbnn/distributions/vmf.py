@@ -36,6 +36,7 @@ from torch.distributions import Distribution, constraints, register_kl
 from torch.distributions.utils import lazy_property
 from torch.types import _size
 
+from varbnn._checks import as_int, as_positive_int
 from varbnn.special import (
     RATIO_METHODS,
     RatioMethod,
@@ -408,8 +409,7 @@ class VonMisesFisher(Distribution):
             raise ValueError(f"VonMisesFisher: loc's last dimension d must be >= 2 (the sphere S^(d-1)), got {loc.shape[-1]}")
         if ratio_method not in RATIO_METHODS:
             raise ValueError(f"VonMisesFisher: unknown ratio_method {ratio_method!r}; choose one of {RATIO_METHODS}")
-        if max_rejection_rounds < 1:
-            raise ValueError(f"VonMisesFisher: max_rejection_rounds must be >= 1, got {max_rejection_rounds}")
+        max_rejection_rounds = as_positive_int(max_rejection_rounds, "max_rejection_rounds", owner="VonMisesFisher")
         if not isinstance(concentration, Tensor):
             concentration = torch.as_tensor(concentration, dtype=loc.dtype, device=loc.device)
         batch_shape = torch.broadcast_shapes(loc.shape[:-1], concentration.shape)
@@ -544,8 +544,7 @@ class HypersphericalUniform(Distribution):
         dtype: torch.dtype | None = None,
         validate_args: bool | None = None,
     ) -> None:
-        if not isinstance(dim, int) or dim < 2:
-            raise ValueError(f"HypersphericalUniform: dim must be an int >= 2, got {dim!r}")
+        dim = as_int(dim, "dim", low=2, owner="HypersphericalUniform")
         self._dim = dim
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._dtype = dtype or torch.get_default_dtype()
