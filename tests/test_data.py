@@ -1,7 +1,9 @@
 import functools
 import http.server
+import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,74 @@ def test_manifest_covers_the_shared_layout(data_dir):
     manifest = data.files.manifest()
     on_disk = {p.relative_to(data_dir).as_posix() for p in Path(data_dir).rglob("*") if p.is_file() and p.name != "README.md"}
     assert on_disk == set(manifest)
+
+
+# --- the checksum cache (issue 25) ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def copied_file(data_dir, tmp_path):
+    """A fresh copy of a small verified dataset file: (data dir, relative path, path)."""
+    from varbnn.data import files
+
+    files.forget_verified()
+    relative = f"{YACHT}/index_train_0.txt"
+    target = tmp_path / relative
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(data_dir / relative, target)
+    yield tmp_path, relative, target
+    files.forget_verified()
+
+
+def _same_size_edit_keeping_the_mtime(path: Path) -> None:
+    before = path.stat()
+    content = bytearray(path.read_bytes())
+    i = next(i for i, c in enumerate(content) if chr(c).isdigit())
+    content[i] = ord("7") if content[i] != ord("7") else ord("3")
+    path.write_bytes(bytes(content))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_same_size_edit_with_the_mtime_restored_is_caught(copied_file, monkeypatch):
+    from varbnn.data import files
+
+    root, relative, path = copied_file
+    monkeypatch.setattr(files, "_RACY_SECONDS", 0.0)  # cache even a file written a moment ago
+    time.sleep(0.05)  # past the coarse clock's tick, so that the edit gets a new ctime
+    fetch(relative, root)
+    assert len(files._verified) == 1  # remembered: the next fetch would not hash an unchanged file
+    _same_size_edit_keeping_the_mtime(path)
+    with pytest.raises(ChecksumError, match="index_train_0.txt: sha256 .* does not match"):
+        fetch(relative, root)
+
+
+def test_a_file_changed_just_before_its_check_is_not_cached(copied_file):
+    # (path, size, mtime, ctime) of a file written in the last moment could survive an edit within the clock's tick
+    from varbnn.data import files
+
+    root, relative, path = copied_file
+    fetch(relative, root)
+    assert files._verified == {}
+    _same_size_edit_keeping_the_mtime(path)
+    with pytest.raises(ChecksumError, match="does not match"):
+        fetch(relative, root)
+
+
+def test_cache_hits_and_reverify(copied_file, data_dir, monkeypatch):
+    from varbnn.data import files
+
+    calls = []
+    real = files.sha256_of
+    monkeypatch.setattr(files, "sha256_of", lambda p: calls.append(p) or real(p))
+    root, relative, _ = copied_file
+    old = f"{YACHT}/index_test_0.txt"  # the shared copy, written long ago
+    for _ in range(3):
+        fetch(old, data_dir)
+    assert len(calls) == 1
+    fetch(old, data_dir, reverify=True)
+    assert len(calls) == 2
+    files.forget_verified()
+    fetch(old, data_dir)
+    assert len(calls) == 3

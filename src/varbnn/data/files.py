@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import cast
 
-__all__ = ["ChecksumError", "resolve_data_dir", "fetch", "manifest", "sha256_of"]
+__all__ = ["ChecksumError", "resolve_data_dir", "fetch", "manifest", "sha256_of", "forget_verified"]
 
 ENV_VAR = "VARBNN_DATA"
 MIRROR_ENV_VAR = "VARBNN_MIRROR"
@@ -48,18 +49,40 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-_verified: dict[tuple[str, int, float], str] = {}
+# Files hashed in this process: a file is hashed again unless its identity and every timestamp are unchanged. The key
+# holds the inode change time (ctime), which every write and every os.utime() call sets to "now" and which no user can
+# set back, so a same-size edit with its mtime restored is hashed again (the key used to be (path, size, mtime)).
+_verified: dict[tuple[str, int, int, int, int, int], str] = {}
+# Timestamps have the granularity of the kernel's coarse clock (a few ms), so an edit in the same tick as the last
+# change could keep the ctime. As git does with "racily clean" index entries, a file changed less than this long before
+# it was hashed is not cached: it is hashed again at its next use.
+_RACY_SECONDS = 2.0
 
 
-def _verify(path: Path, expected: str) -> None:
+def _stat_key(path: Path) -> tuple[tuple[str, int, int, int, int, int], int]:
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime)
-    actual = _verified.get(key) or sha256_of(path)
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns), stat.st_ctime_ns
+
+
+def forget_verified() -> None:
+    """Forget which files were verified in this process: the next :func:`fetch` of each hashes it again."""
+    _verified.clear()
+
+
+def _verify(path: Path, expected: str, reverify: bool = False) -> None:
+    key, ctime_ns = _stat_key(path)
+    started_ns = time.time_ns()
+    actual = None if reverify else _verified.get(key)
+    if actual is None:
+        actual = sha256_of(path)
     if actual != expected:
+        _verified.pop(key, None)
         raise ChecksumError(
             f"{path}: sha256 {actual} does not match the expected {expected}; the file is corrupt or a different version"
         )
-    _verified[key] = actual
+    after, _ = _stat_key(path)
+    if after == key and started_ns - ctime_ns > _RACY_SECONDS * 1e9:
+        _verified[key] = actual
 
 
 def _download(url: str, destination: Path, expected: str, timeout: float) -> None:
@@ -85,8 +108,13 @@ def fetch(
     download: bool = True,
     mirrors: Sequence[str] | None = None,
     timeout: float = 60.0,
+    reverify: bool = False,
 ) -> Path:
     """Path of a verified dataset file, downloading it if missing.
+
+    An existing file is checked against the manifest's sha256. Within a process the result is remembered for the file's
+    (path, device, inode, size, mtime, ctime): any write changes the ctime, which cannot be set back, so an edited file is
+    hashed again even with its size and mtime restored; ``reverify=True`` hashes it regardless.
 
     Args:
         relative_path: the file's path inside the data directory, as in ``manifest.json``
@@ -95,6 +123,8 @@ def fetch(
         download: download a missing file (otherwise raise ``FileNotFoundError``).
         mirrors: base URLs tried instead of the upstream ones (default: the comma-separated
             ``$VARBNN_MIRROR`` if set); the file is fetched from ``mirror + "/" + relative_path``.
+        timeout: seconds per download attempt.
+        reverify: hash the file even if it was verified before in this process and looks unchanged.
     """
     entries = manifest()
     if relative_path not in entries:
@@ -104,7 +134,7 @@ def fetch(
     root = resolve_data_dir(data_dir)
     path = root / relative_path
     if path.exists():
-        _verify(path, expected)
+        _verify(path, expected, reverify=reverify)
         return path
     if not download:
         raise FileNotFoundError(
