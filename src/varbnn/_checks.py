@@ -51,7 +51,7 @@ def _scalar(value: Any, what: str, name: str, owner: str | None) -> Any:
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
             shape = tuple(value.shape)
-            raise ArgumentTypeError(f"{_prefix(name, owner)} must be {what} (a 0-d tensor at most), got a tensor of shape {shape}")
+            raise ArgumentTypeError(f"{_prefix(name, owner)} must be {what} (a 0-d tensor at most), got shape {shape}")
         if value.is_complex():
             raise ArgumentTypeError(f"{_prefix(name, owner)} must be {what}, got a complex tensor")
         return value.detach().cpu()

@@ -244,8 +244,8 @@ class MeanField(VariationalFamily):
               the reparameterization gradient. Training steps go through
               :func:`varbnn.objectives.graves_gradients` (``varbnn.fit`` does this by itself); a plain forward pass
               draws like ``"reparam"``. Any layer.
-        learn_std: ``True`` or ``False``. ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a parameter): Graves' fixed-variance
-            "weight noise" posterior, where only the means are trained (default True).
+        learn_std: ``True`` or ``False``. ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a parameter):
+            Graves' fixed-variance "weight noise" posterior, where only the means are trained (default True).
 
     The means are He-initialised by the layer, or copied from a pretrained weight by ``bayesianize``.
 

@@ -84,9 +84,10 @@ class KTied(MeanField):
         rank: k, an int >= 1 (any integer type, e.g. ``np.int64``), the rank of the standard-deviation matrix (default 2:
             the paper's recommendation).
         init_std: the mean of the initial standard deviations (default 1e-2, as :class:`MeanField`), a number in
-            ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`), paper section 3.1. U and V start at ``sqrt(init_std / k)`` times independent log-normal jitter
-            (``exp(0.1 * N(0, 1))``, which breaks the symmetry between the k columns; without it they would get
-            identical gradients and stay a rank-1 matrix), rescaled so that the mean of U V^T is ``init_std``.
+            ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`), paper section 3.1. U and V start at
+            ``sqrt(init_std / k)`` times independent log-normal jitter (``exp(0.1 * N(0, 1))``, which breaks the
+            symmetry between the k columns; without it they would get identical gradients and stay a rank-1 matrix),
+            rescaled so that the mean of U V^T is ``init_std``.
         estimator: ``"reparam"``, ``"local"`` or ``"flipout"``, as for :class:`MeanField`.
     """
 
