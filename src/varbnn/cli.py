@@ -3,10 +3,64 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "max_threads", "DEVICE_CHOICES"]
+
+DEVICE_CHOICES = "cpu, cuda, cuda:N (N < the number of GPUs), mps, or auto (cuda if available, else cpu)"
+"""The values ``--device`` accepts (a device that this machine lacks is refused before anything runs)."""
+
+
+def max_threads() -> int:
+    """The largest ``--threads``: 4 x ``os.cpu_count()``. More threads than that only contend for the cores (10,000 hung
+    torch and 100,000 crashed it)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def _fail(prog: str, message: str) -> NoReturn:
+    """An argparse-style error in one line (``prog: error: message``), exit status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _threads_error(threads: int) -> str | None:
+    limit = max_threads()
+    if 1 <= threads <= limit:
+        return None
+    return f"--threads must be an integer in [1, {limit}] (4 x the {limit // 4} CPU cores of os.cpu_count()), got {threads}"
+
+
+def _device_error(device: str) -> str | None:
+    """Why ``--device device`` cannot run here, or None."""
+    import torch
+
+    if device == "auto":
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return f"--device {device!r} is not a device name; allowed: {DEVICE_CHOICES}"
+    if parsed.type == "cpu":
+        return None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            return (
+                f"--device {device!r}: CUDA is not available on this machine (torch.cuda.is_available() is False); "
+                "use cpu or auto"
+            )
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            return f"--device {device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        return None
+    if parsed.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            return f"--device {device!r}: MPS is not available on this machine; use cpu or auto"
+        return None
+    return f"--device {device!r}: device type {parsed.type!r} is not supported; allowed: {DEVICE_CHOICES}"
 
 
 def _table(rows: list[dict[str, object]], keys: Sequence[str]) -> str:
@@ -27,14 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, default_out: str) -> None:
-        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto (default: cpu)")
+        p.add_argument("--device", default="cpu", help=f"{DEVICE_CHOICES} (default: cpu)")
         p.add_argument("--out", default=default_out, help=f"output directory (default: {default_out})")
         p.add_argument("--data-dir", default=None, help="dataset directory (default: $VARBNN_DATA, then ~/.cache/varbnn)")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
         p.add_argument(
             "--threads", type=int, default=None,
-            help="CPU threads of this process (torch.set_num_threads; default: torch's, one per core); the page's "
-            "device line names the count",
+            help=f"CPU threads of this process, 1 to {max_threads()} (4 x the cores; torch.set_num_threads; default: "
+            "torch's, one per core); the page's device line names the count",
         )  # fmt: skip
 
     demo = sub.add_parser("demo", help="plain MLP vs mean-field BNN on the bundled digits set (offline, < 3 min)")
@@ -112,9 +166,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'graves-mnist-lstm':20s} graves-mnist on a row LSTM (the recurrent case)")
         print(f"{'graves-prune-lstm':20s} graves-prune on the row LSTM of graves-mnist-lstm")
         return 0
+    prog = f"varbnn {args.command}"
     if getattr(args, "threads", None) is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be a positive integer, got {args.threads}")
+        threads_error = _threads_error(args.threads)
+        if threads_error:
+            _fail(prog, threads_error)
+    if getattr(args, "device", None) is not None:
+        device_error = _device_error(args.device)
+        if device_error:
+            _fail(prog, device_error)
+    if getattr(args, "threads", None) is not None:
         import torch
 
         torch.set_num_threads(args.threads)
