@@ -10,6 +10,8 @@ bits-back cost of the weights). See :mod:`varbnn.divergence` for how the KL is s
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,20 +83,40 @@ class ELBOTerms:
         }
 
 
+def _training_set_size(n_data: Any, name: str = "n_data") -> int:
+    """``n_data`` (the number of training examples the KL is spread over) as a Python ``int``.
+
+    Any integral number is accepted: a Python or NumPy integer, a 0-d tensor holding an integer, or a float with no
+    fractional part (``1000.0``); refused with a ``ValueError`` naming ``name``: bools, fractional or non-finite
+    numbers, tensors of more than one element, anything else, and values < 1.
+    """
+    value: int | None = None
+    if isinstance(n_data, torch.Tensor) and n_data.dim() == 0 and n_data.dtype != torch.bool:
+        n_data = n_data.item()
+    if not isinstance(n_data, (bool, torch.Tensor)) and type(n_data).__name__ != "bool_":
+        try:
+            value = operator.index(n_data)
+        except TypeError:
+            if isinstance(n_data, numbers.Real) and math.isfinite(n_data) and float(n_data).is_integer():
+                value = int(n_data)
+    if value is None or value < 1:
+        raise ValueError(f"{name} must be a positive integer (the training-set size), got {n_data!r}")
+    return value
+
+
 def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.0) -> ELBOTerms:
     """``loss = nll + beta * kl(model) / n_data``, with the parts returned for logging.
 
     Args:
         nll: the MEAN negative log-likelihood over the batch (a scalar), nats.
         model: the model whose Bayesian layers contribute ``varbnn.kl(model)``.
-        n_data: number of training examples (not the batch size), > 0.
+        n_data: number of training examples (not the batch size), > 0: any integral number (e.g. ``np.int64``).
         beta: KL weight (1 for the true ELBO; < 1 during annealing), >= 0.
     """
     if not isinstance(nll, torch.Tensor) or nll.dim() != 0:
         shape = tuple(nll.shape) if isinstance(nll, torch.Tensor) else type(nll).__name__
         raise ValueError(f"nll must be a scalar tensor (the batch-mean NLL), got {shape}")
-    if isinstance(n_data, bool) or not isinstance(n_data, int) or n_data < 1:
-        raise ValueError(f"n_data must be a positive integer (the training-set size), got {n_data!r}")
+    n_data = _training_set_size(n_data)
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     kl_total = model_kl(model)
@@ -224,8 +246,7 @@ def graves_gradients(
     """
     from varbnn.families.gaussian import MeanField
 
-    if isinstance(n_data, bool) or not isinstance(n_data, int) or n_data < 1:
-        raise ValueError(f"n_data must be a positive integer (the training-set size), got {n_data!r}")
+    n_data = _training_set_size(n_data)
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     fisher_families: list[tuple[MeanField, str]] = []

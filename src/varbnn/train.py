@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import math
 import os
+import pickle
 import random
+import re
+import struct
 import tempfile
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -16,12 +24,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics
-from varbnn.objectives import ELBOTerms, elbo_loss, graves_gradients, uses_graves_estimator
+from varbnn.objectives import ELBOTerms, _training_set_size, elbo_loss, graves_gradients, uses_graves_estimator
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import update_adaptive_priors
 
 __all__ = [
     "fit",
+    "NonFiniteError",
+    "CheckpointError",
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "read_checkpoint",
     "default_optimizer",
     "evaluate_classifier",
     "evaluate_weight_samples",
@@ -52,23 +65,290 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def save_checkpoint(
-    path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any
-) -> Path:
-    """Write ``{"model", "optimizer", **extra}`` state dicts atomically (temp file + rename): an interrupted
-    save never destroys the previous checkpoint. ``extra`` values must be plain data (numbers, strings, lists,
-    dicts, tensors) so that :func:`load_checkpoint` can use ``weights_only=True``."""
-    path = Path(path)
+class NonFiniteError(ValueError, FloatingPointError):
+    """A NaN or infinite value met in training.
+
+    ``kind`` says where: ``"data"`` (a batch's inputs or floating-point targets), ``"loss"`` (the step's loss),
+    ``"gradient"`` (a parameter's gradient after ``backward``, before ``optimizer.step``) or ``"parameters"`` (a
+    parameter, checked before a checkpoint is written); ``epoch`` (1-based), ``step`` (the global optimizer step the
+    batch was for, 1-based, as in ``on_step_end``) and ``batch`` (0-based index within the epoch) say when, ``None``
+    outside a training step. Both a ``ValueError`` (bad data) and a ``FloatingPointError`` (numerics), so either
+    ``except`` clause catches it.
+    """
+
+    def __init__(
+        self, message: str, *, kind: str = "", epoch: int | None = None, step: int | None = None, batch: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.kind, self.epoch, self.step, self.batch = kind, epoch, step, batch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: empty, truncated or not a torch file; not written by
+    :func:`save_checkpoint` (other Python objects, or a dict without a ``"model"`` entry); damaged (its sha256 checksum
+    does not match its content); missing the entries a resume needs; holding NaN/inf parameters or optimizer state; or
+    not fitting the model. The message names the file (also in ``path``) and what is wrong."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"checkpoint {os.fspath(path)}: {problem}")
+        self.path = Path(path)
+
+
+CHECKPOINT_FORMAT = "varbnn-checkpoint"
+CHECKPOINT_VERSION = 1
+_RESERVED_KEYS = ("format", "version", "model", "optimizer")
+
+
+_PLAIN_SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
+
+
+def _check_plain_data(value: Any, where: str) -> None:
+    """Refuse (``TypeError``, naming the entry) anything ``torch.load(weights_only=True)`` would not load back."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.is_quantized:
+            raise TypeError(f"checkpoint entry {where}: only dense tensors can be stored, got layout {value.layout}")
+    elif kind in (dict, OrderedDict):
+        for key, item in value.items():
+            _check_plain_data(key, f"{where} (a key)")
+            _check_plain_data(item, f"{where}[{key!r}]")
+    elif kind in (list, tuple, torch.Size):
+        for index, item in enumerate(value):
+            _check_plain_data(item, f"{where}[{index}]")
+    else:
+        raise TypeError(
+            f"checkpoint entry {where} is a {kind.__module__}.{kind.__qualname__}: checkpoints hold plain data only "
+            "(None, bool, int, float, str, tensors, and dicts, lists and tuples of these), so that they load with "
+            "torch.load(weights_only=True)"
+        )
+
+
+# The checksum trailer: the zip archive's comment (after the end-of-central-directory record) holds the sha256 of
+# every byte of the file before it, so any flipped bit or byte, anywhere, is detected; torch.load ignores it.
+_EOCD_SIGNATURE = b"PK\x05\x06"
+_EOCD_SIZE = 22
+_TRAILER_PREFIX = b"varbnn-checkpoint v1 sha256="
+_TRAILER_SIZE = len(_TRAILER_PREFIX) + 64
+
+
+def _with_checksum(archive: bytes) -> bytes:
+    """``archive`` (torch.save's zip, no comment) with the checksum trailer as its zip comment."""
+    if len(archive) < _EOCD_SIZE or archive[-_EOCD_SIZE : -_EOCD_SIZE + 4] != _EOCD_SIGNATURE or archive[-2:] != b"\0\0":
+        raise RuntimeError("torch.save wrote an unexpected archive layout: cannot append the checksum")
+    body = archive[:-2] + struct.pack("<H", _TRAILER_SIZE) + _TRAILER_PREFIX
+    return body + hashlib.sha256(body).hexdigest().encode()
+
+
+def _verify_checksum(path: Path, data: bytes) -> bool:
+    """True when ``data`` ends with a checksum trailer that matches (``CheckpointError`` when one is there but does
+    not match); False when there is none (a file not written by :func:`save_checkpoint`, or written before
+    checksums existed)."""
+    eocd = len(data) - _TRAILER_SIZE - _EOCD_SIZE
+    if eocd < 0 or data[eocd : eocd + 4] != _EOCD_SIGNATURE:
+        return False
+    body, stored = data[: -64], data[-64:]
+    if data[-_TRAILER_SIZE:-64] != _TRAILER_PREFIX or data[eocd + 20 : eocd + 22] != struct.pack("<H", _TRAILER_SIZE):
+        raise CheckpointError(path, "damaged: its checksum trailer is corrupt (a flipped bit or byte at the end of the file)")
+    if hashlib.sha256(body).hexdigest().encode() != stored:
+        raise CheckpointError(
+            path,
+            "damaged: its sha256 checksum does not match its content (a flipped bit or byte, or a partial write); "
+            "restore it from a copy or delete it to start over",
+        )
+    return True
+
+
+_TMP_NAME = re.compile(r"\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.tmp")
+
+
+def _write_bytes(file: BinaryIO, data: bytes, chunk: int = 1 << 24) -> None:
+    view = memoryview(data)
+    for start in range(0, len(view), chunk):
+        file.write(view[start : start + chunk])
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same directory: write, flush, ``fsync`` the file, ``os.replace``,
+    then ``fsync`` the directory (best effort). An interrupted write leaves the previous file intact; temp files left
+    by earlier saves that were killed (``.<name>.XXXXXXXX.tmp``, older than this one) are removed afterwards."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None, **extra}
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        torch.save(state, tmp)
+        created = os.stat(handle).st_mtime_ns
+        with os.fdopen(handle, "wb") as file:
+            _write_bytes(file, data)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError:  # not supported everywhere (e.g. Windows); the rename itself is done
+        pass
+    _remove_orphaned_temp_files(path, created)
+
+
+def _remove_orphaned_temp_files(path: Path, before_ns: int) -> None:
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TMP_NAME.fullmatch(entry.name)
+        if match is None or match["name"] != path.name:
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime_ns < before_ns:
+                os.unlink(entry.path)
+        except OSError:  # removed meanwhile, or not ours to remove
+            pass
+
+
+def _nonfinite_names(named: Iterable[tuple[str, Any]]) -> list[str]:
+    return [
+        name
+        for name, value in named
+        if isinstance(value, torch.Tensor)
+        and (value.is_floating_point() or value.is_complex())
+        and not bool(torch.isfinite(value).all())
+    ]
+
+
+def _listing(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    allow_nonfinite: bool = False,
+    **extra: Any,
+) -> Path:
+    """Write ``{"format", "version", "model", "optimizer", **extra}`` with a sha256 checksum, atomically and durably.
+
+    ``model`` and ``optimizer`` are stored as state dicts; ``extra`` values must be plain data (None, bool, int,
+    float, str, tensors, and dicts, lists and tuples of these; a ``TypeError`` otherwise), so that the file loads
+    with ``torch.load(weights_only=True)``. The file is ``torch.save``'s zip archive whose zip comment (the last
+    92 bytes) is ``varbnn-checkpoint v1 sha256=<hex>``: the sha256 of every byte before it, verified by
+    :func:`read_checkpoint`, so a flipped bit or byte anywhere is detected. It is still an ordinary torch file:
+    ``torch.load(path, weights_only=True)["model"]`` works.
+
+    The write goes to a temp file in the same directory, is flushed and ``fsync``-ed, renamed over ``path``
+    (``os.replace``) and the directory is ``fsync``-ed: a save interrupted at any point leaves the previous checkpoint
+    intact. Temp files of earlier saves that were killed are removed. Parameters holding NaN or inf are refused
+    (:class:`NonFiniteError`, nothing written) unless ``allow_nonfinite``.
+    """
+    path = Path(path)
+    reserved = sorted(set(extra) & set(_RESERVED_KEYS))
+    if reserved:
+        raise ValueError(f"save_checkpoint: {reserved} are reserved checkpoint entries, not allowed in extra")
+    if not allow_nonfinite:
+        bad = _nonfinite_names(model.named_parameters())
+        if bad:
+            raise NonFiniteError(
+                f"refusing to write checkpoint {path}: parameters {_listing(bad)} hold NaN or inf values (the "
+                "previous checkpoint, if any, is kept; pass allow_nonfinite=True to write it anyway)",
+                kind="parameters",
+            )
+    state: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer else None,
+        **extra,
+    }
+    _check_plain_data(state, "checkpoint")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    _write_atomically(path, _with_checksum(buffer.getvalue()))
     return path
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of an exception's message, shortened; never torch's advice about ``weights_only``."""
+    lines = str(error).strip().splitlines()
+    text = (lines[0] if lines else "").split(". ")[0]
+    if "weights_only" in text or "weights only" in text.lower():
+        text = ""
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def read_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The verified content of a checkpoint written by :func:`save_checkpoint`, loaded with ``weights_only=True``.
+
+    Raises :class:`CheckpointError` naming the file and the problem when it is empty, truncated or not a torch file,
+    holds objects other than plain data, is not a dict with a ``"model"`` entry, or its checksum does not match its
+    bytes (a flipped bit or byte anywhere); ``FileNotFoundError`` when it does not exist. A file written before
+    checksums existed (a dict with ``"model"``, no ``"format"`` entry and no checksum) is loaded unverified with a
+    ``UserWarning``; saving it again adds the checksum.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if not path.is_file():
+        raise CheckpointError(path, "is not a file")
+    data = path.read_bytes()
+    if not data:
+        raise CheckpointError(path, "the file is empty (0 bytes): an interrupted copy or write")
+    verified = _verify_checksum(path, data)
+    if not data.startswith(b"PK\x03\x04"):
+        raise CheckpointError(
+            path,
+            f"not a checkpoint: not the zip archive torch.save writes (it starts with {data[:8]!r}); damaged, or "
+            "another kind of file",
+        )
+    try:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            path,
+            "not a varbnn checkpoint: it holds Python objects other than plain data (tensors, numbers, strings, "
+            "lists, dicts), which save_checkpoint never writes (or it is damaged)",
+        ) from None
+    except Exception as error:  # noqa: BLE001 -- torch raises RuntimeError, EOFError, OSError, KeyError, ...
+        raise CheckpointError(
+            path,
+            f"cannot be read ({len(data)} bytes): truncated, damaged or not a file written by torch.save ({_reason(error)})",
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"not a varbnn checkpoint: it holds a {type(state).__name__}, not a dict")
+    if not verified:
+        if "format" in state:
+            raise CheckpointError(path, "damaged: its checksum trailer is missing (a truncated or altered end of the file)")
+        if "model" not in state:
+            keys = _listing([repr(k) for k in state], 8) or "none"
+            raise CheckpointError(path, f"not a varbnn checkpoint: a dict without a 'model' entry (keys: {keys})")
+        warnings.warn(
+            f"checkpoint {path} has no checksum (written before varbnn checkpoint format {CHECKPOINT_VERSION}): "
+            "loaded unverified; saving it again adds one",
+            UserWarning,
+            stacklevel=2,
+        )
+        return state
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(path, f"not a varbnn checkpoint (format {state.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
+    version = state.get("version")
+    if type(version) is not int or not 1 <= version <= CHECKPOINT_VERSION:
+        raise CheckpointError(
+            path, f"format version {version!r} is not one this varbnn reads (1 to {CHECKPOINT_VERSION}): from a newer varbnn?"
+        )
+    if not isinstance(state.get("model"), dict):
+        raise CheckpointError(path, "not a varbnn checkpoint: no 'model' state dict")
+    return state
 
 
 def load_checkpoint(
@@ -76,13 +356,132 @@ def load_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     map_location: str | torch.device = "cpu",
+    *,
+    allow_nonfinite: bool = False,
 ) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``); returns it."""
-    state = torch.load(path, map_location=map_location, weights_only=True)
-    model.load_state_dict(state["model"])
-    if optimizer is not None and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and ``optimizer``, when the file holds
+    its state); returns the file's content (:func:`read_checkpoint`: ``weights_only=True``, checksum verified).
+
+    Raises :class:`CheckpointError` naming the file when :func:`read_checkpoint` does, when the state does not fit
+    the model or optimizer, or when parameters or optimizer state hold NaN or inf (unless ``allow_nonfinite``;
+    nothing is loaded then).
+    """
+    state = read_checkpoint(path, map_location)
+    _apply_checkpoint(Path(path), state, model, optimizer, allow_nonfinite=allow_nonfinite)
     return state
+
+
+def _apply_checkpoint(
+    path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None, *, allow_nonfinite: bool
+) -> None:
+    if not isinstance(state.get("model"), dict):
+        raise CheckpointError(path, "not a varbnn checkpoint: its 'model' entry is not a state dict")
+    optimizer_state = state.get("optimizer")
+    if optimizer_state is not None and not isinstance(optimizer_state, dict):
+        raise CheckpointError(path, f"its 'optimizer' entry is a {type(optimizer_state).__name__}, not a state dict")
+    if not allow_nonfinite:
+        parameters = {name for name, _ in model.named_parameters()}
+        bad = _nonfinite_names((k, v) for k, v in state["model"].items() if k in parameters)
+        if optimizer is not None and optimizer_state is not None:
+            for index, entry in dict(optimizer_state.get("state", {})).items():
+                if isinstance(entry, dict):
+                    bad += [f"optimizer state {index}.{key}" for key in _nonfinite_names(entry.items())]
+        if bad:
+            raise CheckpointError(
+                path, f"holds NaN or inf values in {_listing(bad)}: refusing to load it (allow_nonfinite=True loads it)"
+            )
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(path, f"does not fit the model: {error}") from None
+    if optimizer is not None and optimizer_state is not None:
+        try:
+            optimizer.load_state_dict(optimizer_state)
+        except (RuntimeError, KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(path, f"does not fit the optimizer: {error}") from None
+
+
+def _loader_generators(loader: object) -> dict[str, torch.Generator]:
+    """The ``torch.Generator`` objects a loader draws from: ``loader.generator`` (a ``DataLoader``'s: the workers'
+    base seed), ``loader.sampler.generator`` and ``loader.batch_sampler.sampler.generator`` (shuffling), each once."""
+    owners = {
+        "loader": loader,
+        "sampler": getattr(loader, "sampler", None),
+        "batch_sampler.sampler": getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    }
+    found: dict[str, torch.Generator] = {}
+    for name, owner in owners.items():
+        generator = getattr(owner, "generator", None) if owner is not None else None
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found.values()):
+            found[name] = generator
+    return found
+
+
+def _rng_state(loader: object) -> dict[str, Any]:
+    """Every random-number state a training run draws from, as plain data (see :func:`fit`)."""
+    version, mt_state, gauss_next = random.getstate()
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": torch.tensor(mt_state, dtype=torch.int64), "gauss_next": gauss_next},
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    generators = _loader_generators(loader)
+    if generators:
+        state["loader"] = {name: g.get_state() for name, g in generators.items()}
+    return state
+
+
+def _restore_rng_state(state: Any, loader: object, path: Path) -> None:
+    if isinstance(state, torch.Tensor):  # checkpoints written before the other states were saved
+        torch.set_rng_state(state.cpu())
+        return
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"its 'rng' entry is a {type(state).__name__}, not the random states fit saves")
+    try:
+        if "python" in state:
+            py = state["python"]
+            gauss = py["gauss_next"]
+            random.setstate((int(py["version"]), tuple(int(v) for v in py["state"].tolist()), gauss))
+        if "numpy" in state:
+            npy = state["numpy"]
+            keys = npy["keys"].cpu().numpy().astype(np.uint32)
+            np.random.set_state((npy["name"], keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"])))
+        if "torch" in state:
+            torch.set_rng_state(state["torch"].cpu())
+        if "cuda" in state and torch.cuda.is_available():
+            saved = [s.cpu() for s in state["cuda"]]
+            if len(saved) != torch.cuda.device_count():
+                warnings.warn(
+                    f"checkpoint {path} holds the CUDA random states of {len(saved)} devices, this machine has "
+                    f"{torch.cuda.device_count()}: restored for the first {min(len(saved), torch.cuda.device_count())}",
+                    stacklevel=3,
+                )
+            for index, device_state in enumerate(saved[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(device_state, index)
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+        raise CheckpointError(path, f"its random states cannot be restored ({_reason(error)})") from None
+    saved_generators = state.get("loader", {})
+    generators = _loader_generators(loader)
+    for name, generator in generators.items():
+        if name in saved_generators:
+            generator.set_state(saved_generators[name].cpu())
+    unmatched = sorted(set(generators) ^ set(saved_generators))
+    if unmatched:
+        warnings.warn(
+            f"resuming from {path}: the loader's random generators ({sorted(generators)}) are not those saved "
+            f"({sorted(saved_generators)}); {unmatched} not restored, so the data order differs from an "
+            "uninterrupted run",
+            stacklevel=3,
+        )
 
 
 def _has_adaptive_prior(model: nn.Module) -> bool:
@@ -126,6 +525,8 @@ def fit(
     on_step_end: Callable[[int, ELBOTerms], None] | None = None,
     distributed: bool | None = None,
     mc_samples: int = 1,
+    skip_nonfinite: bool = False,
+    checkpoint_extra: Callable[[], dict[str, Any]] | None = None,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
@@ -133,10 +534,41 @@ def fit(
     take their gradients from :func:`varbnn.objectives.graves_gradients` (a weight draw per example, Fisher
     variance gradient) instead of ``loss.backward()``. ``beta`` is a number or a function of the
     global step (e.g. ``lambda s: linear_kl_annealing(s, 1000)``). Returns one dict per epoch with the mean
-    loss, NLL (nats), KL (nats) and beta; ``checkpoint`` is rewritten (atomically) after each epoch.
-    With ``resume`` and an existing ``checkpoint``, training continues after the last completed epoch (model,
-    optimizer, step count, history and RNG states restored), so a killed run loses at most one epoch; a finished
-    checkpoint returns its history at once.
+    loss, NLL (nats), KL (nats) and beta.
+
+    ``n_data`` is the training-set size (the number of examples the KL is spread over): any integral number >= 1
+    (Python or NumPy integer, 0-d tensor, integer-valued float). A ``ValueError`` names it when a batch, or the
+    distinct examples a ``DataLoader`` yields per epoch (sequential or shuffled without replacement), outnumber it;
+    a loader that yields no batches in an epoch is a ``ValueError`` too.
+
+    Non-finite values stop training with a :class:`NonFiniteError` that says which (``kind``: ``"data"`` -- NaN/inf
+    in a batch's inputs or floating-point targets, checked before the forward pass; ``"loss"``; ``"gradient"`` --
+    after ``backward``, before ``optimizer.step``; ``"parameters"`` -- checked before each checkpoint) and where
+    (epoch, global step, batch index). The optimizer never steps on a non-finite loss or gradient, and no
+    checkpoint with non-finite parameters is written, so the last good checkpoint survives. With
+    ``skip_nonfinite=True`` a batch whose loss or gradient is non-finite is skipped instead (gradients dropped, no
+    optimizer step, no ``on_step_end``, the step counter not advanced) and counted in each epoch's record as
+    ``skipped``; the epoch's means are over the other batches. Non-finite data still raise (the same batch would be
+    skipped every epoch), and so does an epoch in which every batch was skipped.
+
+    ``checkpoint`` is rewritten (:func:`save_checkpoint`: atomically, with a checksum) after each epoch, once
+    ``on_epoch_end`` has returned; ``checkpoint_extra()``, when given, is called then and its dict (plain data) is
+    stored in the same file under ``"extra"`` (e.g. a callback's own state, which then stays consistent with the
+    epoch; read it back with :func:`read_checkpoint`). With ``resume`` and an existing ``checkpoint`` training
+    continues after the last completed epoch, so a killed run loses at most one epoch; a finished checkpoint returns
+    its history at once. A checkpoint that is damaged, lacks the ``epoch``/``history``/``model`` entries or holds
+    NaN/inf parameters or optimizer state is refused (:class:`CheckpointError`, naming the file). Restored on resume:
+    the model, the optimizer state, the step count, the history, and every random state the run draws from --
+    Python's ``random``, NumPy's global generator, torch's CPU generator, the CUDA generators of all devices (when
+    CUDA was initialised), and the loader's ``torch.Generator`` objects (``loader.generator``, which draws the
+    workers' base seed, and ``loader.sampler.generator`` / ``loader.batch_sampler.sampler.generator``, which
+    shuffle); all are saved after ``on_epoch_end``, so the resumed run draws exactly what the uninterrupted one
+    would, including a callback's random draws and a ``DataLoader(shuffle=True, generator=g)``'s order. The
+    sampler's epoch needs no state: ``loader.sampler.set_epoch(epoch)`` is called at every epoch. Not restored:
+    other generators a callback or dataset keeps itself, the random state inside ``persistent_workers`` processes
+    (non-persistent workers are reseeded from the loader's generator every epoch, so they are reproduced), and, in
+    distributed runs, the other ranks' states (the checkpoint holds rank 0's; each rank's weight noise is reseeded
+    from it by rank, so a resumed distributed run is not bit-identical to an uninterrupted one).
 
     ``on_step_end(step, terms)`` runs after every optimizer step (``step`` counts from 1; the parameters'
     ``.grad`` still hold that step's gradients, e.g. for :class:`varbnn.analysis.GradientSNR`). A callback that
@@ -154,14 +586,23 @@ def fit(
     averaged over the ranks and only rank 0 writes ``checkpoint`` (the unwrapped model's state dict, loadable in a
     single process). The per-rank loss is ``mean NLL of the shard + beta * KL / n_data``, so with averaged gradients
     the KL counts once per global step (see :mod:`varbnn.distributed`). Models with the Graves estimator are not
-    wrapped: their gradients (per-example Fisher) are averaged with an all-reduce instead.
+    wrapped: their gradients (per-example Fisher) are averaged with an all-reduce instead. Non-finite checks are
+    agreed on by all ranks (every rank raises, or skips, together).
     """
     from varbnn import distributed as vdist
 
+    n_data = _training_set_size(n_data)
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
     if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
         raise ValueError(f"mc_samples must be a positive integer, got {mc_samples!r}")
+    per_epoch = _distinct_examples_per_epoch(loader)
+    if per_epoch is not None and per_epoch > n_data:
+        raise ValueError(
+            f"n_data={n_data} is smaller than the {per_epoch} distinct examples the loader yields per epoch: n_data "
+            "must be the training-set size (the number of examples the KL is spread over), not a batch size"
+        )
+    check_batch_size = not _draws_with_replacement(loader)
     if distributed is None:
         distributed = vdist.is_distributed()
     elif distributed and not vdist.is_distributed():
@@ -191,14 +632,12 @@ def fit(
     step = 0
     first_epoch = 0
     if resume and checkpoint is not None and Path(checkpoint).exists():
-        state = load_checkpoint(checkpoint, model, optimizer, map_location=dev)
-        first_epoch, history, step = int(state["epoch"]), list(state["history"]), int(state.get("step", 0))
-        if "rng" in state:
-            torch.set_rng_state(state["rng"])
+        first_epoch, history, step = _resume(Path(checkpoint), model, optimizer, loader, dev)
         if first_epoch > epochs:
             raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
         torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
+    parameters = list(model.parameters())
     bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=not progress, leave=False, initial=first_epoch, total=epochs)
     for epoch in bar:
         model.train()
@@ -206,11 +645,21 @@ def fit(
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)  # type: ignore[union-attr]
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
-        batches = 0
+        batches = used = skipped = 0
         for x, y in loader:
+            where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
+            batches += 1
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            if x.is_floating_point() and not torch.isfinite(x).all():
-                raise ValueError("training inputs contain NaN or infinite values")
+            if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
+                raise ValueError(
+                    f"n_data={n_data} is smaller than one batch ({x.shape[0]} examples at {where}): n_data must be "
+                    "the training-set size (the number of examples the KL is spread over), not a batch size"
+                )
+            kind, detail = None, _nonfinite_data(x, y)
+            if detail is not None:
+                kind = "data"
+                if not distributed:
+                    raise _nonfinite_error(kind, detail, where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
             optimizer.zero_grad(set_to_none=True)
             if graves:
                 terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
@@ -218,30 +667,165 @@ def fit(
                     vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
             else:
                 terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
+            loss = float(terms.loss.detach())
+            if kind is None and not math.isfinite(loss):
+                kind = "loss"
+                detail = (
+                    f"the loss is {loss} (nll {float(terms.nll)}, kl {float(terms.kl)}) although the batch's data are "
+                    "finite: the optimisation diverged (lower lr?), or nll is undefined for these targets"
+                )
+            if kind is None and not _gradients_finite(parameters):
+                kind = "gradient"
+                names = _nonfinite_names((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
+                detail = f"the gradients of {_listing(names)} hold NaN or inf (the loss, {loss}, is finite)"
+            if distributed:
+                flags = torch.tensor([kind == k for k in _KINDS], dtype=torch.float32, device=dev)
+                vdist.all_reduce_mean_([flags])
+                if kind is None and bool((flags > 0).any()):
+                    kind = _KINDS[int((flags > 0).nonzero()[0, 0])]
+                    detail = f"another rank met a non-finite {kind}"
+            if kind is not None:
+                if kind == "data" or not skip_nonfinite:
+                    raise _nonfinite_error(kind, str(detail), where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             optimizer.step()
             if adaptive:
                 update_adaptive_priors(model)
             if on_step_end is not None:
                 on_step_end(step + 1, terms)
                 model.train()
-            totals["loss"] += float(terms.loss.detach())
+            totals["loss"] += loss
             totals["nll"] += float(terms.nll)
             totals["kl"] += float(terms.kl)
-            batches += 1
+            used += 1
             step += 1
-        record = {k: v / max(batches, 1) for k, v in totals.items()}
+        if batches == 0:
+            raise ValueError(
+                f"the loader yielded no batches in epoch {epoch + 1}: nothing to train on (an empty dataset, or "
+                "batch_size larger than the dataset with drop_last=True?)"
+            )
+        if used == 0:
+            raise NonFiniteError(
+                f"every batch of epoch {epoch + 1} ({batches}) had a non-finite loss or gradient and was skipped "
+                "(skip_nonfinite=True): the model or the optimisation has diverged",
+                kind="loss",
+                epoch=epoch + 1,
+                step=step + 1,
+            )
+        record: dict[str, float] = {k: v / used for k, v in totals.items()}
         if distributed:
             means = torch.tensor([record["loss"], record["nll"], record["kl"]], dtype=torch.float64, device=dev)
             vdist.all_reduce_mean_([means])
             record.update(loss=float(means[0]), nll=float(means[1]), kl=float(means[2]))
-        record.update(epoch=epoch + 1, beta=schedule(step))
+        record.update(epoch=epoch + 1, beta=float(schedule(step)))
+        if skip_nonfinite:
+            record["skipped"] = skipped
         history.append(record)
         bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}")
-        if checkpoint is not None and vdist.is_main_process():
-            save_checkpoint(checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=torch.get_rng_state())
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
+        bad = _nonfinite_names(model.named_parameters())
+        if bad:
+            raise NonFiniteError(
+                f"non-finite parameters after epoch {epoch + 1}: {_listing(bad)} hold NaN or inf"
+                + (f"; checkpoint {checkpoint} keeps the last good epoch" if checkpoint is not None else ""),
+                kind="parameters",
+                epoch=epoch + 1,
+            )
+        if checkpoint is not None and vdist.is_main_process():
+            extra = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
+            save_checkpoint(
+                checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=_rng_state(loader), **extra
+            )
     return history
+
+
+_KINDS = ("data", "loss", "gradient")
+
+
+def _nonfinite_error(
+    kind: str, detail: str, where: str, epoch: int, step: int, batch: int, skipping: bool
+) -> NonFiniteError:
+    advice = {
+        "data": "clean the data (skip_nonfinite does not skip bad data)",
+        "loss": "the parameters were not updated" + ("" if skipping else "; skip_nonfinite=True skips such batches"),
+        "gradient": "the parameters were not updated" + ("" if skipping else "; skip_nonfinite=True skips such batches"),
+    }[kind]
+    return NonFiniteError(f"non-finite {kind} at {where}: {detail}; {advice}", kind=kind, epoch=epoch, step=step, batch=batch)
+
+
+def _nonfinite_data(x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """What is wrong with a batch, or ``None``: NaN/inf in the inputs or in floating-point targets."""
+    for label, tensor in (("inputs", x), ("targets", y)):
+        if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()):
+            finite = torch.isfinite(tensor)
+            if not bool(finite.all()):
+                nan = int(torch.isnan(tensor).sum())
+                inf = tensor.numel() - int(finite.sum()) - nan
+                return f"training {label} contain NaN or infinite values ({nan} NaN, {inf} inf of {tensor.numel()})"
+    return None
+
+
+def _gradients_finite(parameters: list[torch.Tensor]) -> bool:
+    grads = [p.grad for p in parameters if p.grad is not None and p.grad.numel() > 0]
+    if not grads:
+        return True
+    try:  # max |g| per tensor, NaN-propagating: one fused kernel instead of one isfinite per tensor
+        peaks = torch._foreach_norm(grads, float("inf"))
+        return bool(torch.stack([peak.to(torch.float64) for peak in peaks]).isfinite().all())
+    except (RuntimeError, TypeError, NotImplementedError):  # sparse gradients, mixed devices, ...
+        return all(bool(torch.isfinite(g.coalesce().values() if g.is_sparse else g).all()) for g in grads)
+
+
+def _distinct_examples_per_epoch(loader: object) -> int | None:
+    """How many distinct examples a ``DataLoader`` yields per epoch, where its sampler says so (sequential, or
+    shuffled without replacement); ``None`` for other loaders and samplers."""
+    from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if not isinstance(loader, DataLoader) or loader.batch_sampler is None:
+        return None
+    sampler = getattr(loader.batch_sampler, "sampler", None)
+    try:
+        if isinstance(sampler, RandomSampler) and not sampler.replacement:
+            count = min(len(sampler), len(sampler.data_source))  # type: ignore[arg-type]
+        elif isinstance(sampler, (SequentialSampler, SubsetRandomSampler, DistributedSampler)):
+            count = len(sampler)
+        else:
+            return None
+        if getattr(loader.batch_sampler, "drop_last", False):
+            count = min(count, len(loader.batch_sampler) * int(loader.batch_sampler.batch_size))  # type: ignore[attr-defined]
+    except (TypeError, AttributeError):
+        return None
+    return count
+
+
+def _draws_with_replacement(loader: object) -> bool:
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    return any(getattr(s, "replacement", False) is True for s in samplers)
+
+
+def _resume(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader: object, dev: torch.device
+) -> tuple[int, list[dict[str, float]], int]:
+    """Load a checkpoint written by :func:`fit` into the model and optimizer, restore the random states; returns
+    (completed epochs, history, step)."""
+    state = read_checkpoint(path, map_location=dev)
+    missing = [key for key in ("epoch", "history") if key not in state]
+    if missing:
+        entries = " or ".join(repr(k) for k in missing)
+        raise CheckpointError(path, f"has no {entries} entry: not written by fit, so training cannot resume from it")
+    epoch, history, step = state["epoch"], state["history"], state.get("step", 0)
+    if type(epoch) is not int or epoch < 0 or type(step) is not int or step < 0:
+        raise CheckpointError(path, f"its epoch ({epoch!r}) and step ({step!r}) must be integers >= 0")
+    if not isinstance(history, list) or len(history) != epoch or not all(isinstance(r, dict) for r in history):
+        raise CheckpointError(path, f"its history is not one record per completed epoch ({epoch})")
+    _apply_checkpoint(path, state, model, optimizer, allow_nonfinite=False)
+    if "rng" in state:
+        _restore_rng_state(state["rng"], loader, path)
+    return epoch, list(history), step
 
 
 def _accumulated_elbo_gradient(

@@ -285,6 +285,7 @@ class _Sidecar:
         self._state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
         if self.path is None or not is_main_process():
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._state))
         os.replace(tmp, self.path)
@@ -336,6 +337,7 @@ class _BestOfLast:
     def _export(self) -> None:
         if self.path is None or self.best is None:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         torch.save(self.best, tmp)
         os.replace(tmp, self.path)
