@@ -208,6 +208,7 @@ def test_cli_threads_sets_torch_threads_and_rejects_nonpositive(capsys):
         assert torch.get_num_threads() == 1
         with pytest.raises(SystemExit):
             main(["reproduce", "mnist-mlp", "--threads", "0"])
-        assert "--threads must be a positive integer, got 0" in capsys.readouterr().err
+        err = capsys.readouterr().err  # the allowed range is the CLI's to state (issue 25 bounds it above too)
+        assert "--threads must be" in err and "got 0" in err
     finally:
         torch.set_num_threads(before)
