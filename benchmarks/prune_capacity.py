@@ -47,10 +47,11 @@ from varbnn.prune import (
     count_parameters_and_flops,
     finetune,
     iterative_budget,
+    SelectFeatures,
     predictive_targets,
     reinitialize,
 )
-from varbnn.train import resolve_device
+from varbnn.train import CheckpointError, read_checkpoint, resolve_device, save_checkpoint
 
 STEM = "prune_capacity"
 
@@ -66,6 +67,74 @@ def _parse_widths(text: str) -> tuple[int, int, int]:
         sys.exit(f"--widths must be C1-C2-H with three positive integers (e.g. 4-7-66), got {text!r}")
     c1, c2, hidden = map(int, parts)
     return c1, c2, hidden
+
+
+def _layer_spec(layer: torch.nn.Module) -> dict[str, Any]:
+    """A plain-data description of one layer of an exported (pruned) chain, enough to rebuild it."""
+    if isinstance(layer, torch.nn.Linear):
+        return {"type": "Linear", "in": layer.in_features, "out": layer.out_features, "bias": layer.bias is not None}
+    if isinstance(layer, torch.nn.Conv2d):
+        return {
+            "type": "Conv2d", "in": layer.in_channels, "out": layer.out_channels, "kernel_size": list(layer.kernel_size),
+            "stride": list(layer.stride), "padding": layer.padding if isinstance(layer.padding, str) else list(layer.padding),
+            "dilation": list(layer.dilation), "groups": layer.groups, "bias": layer.bias is not None,
+        }  # fmt: skip
+    if isinstance(layer, torch.nn.MaxPool2d):
+        return {
+            "type": "MaxPool2d", "kernel_size": layer.kernel_size, "stride": layer.stride, "padding": layer.padding,
+            "dilation": layer.dilation, "ceil_mode": layer.ceil_mode,
+        }  # fmt: skip
+    if isinstance(layer, torch.nn.Flatten):
+        return {"type": "Flatten", "start_dim": layer.start_dim, "end_dim": layer.end_dim}
+    if isinstance(layer, torch.nn.ReLU):
+        return {"type": "ReLU"}
+    if isinstance(layer, SelectFeatures):
+        return {"type": "SelectFeatures", "size": layer.index.numel()}
+    raise TypeError(f"cannot describe a {type(layer).__name__} layer of the pruned model as plain data")
+
+
+def _build_layer(spec: dict[str, Any]) -> torch.nn.Module:
+    kind = spec["type"]
+    if kind == "Linear":
+        return torch.nn.Linear(spec["in"], spec["out"], bias=spec["bias"])
+    if kind == "Conv2d":
+        padding = spec["padding"] if isinstance(spec["padding"], str) else tuple(spec["padding"])
+        return torch.nn.Conv2d(
+            spec["in"], spec["out"], tuple(spec["kernel_size"]), tuple(spec["stride"]), padding, tuple(spec["dilation"]),
+            spec["groups"], spec["bias"],
+        )  # fmt: skip
+    if kind == "MaxPool2d":
+        return torch.nn.MaxPool2d(
+            spec["kernel_size"], spec["stride"], spec["padding"], spec["dilation"], ceil_mode=spec["ceil_mode"]
+        )
+    if kind == "Flatten":
+        return torch.nn.Flatten(spec["start_dim"], spec["end_dim"])
+    if kind == "ReLU":
+        return torch.nn.ReLU()
+    if kind == "SelectFeatures":
+        return SelectFeatures(torch.zeros(spec["size"], dtype=torch.long))
+    raise ValueError(f"unknown layer type {kind!r} in the saved pruned model")
+
+
+def _save_pruned(model: torch.nn.Module, path: Path) -> None:
+    """The pruned chain as plain data (layer descriptions + state dict, with a checksum): it loads with
+    ``torch.load(weights_only=True)``, unlike a pickled module."""
+    save_checkpoint(path, model, layers=[_layer_spec(layer) for layer in model])
+
+
+def _load_pruned(path: Path, device: torch.device) -> torch.nn.Module | None:
+    """The pruned chain saved by :func:`_save_pruned`, or None (it is then recomputed) when there is none or it
+    cannot be used (e.g. a pickled module written by an earlier version of this script)."""
+    if not path.exists():
+        return None
+    try:
+        state = read_checkpoint(path, map_location=device)
+        model = torch.nn.Sequential(*[_build_layer(spec) for spec in state["layers"]]).to(device)
+        model.load_state_dict(state["model"])
+    except (CheckpointError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        print(f"[prune_capacity] not reusing {path} ({error}); pruning again", file=sys.stderr)
+        return None
+    return model
 
 
 def main() -> None:
@@ -104,8 +173,9 @@ def main() -> None:
     if widths:
         keys += [(f"random, distilled, widths {args.widths}", k) for k in range(args.seeds)]
     model_path = best_path.with_name(f"{STEM}-final{args.final_epochs}.pt")
+    saved_pruned = _load_pruned(model_path, device) if ("posterior", 0) in done else None
     t0 = time.perf_counter()
-    finished = all(key in done for key in keys) and model_path.exists()
+    finished = all(key in done for key in keys) and saved_pruned is not None
     soft = None if finished else predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
     teacher_seconds = time.perf_counter() - t0
     max_flops, max_parameters = config.prune_budget  # type: ignore[misc]
@@ -121,9 +191,8 @@ def main() -> None:
         print({k: v for k, v in row.items() if k != "history"}, flush=True)
 
     # the posterior row's pruned model is the architecture the controls train: kept beside the checkpoint
-    if ("posterior", 0) in done and model_path.exists():
-        pruned = torch.load(model_path, map_location=device, weights_only=False)
-        report = done[("posterior", 0)]
+    if saved_pruned is not None:
+        pruned, report = saved_pruned, done[("posterior", 0)]
     else:
         t0 = time.perf_counter()
         pruned, report = iterative_budget(
@@ -132,7 +201,7 @@ def main() -> None:
             distill_weight=config.prune_distill_weight, start=config.prune_threshold, min_gap=config.prune_min_gap,
             **common,
         )  # fmt: skip
-        torch.save(pruned, model_path)
+        _save_pruned(pruned, model_path)
         done.pop(("posterior", 0), None)
         record({
             "init": "posterior", "distill_weight": config.prune_distill_weight, "epochs": total_epochs,
