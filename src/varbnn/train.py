@@ -91,7 +91,10 @@ class CheckpointError(ValueError):
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
         super().__init__(f"checkpoint {os.fspath(path)}: {problem}")
-        self.path = Path(path)
+        self.path, self.problem = Path(path), problem
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (e.g. across worker processes)
+        return type(self), (self.path, self.problem)
 
 
 CHECKPOINT_FORMAT = "varbnn-checkpoint"

@@ -7,6 +7,7 @@ and ``OUT/NAME.md`` (the table rendered from the JSON), plus figures named ``OUT
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from varbnn.predict import classification_summary, predict
 from varbnn.priors import make_prior
 from varbnn.train import (
     CheckpointError,
+    _write_atomically,
     default_optimizer,
     evaluate_classifier,
     evaluate_weight_samples,
@@ -285,10 +287,7 @@ class _Sidecar:
         self._state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
         if self.path is None or not is_main_process():
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._state))
-        os.replace(tmp, self.path)
+        _write_atomically(self.path, json.dumps(self._state).encode())
 
     def state(self) -> dict[str, Any]:
         """What the epoch checkpoint commits (plain data)."""
@@ -337,10 +336,9 @@ class _BestOfLast:
     def _export(self) -> None:
         if self.path is None or self.best is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(self.best, tmp)
-        os.replace(tmp, self.path)
+        buffer = io.BytesIO()
+        torch.save(self.best, buffer)
+        _write_atomically(self.path, buffer.getvalue())
         self._exported = int(self.best["epoch"])
 
     def state(self) -> dict[str, Any] | None:
