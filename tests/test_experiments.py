@@ -507,3 +507,52 @@ def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():
     schedule = _kl_weight(tempered, 10)["beta"]
     assert schedule(5) == pytest.approx(0.05) and schedule(20) == pytest.approx(0.1)
     assert _kl_weight(dataclasses.replace(config, kl_weight=None), 0) == {}  # fit's own default
+
+
+def test_baselines_run_through_the_same_runner(tmp_path):
+    """Temperature scaling, MC dropout, a deep ensemble and last-layer Laplace as variants of one config: trained and
+    evaluated by the generic loop, resumable, with their own checkpoint per ensemble member."""
+    config = ExperimentConfig(
+        name="baselines",
+        description="",
+        dataset="digits",
+        model="mlp",
+        model_options={"in_features": 64, "hidden": (16,), "out_features": 10},
+        variants=(
+            Variant("plain", family="plain"),
+            Variant("temperature", family="temperature"),
+            Variant("mc dropout", family="mc-dropout", family_options={"p": 0.2}),
+            Variant("ensemble", family="ensemble", family_options={"members": 2}),
+            Variant("laplace", family="laplace"),
+        ),
+        epochs=2,
+        batch_size=128,
+        seeds=(0,),
+        eval_samples=4,
+        validation_size=200,
+        resumable=True,
+        figures=(),
+    )
+    result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"plain", "temperature", "mc dropout", "ensemble", "laplace"}
+    # temperature scaling never changes the predicted class
+    assert rows["temperature"]["accuracy"] == pytest.approx(rows["plain"]["accuracy"])
+    assert rows["ensemble"]["parameters"] == pytest.approx(2 * rows["plain"]["parameters"])
+    members = sorted(p.name for p in (tmp_path / ".checkpoints").rglob("ensemble-seed0*.pt"))
+    assert members == ["ensemble-seed0-member0.pt", "ensemble-seed0-member1.pt"]
+    again = run_experiment(config, out_dir=tmp_path, progress=False, command="test")  # resumes every finished run
+    assert {r["variant"]: r["accuracy"] for r in again["rows"]} == {v: r["accuracy"] for v, r in rows.items()}
+
+
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        (Variant("x", family="mc-dropout", family_options={"q": 1}), "unknown family_options"),
+        (Variant("x", family="ensemble", family_options={"members": 1}), "members must be an integer >= 2"),
+    ],
+)
+def test_baseline_options_are_validated(variant, message):
+    config = dataclasses.replace(get_config("demo"), variants=(variant,))
+    with pytest.raises(ValueError, match=message):
+        build_model(config, variant)

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from varbnn import data as datasets
 from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, variance_explained
 from varbnn.convert import bayesianize
+from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
@@ -92,6 +93,8 @@ def load_classification(name: str, split: str, data_dir: str | None = None) -> t
 def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
     """The config's plain model, made Bayesian with the variant's family and prior (unless ``plain``); modules
     named in ``variant.module_families`` get their own family (sharing the one prior)."""
+    if variant.family in BASELINES:
+        return build_baseline(variant.family, lambda: make_model(config.model, **config.model_options), variant.family_options)
     plain = make_model(config.model, **config.model_options)
     if variant.family == "plain":
         return plain
@@ -368,9 +371,9 @@ def _evaluate(
     seed: int,
     dev: torch.device,
 ) -> tuple[dict[str, float], torch.Tensor]:
-    deterministic = variant.family in ("plain", "delta")
+    deterministic = variant.family in DETERMINISTIC
     scores, probs = evaluate_classifier(model, *test, samples=1 if deterministic else config.eval_samples, device=dev)
-    if config.eval_weight_samples and variant.family != "plain":
+    if config.eval_weight_samples and variant.family not in ("plain", *BASELINES):
         per_draw = evaluate_weight_samples(
             model, *test, n_train=n_train, samples=1 if deterministic else config.eval_weight_samples, seed=seed, device=dev
         )
@@ -398,7 +401,7 @@ def _ood_scores(
 ) -> tuple[dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
     """AUROC of telling ``x_ood`` (positives) from ``x_test`` by predictive entropy and by mutual information, and the
     two entropy vectors (for the figure). A deterministic model's mutual information is 0 everywhere: AUROC 0.5."""
-    samples = 1 if variant.family in ("plain", "delta") else config.eval_samples
+    samples = 1 if variant.family in DETERMINISTIC else config.eval_samples
     h_in, mi_in = _uncertainties(model, x_test, samples, dev)
     h_out, mi_out = _uncertainties(model, x_ood, samples, dev)
     labels = torch.cat([torch.zeros(len(h_in)), torch.ones(len(h_out))])
@@ -599,7 +602,7 @@ def run_experiment(
             else:
                 loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
             tracer = None
-            if (config.log_every or config.log_steps) and variant.family != "plain":
+            if (config.log_every or config.log_steps) and variant.family not in ("plain", *BASELINES):
                 tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
             t0 = time.perf_counter()
             checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
@@ -616,19 +619,26 @@ def run_experiment(
             def checkpoint_extra(sidecar: _Sidecar = sidecar, best: _BestOfLast | None = best) -> dict[str, Any]:
                 return {"traces": sidecar.state(), **({"best": best.state()} if best is not None else {})}
 
-            history = fit(
-                model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
-                optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr),
-                **_kl_weight(config, warmup),
-                on_step_end=tracer, checkpoint=checkpoint, resume=config.resumable,
-                on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
-                checkpoint_extra=checkpoint_extra if checkpoint is not None else None,
-                mc_samples=config.mc_samples if variant.family != "plain" else 1,
-            )  # fmt: skip
+            trained = members(model)  # a deep ensemble's members are trained one after the other
+            for index, member in enumerate(trained):
+                member_checkpoint = checkpoint
+                if checkpoint is not None and len(trained) > 1:
+                    member_checkpoint = checkpoint.with_name(f"{checkpoint.stem}-member{index}{checkpoint.suffix}")
+                history = fit(
+                    member, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
+                    optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
+                    **_kl_weight(config, warmup),
+                    on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
+                    on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
+                    checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
+                    mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1,
+                )  # fmt: skip
+            if variant.family in BASELINES:
+                model = after_training(variant.family, model, loader, validation, dev)
             train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
             selected_epoch = best.restore() if best is not None else None
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
-            for rank in config.posthoc_ranks if variant.family != "plain" else ():
+            for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
                 results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
             for key, (evaluated, label) in results.items():
                 scores, probs = _evaluate(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
@@ -645,7 +655,7 @@ def run_experiment(
                         scores.update(ood)
                         if seed == config.seeds[0]:
                             first_seed_entropies[label] = entropies
-                    if config.prune and variant.family != "plain":
+                    if config.prune and variant.family not in ("plain", *BASELINES):
                         pruned, thresholds = _prune_scores(
                             config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
                         )
