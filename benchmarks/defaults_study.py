@@ -184,7 +184,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     for family in {(r["family"], r["init"]) for r in rows}:
         candidates = [r for r in rows if (r["family"], r["init"]) == family]
         best = min(candidates, key=lambda r: r["nll_ratio"])
-        selected[f"{family[0]}/{family[1]}"] = {"beta": best["beta"], "nll_ratio": best["nll_ratio"], "ece_diff": best["ece_diff"]}
+        selected[f"{family[0]}/{family[1]}"] = {k: best[k] for k in ("beta", "nll_ratio", "ece_diff")}
     plain_rows = {}
     for (task, _seed), r in plain.items():
         for metric in ("nll", "ece", "accuracy"):
@@ -238,7 +238,8 @@ def figure(result: dict[str, Any], path: Path) -> None:
     plain = result["summary"]["plain"]
     for ax, task in zip(axes[0], tasks):
         for family, init in sorted({(r["family"], r["init"]) for r in result["summary"]["rows"]}):
-            rows = sorted((r for r in result["summary"]["rows"] if (r["family"], r["init"]) == (family, init)), key=lambda r: r["beta"])
+            rows = [r for r in result["summary"]["rows"] if (r["family"], r["init"]) == (family, init)]
+            rows.sort(key=lambda r: r["beta"])
             betas = [r["beta"] for r in rows if f"{task}:nll" in r]
             values = [r[f"{task}:nll"] for r in rows if f"{task}:nll" in r]
             label = family if init == "family" else f"{family} ({init} init)"

@@ -43,11 +43,11 @@ from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import lenet5
 from varbnn.prune import (
+    SelectFeatures,
     classification_error,
     count_parameters_and_flops,
     finetune,
     iterative_budget,
-    SelectFeatures,
     predictive_targets,
     reinitialize,
 )

@@ -54,7 +54,7 @@ def test_gamma_precision_predictive_is_the_gaussian_integrated_over_tau() -> Non
     f, y = torch.tensor([0.1, -0.4]), torch.tensor([0.7, 1.9])
     a, b = float(lik.shape), float(lik.rate)
     for fi, yi, got in zip(f.tolist(), y.tolist(), lik.log_prob(f, y).tolist()):
-        density = lambda tau: stats.norm.pdf(yi, fi, 1 / math.sqrt(tau)) * stats.gamma.pdf(tau, a, scale=1 / b)  # noqa: E731
+        density = lambda tau, yi=yi, fi=fi: stats.norm.pdf(yi, fi, 1 / math.sqrt(tau)) * stats.gamma.pdf(tau, a, scale=1 / b)  # noqa: E731
         oracle, _ = integrate.quad(density, 0, np.inf)
         assert got == pytest.approx(math.log(oracle), rel=1e-5)
     # the training term is the expected log-likelihood under q(tau) (Jensen: below the marginal)
@@ -122,7 +122,9 @@ def test_bad_arguments_get_clear_errors(make, match) -> None:
 
 
 def test_as_likelihood_by_name() -> None:
-    assert isinstance(as_likelihood("gaussian"), Gaussian)
+    assert isinstance(as_likelihood("categorical"), Categorical)
+    with pytest.raises(ValueError, match="learns parameters"):
+        as_likelihood("gaussian")  # its learned noise would be lost inside fit
     lik = HeteroscedasticGaussian()
     assert as_likelihood(lik) is lik
 

@@ -99,7 +99,8 @@ class TemperatureScaled(nn.Module):
         was_training = self.model.training
         self.model.eval()
         device = self.temperature.device
-        chunks = [predict(self.model, x[i : i + batch_size].to(device), samples=samples) for i in range(0, x.shape[0], batch_size)]
+        chunks = [predict(self.model, x[i : i + batch_size].to(device), samples=samples)
+                  for i in range(0, x.shape[0], batch_size)]  # fmt: skip
         logits = torch.cat(chunks, dim=1)
         self.temperature.fill_(fit_temperature(logits if samples > 1 else logits[0], y.to(device)))
         self.model.train(was_training)

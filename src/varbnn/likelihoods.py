@@ -376,12 +376,19 @@ class GammaPrecisionGaussian(Likelihood):
 
 
 def as_likelihood(value: Likelihood | str) -> Likelihood:
-    """A :class:`Likelihood` from itself or a name: ``"categorical"``, ``"gaussian"`` (learned noise),
-    ``"heteroscedastic"``, ``"gamma-precision"``."""
+    """A :class:`Likelihood` from itself or a name: ``"categorical"``, ``"heteroscedastic"``. Names of likelihoods
+    with learned parameters (``"gaussian"``, ``"gamma-precision"``) are refused: the learned noise lives in the object,
+    so create it and pass the same object to training and evaluation."""
     if isinstance(value, Likelihood):
         return value
     names = {"categorical": Categorical, "gaussian": Gaussian, "heteroscedastic": HeteroscedasticGaussian,
              "gamma-precision": GammaPrecisionGaussian}  # fmt: skip
     if isinstance(value, str) and value in names:
-        return names[value]()
+        made = names[value]()
+        if any(p.requires_grad for p in made.parameters()):
+            raise ValueError(
+                f"likelihood={value!r} learns parameters (its noise) that evaluation needs afterwards: create it, e.g. "
+                f"lik = varbnn.likelihoods.{type(made).__name__}(), and pass likelihood=lik to fit and to evaluate"
+            )
+        return made
     raise ValueError(f"likelihood must be a varbnn.likelihoods.Likelihood or one of {sorted(names)}, got {value!r}")

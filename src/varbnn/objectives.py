@@ -27,6 +27,7 @@ __all__ = [
     "elbo_loss",
     "score_correction",
     "linear_kl_annealing",
+    "default_kl_weight",
     "NATS_PER_BIT",
     "per_example_gradients",
     "graves_gradients",
@@ -138,6 +139,17 @@ def score_correction(model: nn.Module) -> torch.Tensor | None:
             if score is not None:
                 total = score if total is None else total + score
     return total
+
+
+def default_kl_weight(model: nn.Module) -> float:
+    """The KL weight :func:`varbnn.train.fit` uses when given ``beta=None``: the ``default_kl_weight`` of the model's
+    families (:class:`varbnn.families.VariationalFamily`), the smallest one if the model mixes families with different
+    defaults; 1 for a model without Bayesian tensors. The values and the evidence for them are on the defaults results
+    page (``benchmarks/results/defaults/``)."""
+    from varbnn.families.base import VariationalFamily
+
+    weights = [type(m).default_kl_weight for m in model.modules() if isinstance(m, VariationalFamily)]
+    return float(min(weights)) if weights else 1.0
 
 
 def linear_kl_annealing(step: int, warmup_steps: int) -> float:

@@ -24,12 +24,22 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics
-from varbnn.objectives import ELBOTerms, _training_set_size, elbo_loss, graves_gradients, uses_graves_estimator
+from varbnn.likelihoods import Likelihood, as_likelihood
+from varbnn.objectives import (
+    ELBOTerms,
+    _training_set_size,
+    default_kl_weight,
+    elbo_loss,
+    graves_gradients,
+    uses_graves_estimator,
+)
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import update_adaptive_priors
 
 __all__ = [
     "fit",
+    "evaluate",
+    "TrainingWarning",
     "NonFiniteError",
     "CheckpointError",
     "CHECKPOINT_FORMAT",
@@ -519,7 +529,8 @@ def fit(
     optimizer: torch.optim.Optimizer | None = None,
     lr: float = 1e-3,
     nll: NLLFunction = F.cross_entropy,
-    beta: float | BetaSchedule = 1.0,
+    likelihood: Likelihood | str | None = None,
+    beta: float | BetaSchedule | None = None,
     device: str | torch.device | None = "cpu",
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
@@ -530,8 +541,25 @@ def fit(
     mc_samples: int = 1,
     skip_nonfinite: bool = False,
     checkpoint_extra: Callable[[], dict[str, Any]] | None = None,
+    diagnose: bool = True,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
+
+    ``likelihood`` (a :class:`varbnn.likelihoods.Likelihood` or its name: ``"categorical"``, ``"gaussian"``,
+    ``"heteroscedastic"``, ``"gamma-precision"``) replaces ``nll``: its :meth:`~varbnn.likelihoods.Likelihood.nll` is
+    the data term, its own parameters (e.g. a learned noise level) are trained with the model's (added to the default
+    optimizer; a given ``optimizer`` must already hold them) and saved in the checkpoint, and its
+    :meth:`~varbnn.likelihoods.Likelihood.kl` (a noise posterior's) joins the KL term at weight 1. Default: ``nll``,
+    the cross-entropy of a classifier's logits.
+
+    ``beta`` (the KL weight): ``None`` (default) is the library's default for the model's families
+    (:func:`varbnn.objectives.default_kl_weight`; the value and its evidence are on the defaults results page);
+    ``1.0`` is the true ELBO, as the papers train.
+
+    ``diagnose`` (default True): after training, one :class:`TrainingWarning` if the run shows a problem the library
+    can see -- a posterior within 0.25 nats per weight of its prior while the training NLL stayed at its first-epoch
+    level (the KL pulled the weights back to the prior), or a posterior whose standard deviations are below 1e-3 of
+    its means' magnitude (predictions practically deterministic).
 
     Adaptive priors are set to their optimum after every step. Models with a ``MeanField(estimator="graves")`` tensor
     take their gradients from :func:`varbnn.objectives.graves_gradients` (a weight draw per example, Fisher
@@ -595,6 +623,14 @@ def fit(
     from varbnn import distributed as vdist
 
     n_data = _training_set_size(n_data)
+    lik: Likelihood | None = None
+    if likelihood is not None:
+        if nll is not F.cross_entropy:
+            raise ValueError("pass either nll= (a loss function) or likelihood= (a Likelihood), not both")
+        lik = as_likelihood(likelihood)
+        nll = _likelihood_loss(lik, n_data)
+    if beta is None:
+        beta = default_kl_weight(model)
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
     if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
@@ -615,7 +651,19 @@ def fit(
         )
     dev = resolve_device(device)
     model.to(dev)
-    optimizer = optimizer or default_optimizer(model.parameters(), lr)
+    extra_parameters: list[nn.Parameter] = []
+    if lik is not None:
+        lik.to(dev)
+        extra_parameters = [p for p in lik.parameters() if p.requires_grad]
+    if optimizer is None:
+        optimizer = default_optimizer([*model.parameters(), *extra_parameters], lr)
+    elif extra_parameters:
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if any(id(p) not in held for p in extra_parameters):
+            raise ValueError(
+                f"the likelihood {type(lik).__name__} has learnable parameters that the given optimizer does not hold: "
+                "build it over [*model.parameters(), *likelihood.parameters()], or leave optimizer=None"
+            )
     adaptive = _has_adaptive_prior(model)
     graves = uses_graves_estimator(model)
     if graves and mc_samples != 1:
@@ -635,12 +683,12 @@ def fit(
     step = 0
     first_epoch = 0
     if resume and checkpoint is not None and Path(checkpoint).exists():
-        first_epoch, history, step = _resume(Path(checkpoint), model, optimizer, loader, dev)
+        first_epoch, history, step = _resume(Path(checkpoint), model, optimizer, loader, dev, lik)
         if first_epoch > epochs:
             raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
         torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
-    parameters = list(model.parameters())
+    parameters = [*model.parameters(), *extra_parameters]
     bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=not progress, leave=False, initial=first_epoch, total=epochs)
     for epoch in bar:
         model.train()
@@ -739,10 +787,65 @@ def fit(
             )
         if checkpoint is not None and vdist.is_main_process():
             extra = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
+            if lik is not None:
+                extra["likelihood"] = lik.state_dict()
             save_checkpoint(
                 checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=_rng_state(loader), **extra
             )
+    if diagnose and history and first_epoch < epochs and vdist.is_main_process():
+        _diagnose(model, history, n_data)
     return history
+
+
+class TrainingWarning(UserWarning):
+    """Something in a finished :func:`fit` run that a user should act on (see :func:`fit`'s ``diagnose``)."""
+
+
+def _likelihood_loss(lik: Likelihood, n_data: int) -> NLLFunction:
+    """The data term of a likelihood, with its own KL (e.g. a Gamma noise posterior's) spread over the data."""
+    if type(lik).kl is Likelihood.kl:
+        return lik.nll
+    return lambda output, target: lik.nll(output, target) + lik.kl() / n_data
+
+
+_DETERMINISTIC_RATIO = 1e-3
+_PRIOR_KL_PER_WEIGHT = 0.25
+
+
+@torch.no_grad()
+def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int) -> None:
+    """One :class:`TrainingWarning` naming what went wrong, in words a user can act on (see :func:`fit`)."""
+    import warnings
+
+    from varbnn.families.base import VariationalFamily
+    from varbnn.families.delta import Delta
+
+    first, recent = history[0]["nll"], sum(r["nll"] for r in history[-3:]) / len(history[-3:])
+    problems = []
+    weights = sum(m.mean.numel() for m in model.modules() if isinstance(m, VariationalFamily) and m.is_built)
+    kl_per_weight = history[-1]["kl"] / max(weights, 1)
+    if len(history) >= 3 and weights and kl_per_weight < _PRIOR_KL_PER_WEIGHT and recent > 0.9 * first:
+        problems.append(
+            f"the posterior sits on the prior (KL {kl_per_weight:.3g} nats per weight) and the training NLL has not "
+            f"fallen since the first epoch ({first:.4g} -> {recent:.4g} over the last epochs): the data barely moved the "
+            "weights. Lower the KL weight (fit(beta=...)), train longer or at a larger learning rate, or use more data"
+        )
+    ratios = []
+    for module in model.modules():
+        if isinstance(module, VariationalFamily) and not isinstance(module, Delta) and module.is_built:
+            try:
+                mean, variance = module.moments()
+            except NotImplementedError:
+                continue
+            ratios.append(float(variance.clamp_min(0).sqrt().mean() / mean.abs().mean().clamp_min(1e-12)))
+    if ratios and max(ratios) < _DETERMINISTIC_RATIO:
+        problems.append(
+            f"the posterior is practically deterministic: its standard deviations are below {_DETERMINISTIC_RATIO:g} of "
+            f"its means' magnitude in every tensor (largest ratio {max(ratios):.2g}), so predictive draws barely differ "
+            "and the uncertainty is that of a plain network. Raise the family's init_std or the KL weight (beta)"
+        )
+    if problems:
+        warnings.warn("fit: " + "; and ".join(problems) + ".", TrainingWarning, stacklevel=3)
 
 
 _KINDS = ("data", "loss", "gradient")
@@ -811,7 +914,8 @@ def _draws_with_replacement(loader: object) -> bool:
 
 
 def _resume(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader: object, dev: torch.device
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader: object, dev: torch.device,
+    likelihood: nn.Module | None = None,
 ) -> tuple[int, list[dict[str, float]], int]:
     """Load a checkpoint written by :func:`fit` into the model and optimizer, restore the random states; returns
     (completed epochs, history, step)."""
@@ -826,6 +930,11 @@ def _resume(
     if not isinstance(history, list) or len(history) != epoch or not all(isinstance(r, dict) for r in history):
         raise CheckpointError(path, f"its history is not one record per completed epoch ({epoch})")
     _apply_checkpoint(path, state, model, optimizer, allow_nonfinite=False)
+    if likelihood is not None and "likelihood" in state:
+        try:
+            likelihood.load_state_dict(state["likelihood"])
+        except (RuntimeError, KeyError, TypeError) as error:
+            raise CheckpointError(path, f"its likelihood state does not fit {type(likelihood).__name__}: {error}") from None
     if "rng" in state:
         _restore_rng_state(state["rng"], loader, path)
     return epoch, list(history), step
@@ -860,6 +969,38 @@ def _broadcast_state(model: nn.Module) -> None:
 
     for tensor in [*model.parameters(), *model.buffers()]:
         dist.broadcast(tensor.data, src=0)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    likelihood: Likelihood | str = "categorical",
+    samples: int = 32,
+    batch_size: int = 1000,
+    seed: int | None = 0,
+    device: str | torch.device | None = "cpu",
+) -> dict[str, float]:
+    """The likelihood's metrics of the Monte Carlo predictive of ``samples`` draws on ``(x, y)``: accuracy, NLL, ECE and
+    Brier for ``"categorical"``; RMSE, NLL (``-mean_n log (1/S) sum_s p(y_n | f_s)``) and the mean predictive std for
+    the Gaussian likelihoods. The model is put in eval mode (a Bayesian layer still samples: see
+    :mod:`varbnn.nn.base`); ``seed`` makes the draws reproducible without touching the global random state.
+
+    Cost: ``samples`` forward passes over ``x`` (vectorised by :func:`varbnn.predict`), ``batch_size`` examples at a time.
+    """
+    lik = as_likelihood(likelihood)
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
+    dev = resolve_device(device)
+    model.to(dev).eval()
+    lik.to(dev)
+    outputs = torch.cat(
+        [predict(model, x[i : i + batch_size].to(dev), samples=samples, seed=seed) for i in range(0, x.shape[0], batch_size)],
+        dim=1,
+    )
+    return lik.metrics(outputs, y.to(dev))
 
 
 @torch.no_grad()

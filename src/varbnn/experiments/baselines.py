@@ -6,7 +6,7 @@ are trained, evaluated and tabulated by exactly the same code as the Bayesian fa
 | ``"temperature"`` | the plain network | :class:`varbnn.calibration.TemperatureScaled` fitted on the validation split | none |
 | ``"mc-dropout"`` | :func:`varbnn.baselines.add_dropout` + :class:`varbnn.baselines.MCDropout` | -- | ``p`` (default 0.1) |
 | ``"ensemble"`` | :class:`varbnn.baselines.DeepEnsemble` of plain networks, each trained in turn | -- | ``members`` (default 5) |
-| ``"laplace"`` | the plain network | :class:`varbnn.laplace.LastLayerLaplace` fitted on the training set, prior precision by marginal likelihood | none |
+| ``"laplace"`` | the plain network | :class:`varbnn.laplace.LastLayerLaplace` on the training set (marginal likelihood) | none |
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def _run_one(
         xs, ys = _task_data(x_train, y_train, classes, variant.multi_head, config.train_limit)
         loader = TensorBatches(xs, ys, config.batch_size, shuffle=True, drop_last=xs.shape[0] >= config.batch_size)
         optimizer = torch.optim.Adam(task_model.parameters(), lr=config.lr, amsgrad=config.amsgrad)
-        fit(task_model, loader, n_data=xs.shape[0], epochs=epochs, optimizer=optimizer, device=dev, progress=progress)
+        fit(task_model, loader, n_data=xs.shape[0], epochs=epochs, optimizer=optimizer, beta=1.0, device=dev, progress=progress)
         row, val_row = [], []
         for j, seen in enumerate(config.tasks[: t + 1]):
             head_model = model.task_model(j if variant.multi_head else 0)

@@ -254,7 +254,7 @@ def _train(
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     fit(model, _Batches(data["x_train"], data["y_train"], config.batch_size), n_data=n, epochs=epochs, optimizer=optimizer,
-        device=dev, progress=progress, on_epoch_end=on_epoch_end)  # fmt: skip
+        beta=1.0, device=dev, progress=progress, on_epoch_end=on_epoch_end)  # fmt: skip
     return log, int(best["epoch"]), best["state"]
 
 

@@ -48,6 +48,9 @@ class VariationalFamily(nn.Module):
     estimators: ClassVar[tuple[str, ...]] = ("reparam",)
     estimator_layers: ClassVar[dict[str, tuple[str, ...]]] = {"reparam": LAYER_KINDS}
     estimator: str = "reparam"
+    default_kl_weight: ClassVar[float] = 1.0
+    """The KL weight beta that :func:`varbnn.train.fit` uses when given none (``beta=None``): chosen on validation
+    data by ``benchmarks/defaults_study.py`` (see its results page); 1 is the true ELBO."""
 
     def __init__(self, **hyperparameters: Any) -> None:
         super().__init__()

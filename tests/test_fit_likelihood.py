@@ -1,0 +1,115 @@
+"""fit(likelihood=...), evaluate(), the default KL weight and fit's diagnostics."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import varbnn
+from varbnn.families import MeanField
+from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian
+from varbnn.objectives import default_kl_weight
+from varbnn.train import TrainingWarning, evaluate, fit
+
+
+def _regression(n: int = 512, noise: float = 0.3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.7 + noise * torch.randn(n, generator=g)
+    return x, y
+
+
+def test_gaussian_likelihood_learns_the_noise_level_of_a_linear_model() -> None:
+    """A linear model with a learned Gaussian noise: the ML noise std of 512 points with true std 0.3 has a standard
+    error of 0.3 / sqrt(2 * 512) ~ 0.0094, so 0.3 +- 0.04 is > 4 standard errors (plus the fit's own error)."""
+    x, y = _regression()
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    likelihood = Gaussian()
+    with pytest.raises(ValueError, match="create it"):
+        fit(model, [(x, y)], n_data=512, epochs=1, likelihood="gaussian", progress=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+    fit(model, loader, n_data=512, epochs=150, lr=3e-2, likelihood=likelihood, progress=False)
+    assert float(likelihood.noise_std) == pytest.approx(0.3, abs=0.04)
+    scores = evaluate(model, x, y, likelihood=likelihood)
+    assert scores["rmse"] == pytest.approx(0.3, abs=0.04)
+    assert scores["nll"] == pytest.approx(0.5 * math.log(2 * math.pi * 0.09) + 0.5, abs=0.15)
+
+
+def test_likelihood_state_is_checkpointed_and_resumed(tmp_path) -> None:
+    x, y = _regression(128)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32)
+    path = tmp_path / "run.pt"
+    torch.manual_seed(0)
+    first, first_lik = nn.Linear(3, 1), Gaussian()
+    fit(first, loader, n_data=128, epochs=4, lr=1e-2, likelihood=first_lik, checkpoint=path, progress=False)
+    torch.manual_seed(0)
+    second, second_lik = nn.Linear(3, 1), Gaussian()
+    fit(second, loader, n_data=128, epochs=2, lr=1e-2, likelihood=second_lik, checkpoint=tmp_path / "half.pt", progress=False)
+    fit(second, loader, n_data=128, epochs=4, lr=1e-2, likelihood=second_lik, checkpoint=tmp_path / "half.pt",
+        resume=True, progress=False)  # fmt: skip
+    assert torch.equal(first_lik.log_noise_std, second_lik.log_noise_std)
+    assert torch.equal(first.weight, second.weight)
+
+
+def test_likelihood_by_name_and_heteroscedastic_outputs() -> None:
+    x, y = _regression(64)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField())
+    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32), n_data=64, epochs=2, likelihood="heteroscedastic",
+                  progress=False)  # fmt: skip
+    assert len(history) == 2 and all(math.isfinite(r["loss"]) for r in history)
+    scores = evaluate(model, x, y, likelihood=HeteroscedasticGaussian(), samples=4)
+    assert set(scores) == {"rmse", "nll", "mean_predictive_std"}
+
+
+def test_fit_refuses_nll_and_likelihood_together_and_an_optimizer_without_the_noise() -> None:
+    x, y = _regression(64)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32)
+    model = nn.Linear(3, 1)
+    with pytest.raises(ValueError, match="either nll= .* or likelihood="):
+        fit(model, loader, n_data=64, epochs=1, nll=nn.functional.mse_loss, likelihood="gaussian", progress=False)
+    with pytest.raises(ValueError, match="learnable parameters that the given optimizer does not hold"):
+        fit(model, loader, n_data=64, epochs=1, likelihood=Gaussian(), optimizer=torch.optim.SGD(model.parameters(), 0.1),
+            progress=False)  # fmt: skip
+    fit(model, loader, n_data=64, epochs=1, likelihood=Gaussian(noise_std=0.5), optimizer=torch.optim.SGD(model.parameters(), 0.1),
+        progress=False)  # fmt: skip  (a fixed noise has nothing to optimise)
+
+
+def test_beta_none_is_the_families_default_kl_weight(monkeypatch) -> None:
+    x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField())
+    monkeypatch.setattr(MeanField, "default_kl_weight", 0.25)
+    assert default_kl_weight(model) == 0.25
+    assert default_kl_weight(nn.Linear(2, 2)) == 1.0
+    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32), n_data=64, epochs=1, progress=False)
+    assert history[0]["beta"] == 0.25
+    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32), n_data=64, epochs=1, beta=1.0, progress=False)
+    assert history[0]["beta"] == 1.0
+
+
+def test_fit_warns_when_the_posterior_sits_on_the_prior() -> None:
+    """16 random labels, the full KL, 300 steps: the KL pulls every weight back to N(0, 1) and the NLL never falls."""
+    torch.manual_seed(1234)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2)), MeanField())
+    with pytest.warns(TrainingWarning, match="posterior sits on the prior"):
+        fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=16, epochs=300, lr=3e-2, beta=1.0, progress=False)
+
+
+def test_fit_warns_about_a_practically_deterministic_posterior_and_is_quiet_otherwise() -> None:
+    x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=32)
+    frozen = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=1e-6, learn_std=False))
+    with pytest.warns(TrainingWarning, match="practically deterministic"):
+        fit(frozen, loader, n_data=64, epochs=1, progress=False)
+    healthy = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=0.05))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrainingWarning)
+        fit(healthy, loader, n_data=64, epochs=1, beta=0.1, progress=False)
+        fit(healthy, loader, n_data=64, epochs=1, beta=0.1, progress=False, diagnose=False)
