@@ -15,7 +15,7 @@ network is trained the same way. Validation metrics from 32 Monte Carlo draws.
 Selection rule (stated before the runs): per family, the ``beta`` with the lowest mean over tasks and seeds of the
 validation NLL divided by the plain network's validation NLL on the same task and seed.
 
-    .venv/bin/python benchmarks/defaults_study.py [--workers 2] [--seeds 0,1] [--quick]
+    .venv/bin/python benchmarks/defaults_study.py [--workers 2] [--seeds 0,1] [--tasks ...] [--module-init]
 
 Writes ``benchmarks/results/defaults/defaults_runs.jsonl`` (one line per finished run: resumable), and
 ``defaults.json`` + ``defaults.md`` + ``defaults.png``.
@@ -138,7 +138,12 @@ def execute(run: Run) -> dict[str, Any]:
     }
 
 
-def plan(seeds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Run]:
+MODULE_INIT_BETAS = (1.0, 0.1, 0.03)
+
+
+def plan(seeds: tuple[int, ...], tasks: tuple[str, ...], module_init: bool = False) -> list[Run]:
+    """Every family over :data:`BETAS` with its own initialisation, mean-field also from the module's weights; with
+    ``module_init`` also the other families from the module's weights at :data:`MODULE_INIT_BETAS`."""
     runs = []
     for task in tasks:
         for seed in seeds:
@@ -148,6 +153,9 @@ def plan(seeds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Run]:
                     runs.append(Run(task, family, beta, "family", seed))
             for beta in BETAS:
                 runs.append(Run(task, "meanfield", beta, "module", seed))
+            for family in FAMILIES if module_init else ():
+                for beta in MODULE_INIT_BETAS if family != "meanfield" else ():
+                    runs.append(Run(task, family, beta, "module", seed))
     return runs
 
 
@@ -262,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks (default all: {','.join(TASKS)})")
     parser.add_argument("--out", default=str(OUT), help="output folder")
+    parser.add_argument("--module-init", action="store_true",
+                        help=f"also every other family initialised from the module's weights, beta in {MODULE_INIT_BETAS}")
     args = parser.parse_args(argv)
     from varbnn.experiments.runner import describe_device, git_commit
 
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "defaults_runs.jsonl"
     done = _read(runs_path)
-    todo = [r for r in plan(seeds, tasks) if r.key not in done]
+    todo = [r for r in plan(seeds, tasks, args.module_init) if r.key not in done]
     commit = git_commit()
     print(f"{len(done)} runs done, {len(todo)} to go", flush=True)
     from tqdm.auto import tqdm
@@ -288,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             sink.flush()
             done[record["key"]] = record
             print(f"{record['key']}: nll {record['nll']:.4f} ece {record['ece']:.4f} ({record['seconds']} s)", flush=True)
-    wanted = {r.key for r in plan(seeds, tasks)}
+    wanted = {r.key for r in plan(seeds, tasks, args.module_init)}
     records = [r for k, r in done.items() if k in wanted]
     result = {
         "name": "defaults",
