@@ -488,7 +488,11 @@ def test_rotated_digits_are_the_test_digits_turned():
 
 @pytest.mark.parametrize(
     "change, message",
-    [({"figures": ("ood",)}, "needs an ood_dataset"), ({"kl_weight": -1.0}, "kl_weight must be a finite number >= 0")],
+    [
+        ({"figures": ("ood",), "ood_dataset": ""}, "need an ood_dataset"),
+        ({"figures": ("overview",), "ood_dataset": ""}, "need an ood_dataset"),
+        ({"kl_weight": -1.0}, "kl_weight must be a finite number >= 0"),
+    ],
 )
 def test_ood_and_kl_weight_fields_are_validated(change, message):
     base = get_config("demo")

@@ -76,8 +76,8 @@ def test_fit_refuses_nll_and_likelihood_together_and_an_optimizer_without_the_no
     with pytest.raises(ValueError, match="learnable parameters that the given optimizer does not hold"):
         fit(model, loader, n_data=64, epochs=1, likelihood=Gaussian(), optimizer=torch.optim.SGD(model.parameters(), 0.1),
             progress=False)  # fmt: skip
-    fit(model, loader, n_data=64, epochs=1, likelihood=Gaussian(noise_std=0.5), optimizer=torch.optim.SGD(model.parameters(), 0.1),
-        progress=False)  # fmt: skip  (a fixed noise has nothing to optimise)
+    sgd = torch.optim.SGD(model.parameters(), 0.1)
+    fit(model, loader, n_data=64, epochs=1, likelihood=Gaussian(noise_std=0.5), optimizer=sgd, progress=False)  # fixed noise
 
 
 def test_beta_none_is_the_families_default_kl_weight(monkeypatch) -> None:
@@ -105,7 +105,8 @@ def test_fit_warns_when_the_posterior_sits_on_the_prior() -> None:
 def test_fit_warns_about_a_practically_deterministic_posterior_and_is_quiet_otherwise() -> None:
     x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
     loader = DataLoader(TensorDataset(x, y), batch_size=32)
-    frozen = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=1e-6, learn_std=False))
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    frozen = varbnn.bayesianize(net, MeanField(init_std=1e-6, learn_std=False))
     with pytest.warns(TrainingWarning, match="practically deterministic"):
         fit(frozen, loader, n_data=64, epochs=1, progress=False)
     healthy = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=0.05))

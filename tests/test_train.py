@@ -84,10 +84,10 @@ def test_runner_writes_json_markdown_and_figure(tmp_path):
     saved = json.loads((tmp_path / "demo.json").read_text())
     assert set(saved) >= {"name", "command", "commit", "device", "seconds", "config", "rows"}
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
-    assert {r["variant"] for r in saved["rows"]} == {"plain MLP", "mean-field BNN"}
-    assert all(0 <= r["accuracy"] <= 1 and r["nll"] > 0 for r in saved["rows"])
+    assert {r["variant"] for r in saved["rows"]} == {"plain MLP", "BNN (varbnn defaults)"}
+    assert all(0 <= r["accuracy"] <= 1 and r["nll"] > 0 and 0 <= r["ood_auroc_entropy"] <= 1 for r in saved["rows"])
     assert "| variant |" in (tmp_path / "demo.md").read_text()
-    assert (tmp_path / "demo_reliability.png").stat().st_size > 1000
+    assert (tmp_path / "demo.png").stat().st_size > 1000 and saved["figures"] == ["demo.png"]
 
 
 def test_cli_list_and_unknown_name(capsys):

@@ -17,6 +17,7 @@ from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa:
 __all__ = [
     "reliability_diagram",
     "ood_histograms",
+    "overview_figure",
     "variance_explained_figure",
     "std_heatmaps",
     "trace_figure",
@@ -91,6 +92,54 @@ def ood_histograms(
         ax.set(xlabel="predictive entropy (nats)", title=f"{label}\nAUROC = {score:.3f}")
     axes[0][0].set_ylabel("density")
     axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def overview_figure(
+    predictions: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    entropies: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    path: str | os.PathLike[str],
+    n_bins: int = 15,
+    title: str = "",
+) -> Path:
+    """One figure, one column per model: its reliability diagram (top; accuracy against confidence, with the ECE) and
+    its predictive-entropy histograms on in- and out-of-distribution inputs (bottom; with the AUROC)."""
+    from varbnn.metrics import auroc
+
+    labels = list(predictions)
+    fig, axes = plt.subplots(2, len(labels), figsize=(3.8 * len(labels), 6.6), squeeze=False)
+    top = max((float(torch.cat(pair).max()) for pair in entropies.values()), default=1.0)
+    edges = torch.linspace(0.0, max(top, 1e-3), 31).numpy()
+    for column, label in enumerate(labels):
+        probs, targets = predictions[label]
+        ax = axes[0][column]
+        bins = calibration_bins(probs, targets, n_bins)
+        centers = ((bins.edges[:-1] + bins.edges[1:]) / 2).numpy()
+        used = (bins.counts > 0).numpy()
+        ax.bar(centers[used], bins.accuracy.numpy()[used], width=1.0 / n_bins, edgecolor="black", label="accuracy")
+        ax.bar(centers[used], (bins.confidence - bins.accuracy).numpy()[used], bottom=bins.accuracy.numpy()[used],
+               width=1.0 / n_bins, color="tab:red", alpha=0.3, edgecolor="tab:red", label="gap")  # fmt: skip
+        ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
+               title=f"{label}\nECE = {expected_calibration_error(probs, targets, n_bins):.3f}")  # fmt: skip
+        ax.legend(loc="upper left", fontsize=8)
+        ax = axes[1][column]
+        if label in entropies:
+            inside, outside = entropies[label]
+            score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
+            ax.hist(inside.numpy(), bins=edges, alpha=0.6, density=True, label="test digits")
+            ax.hist(outside.numpy(), bins=edges, alpha=0.6, density=True, label="out of distribution")
+            ax.set(xlabel="predictive entropy (nats)", ylabel="density", title=f"OOD AUROC = {score:.3f}")
+            ax.legend(fontsize=8)
+        else:
+            ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -16,7 +16,7 @@ _AFTER_TRAINING = (
     "prune_finetune_lr", "prune_finetune_schedule", "prune_stages", "prune_stage_epochs", "prune_distill_weight",
     "prune_distill_samples", "prune_scratch_epochs", "ood_dataset",
 )  # fmt: skip
-FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "ood")
+FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "ood", "overview")
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,16 @@ class ExperimentConfig:
     ``select_best_of_last`` = K > 0: evaluate (and prune) not the model after the last epoch but the one, among the
     last K epochs, with the lowest mean training NLL of its epoch (Oh et al. 2020's choice for LeNet-5: "the best
     training cross-entropy during last 10 epochs"); the table reports it as ``selected_epoch``. 0 (default): the last.
+
+    ``kl_weight``: the constant KL weight beta of the ELBO after any annealing (1, the default: the true ELBO, as the
+    papers); ``None``: the library's default of :func:`varbnn.train.fit` (what a user who changes nothing gets).
+    ``pretrained``: whether :func:`varbnn.bayesianize` starts the posterior means from the plain network's weights
+    (False, the default: each family's own initialisation, as the papers); ``None``: the library's default.
+
+    ``ood_dataset``: the name of a dataset (``varbnn.experiments.runner`` loader table, its test split) whose inputs
+    are out of distribution for ``dataset``; adds the AUROC of telling them from the test inputs by predictive
+    entropy (``ood_auroc_entropy``) and by mutual information (``ood_auroc_mi``), and the figures ``ood`` (entropy
+    histograms) and ``overview`` (reliability diagrams above the entropy histograms, one column per variant).
     """
 
     name: str
@@ -120,6 +130,7 @@ class ExperimentConfig:
     prune_scratch_epochs: int = 0
     select_best_of_last: int = 0
     kl_weight: float | None = 1.0
+    pretrained: bool | None = False
     ood_dataset: str = ""
     quick: dict[str, Any] = field(default_factory=dict)
 
@@ -179,8 +190,8 @@ class ExperimentConfig:
             raise ValueError(f"{self.name}: prune_scratch_epochs retrains the staged rule's architecture: set prune_stages")
         if self.prune_stages and self.prune_budget is None:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
-        if "ood" in self.figures and not self.ood_dataset:
-            raise ValueError(f"{self.name}: the 'ood' figure needs an ood_dataset")
+        if {"ood", "overview"} & set(self.figures) and not self.ood_dataset:
+            raise ValueError(f"{self.name}: the 'ood' and 'overview' figures need an ood_dataset")
         if self.kl_weight is not None and not (isinstance(self.kl_weight, (int, float)) and 0 <= self.kl_weight < float("inf")):
             raise ValueError(f"{self.name}: kl_weight must be a finite number >= 0 or None, got {self.kl_weight!r}")
         if any(not isinstance(k, int) or k < 1 for k in self.posthoc_ranks):
@@ -193,7 +204,7 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("quick")
-        for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("ood_dataset", "")):
+        for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", "")):
             if data[name] == default:  # added later: configs that keep the default keep their checkpoint hashes
                 data.pop(name)
         return data

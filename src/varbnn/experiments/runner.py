@@ -34,7 +34,14 @@ from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
 from varbnn.objectives import linear_kl_annealing
-from varbnn.plots import ood_histograms, reliability_diagram, std_heatmaps, trace_figure, variance_explained_figure
+from varbnn.plots import (
+    ood_histograms,
+    overview_figure,
+    reliability_diagram,
+    std_heatmaps,
+    trace_figure,
+    variance_explained_figure,
+)
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import make_prior
 from varbnn.train import (
@@ -105,14 +112,15 @@ def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
             f"{variant.label}: module_families names unknown modules {missing}; modules: {sorted(n for n in names if n)}"
         )
     prior = make_prior(variant.prior, **variant.prior_options)
+    initial = {} if config.pretrained is None else {"pretrained": config.pretrained}
     model = bayesianize(
-        plain, make_family(variant.family, **variant.family_options), prior, exclude=tuple(variant.module_families)
+        plain, make_family(variant.family, **variant.family_options), prior, exclude=tuple(variant.module_families), **initial
     )
     for name, spec in variant.module_families.items():
         options = dict(spec)
         family = make_family(options.pop("family", "meanfield"), **options)
         module = model.get_submodule(name)
-        converted = bayesianize(module, family, prior)
+        converted = bayesianize(module, family, prior, **initial)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, converted)
     return model
@@ -721,6 +729,9 @@ def _figures(
 ) -> list[str]:
     seed = config.seeds[0]
     paths: list[Path] = []
+    if "overview" in config.figures and entropies:
+        title = f"{config.name}: calibration on the {config.dataset} test set, and test vs {config.ood_dataset} (seed {seed})"
+        paths.append(overview_figure(predictions, entropies, out / f"{config.name}.png", title=title))
     if "ood" in config.figures and entropies:
         title = f"{config.name}: {config.dataset} test vs {config.ood_dataset} (seed {seed})"
         paths.append(ood_histograms(entropies, out / f"{config.name}_ood.png", title=title))
