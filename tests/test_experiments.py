@@ -560,3 +560,15 @@ def test_baseline_options_are_validated(variant, message):
     config = dataclasses.replace(get_config("demo"), variants=(variant,))
     with pytest.raises(ValueError, match=message):
         build_model(config, variant)
+
+
+def test_uncertainty_benchmark_quick_run(data_dir, tmp_path):
+    """The --quick form of the issue-26 benchmark: every family at the library's defaults and every baseline, one
+    table with OOD AUROCs (MNIST -> Fashion-MNIST)."""
+    config = get_config("uncertainty-mnist", quick=True)
+    result = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="test")
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {v.label for v in config.variants}
+    for row in rows.values():
+        assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0 and 0 <= row["ood_auroc_entropy"] <= 1
+    assert result["figures"] == ["uncertainty-mnist.png"]

@@ -344,3 +344,46 @@ register_config(
         eval_weight_samples=0,
     )
 )
+
+# -- What users pick instead: every family at the library's defaults against the baselines (issue 26) ---------------
+# LeNet-5-Caffe, Adam 1e-3, batch 128, 20 epochs; the last 5,000 training images are the validation split (temperature
+# scaling is fitted on it; nothing else looks at it); every family at the library's defaults (its default KL weight,
+# the plain network's initial weights as posterior means); OOD: the other dataset's test images.
+_UNCERTAINTY_VARIANTS = (
+    Variant("plain", family="plain"),
+    Variant("plain + temperature scaling", family="temperature"),
+    Variant("MC dropout (p = 0.1)", family="mc-dropout"),
+    Variant("deep ensemble (5)", family="ensemble"),
+    Variant("last-layer Laplace (KFAC)", family="laplace"),
+    Variant("MeanField", family="meanfield"),
+    Variant("Radial", family="radial"),
+    Variant("KTied", family="ktied"),
+    Variant("RDP", family="rdp", prior="radial_directional"),
+    Variant("Delta (MAP)", family="delta"),
+)
+for _name, _dataset, _ood in (("uncertainty-mnist", "mnist", "fashion-mnist"), ("uncertainty-fmnist", "fashion-mnist", "mnist")):
+    register_config(
+        ExperimentConfig(
+            name=_name,
+            description=(
+                f"LeNet-5 on {_dataset}: every varbnn family at the library's defaults against the plain network, "
+                f"temperature scaling, MC dropout, a 5-member deep ensemble and last-layer Laplace; OOD: {_ood}."
+            ),
+            dataset=_dataset,
+            model="lenet5",
+            model_options={},
+            variants=_UNCERTAINTY_VARIANTS,
+            epochs=20,
+            batch_size=128,
+            lr=1e-3,
+            seeds=(0, 1, 2),
+            eval_samples=32,
+            validation_size=5_000,
+            kl_weight=None,
+            pretrained=None,
+            ood_dataset=_ood,
+            figures=("overview",),
+            resumable=True,
+            quick={"epochs": 1, "seeds": (0,), "train_limit": 500, "test_limit": 200, "eval_samples": 2},
+        )
+    )

@@ -585,6 +585,8 @@ def run_experiment(
     if config.test_limit:
         x_test, y_test = x_test[: config.test_limit], y_test[: config.test_limit]
     x_ood = load_classification(config.ood_dataset, "test", data_dir)[0] if config.ood_dataset else None
+    if x_ood is not None and config.test_limit:
+        x_ood = x_ood[: config.test_limit]
     if x_ood is not None and x_ood.shape[1:] != x_test.shape[1:]:
         raise ValueError(
             f"{config.name}: ood_dataset {config.ood_dataset!r} has inputs of shape {tuple(x_ood.shape[1:])}, the test set "
