@@ -314,7 +314,8 @@ def test_gap_threshold_rule():
 def test_unit_scores_masks_and_histograms(tmp_path):
     from varbnn.prune import score_histograms, select_units, unit_scores
 
-    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior())
+    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior(),
+                        pretrained=False)
     family = model[0].posteriors["weight"]
     with torch.no_grad():
         family.row_local_loc[:3] = -15.0  # three dead output units
@@ -622,7 +623,8 @@ def test_budget_units_meets_the_budget_by_removing_the_dead_units_first():
     from varbnn.prune import budget_units, classification_error, export
 
     torch.manual_seed(2)
-    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior())
+    model = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior(),
+                        pretrained=False)
     _kill(model[0].posteriors["weight"], "row", [1, 4, 6])  # three dead hidden units, left in by start=-1e9
     x, y = _labelled_by_itself(model, n=400)
     full = export(model, x[:2], threshold=-1e9)[1]
@@ -636,7 +638,8 @@ def test_budget_units_meets_the_budget_by_removing_the_dead_units_first():
     # the same saving where the last layer has stopped reading three units: the rule removes exactly those (free),
     # not the three lowest-scored rows of the first layer (two of them are those units, the third is live and costs)
     torch.manual_seed(2)
-    other = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior())
+    other = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), RadialDirectional(), RadialDirectionalPrior(),
+                        pretrained=False)
     _kill(other[2].posteriors["weight"], "column", [0, 3, 5])
     xo, yo = _labelled_by_itself(other, n=400)
     keep, report = budget_units(other, xo, yo, max_parameters=target, start=-1e9)

@@ -445,7 +445,7 @@ def bayesianize(
     bias_family: VariationalFamily | None = None,
     bias_prior: PriorSpec | None = None,
     exclude: Iterable[str | type[nn.Module]] = (),
-    pretrained: bool = False,
+    pretrained: bool = True,
     report: bool = False,
     strict: bool = False,
 ) -> nn.Module | tuple[nn.Module, ConversionReport]:
@@ -474,8 +474,11 @@ def bayesianize(
         bias_family, bias_prior: for bias tensors; default to ``family`` and ``prior``.
         exclude: qualified module names (as in ``named_modules``) or module types to leave unchanged (deliberately:
             they are reported, not warned about).
-        pretrained: copy the plain weights into the posterior means (otherwise He-initialised means; torch's default
-            initialisation for embeddings and recurrent layers).
+        pretrained: copy the plain weights into the posterior means (default True: a trained network keeps what it
+            learned, and an untrained one starts from torch's own initialisation; the defaults study found the two
+            starts level on fresh networks -- better for MeanField and RDP, worse for KTied and Delta, equal for
+            Radial, one seed each -- see ``benchmarks/results/defaults/``). ``False``: each layer's own initialisation
+            (He-normal means; torch's default for embeddings and recurrent layers), as the paper reproductions use.
         report: also return a :class:`ConversionReport` (``(model, report)``): every module converted and every
             parameter-owning module left deterministic, with the reason.
         strict: raise ``ValueError`` instead of warning when modules that own parameters are left deterministic

@@ -164,11 +164,11 @@ def _run_one(
     prior = Normal(0.0, 1.0)
     family = make_family(variant.family, **variant.family_options)
     width = config.hidden[-1]
-    trunk = bayesianize(mlp(x_train.shape[1], config.hidden[:-1], width), family, prior)
+    trunk = bayesianize(mlp(x_train.shape[1], config.hidden[:-1], width), family, prior, pretrained=False)
     trunk = nn.Sequential(trunk, nn.ReLU())
     n_heads = len(config.tasks) if variant.multi_head else 1
     n_out = len(config.tasks[0]) if variant.multi_head else int(y_all.max()) + 1
-    heads = [bayesianize(nn.Linear(width, n_out), family, prior) for _ in range(n_heads)]
+    heads = [bayesianize(nn.Linear(width, n_out), family, prior, pretrained=False) for _ in range(n_heads)]
     model = MultiHeadNet(trunk, heads).to(dev)
     epochs = config.epochs_override or variant.epochs
 

@@ -196,7 +196,7 @@ def build_graves_model(config: GravesConfig, variant: GravesVariant) -> nn.Modul
     family = make_family(variant.family, **options)
     prior = make_prior(variant.prior, **variant.prior_options)
     plain = mlp(784, config.hidden, 10) if config.model == "mlp" else row_lstm(hidden=config.lstm_hidden)
-    return bayesianize(plain, family, prior)
+    return bayesianize(plain, family, prior, pretrained=False)
 
 
 @torch.no_grad()

@@ -207,7 +207,8 @@ def _train_one(
 ) -> dict[str, Any]:
     seed_everything(seed)
     init_std = math.log1p(math.exp(run.init_rho))
-    model = bayesianize(vgg_small(width=config.width), make_family(family_name, init_std=init_std), Normal(0.0, 1.0)).to(dev)
+    family = make_family(family_name, init_std=init_std)
+    model = bayesianize(vgg_small(width=config.width), family, Normal(0.0, 1.0), pretrained=False).to(dev)
     x_train, y_train = (t.to(dev) for t in data["train"])
     n = x_train.shape[0]
     loader = TensorBatches(x_train, y_train, run.batch_size, shuffle=True)

@@ -109,7 +109,8 @@ def _train(config: SoapBubbleConfig, family_name: str, dev: torch.device, data_d
         x, y = x[: config.train_limit], y[: config.train_limit]
     x, y = x.to(dev), y.to(dev)
     n = x.shape[0]
-    model = bayesianize(mlp(784, config.hidden, 10), make_family(family_name, init_std=config.init_std), Normal(0, 1)).to(dev)
+    family = make_family(family_name, init_std=config.init_std)
+    model = bayesianize(mlp(784, config.hidden, 10), family, Normal(0, 1), pretrained=False).to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     loader = TensorBatches(x, y, config.batch_size)
     history = [{"epoch": 0, "distance": distance_from_mode(model, config.distance_samples)}]

@@ -216,8 +216,8 @@ def uci_config(
 def build_regressor(variant: UCIVariant, in_features: int, hidden: int) -> nn.Module:
     plain = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
     prior = make_prior(variant.prior, **variant.prior_options)
-    first = bayesianize(plain[0], make_family(variant.family, **variant.family_options), prior)
-    output = bayesianize(plain[2], make_family(variant.output_family, **variant.output_options), prior)
+    first = bayesianize(plain[0], make_family(variant.family, **variant.family_options), prior, pretrained=False)
+    output = bayesianize(plain[2], make_family(variant.output_family, **variant.output_options), prior, pretrained=False)
     return nn.Sequential(first, nn.ReLU(), output)
 
 

@@ -253,6 +253,7 @@ class MeanField(VariationalFamily):
     sampled, have no variance, cost no complexity (they are not transmitted), and get zero gradients; see
     :func:`varbnn.prune.prune_by_density_ratio`.
     """
+    default_kl_weight = 0.1  # benchmarks/results/defaults: lowest mean validation NLL ratio over three tasks
 
     estimators = _ESTIMATORS
     estimator_layers = {
