@@ -134,7 +134,7 @@ def overview_figure(
         if label in entropies:
             inside, outside = entropies[label]
             score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
-            ax.hist(inside.numpy(), bins=edges, alpha=0.6, density=True, label="test digits")
+            ax.hist(inside.numpy(), bins=edges, alpha=0.6, density=True, label="test set (in distribution)")
             ax.hist(outside.numpy(), bins=edges, alpha=0.6, density=True, label="out of distribution")
             ax.set(xlabel="predictive entropy (nats)", ylabel="density", title=f"OOD AUROC = {score:.3f}")
             ax.legend(fontsize=8)

@@ -689,7 +689,9 @@ def fit(
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
         torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
     parameters = [*model.parameters(), *extra_parameters]
-    bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=not progress, leave=False, initial=first_epoch, total=epochs)
+    # disable=None: tqdm turns the bar off by itself when stderr is not a terminal (a redirected run logs no frames)
+    bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=None if progress else True, leave=False,
+               initial=first_epoch, total=epochs)  # fmt: skip
     for epoch in bar:
         model.train()
         sampler = getattr(loader, "sampler", None)
@@ -774,7 +776,7 @@ def fit(
         if skip_nonfinite:
             record["skipped"] = skipped
         history.append(record)
-        bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}")
+        bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}", kl=f"{record['kl']:.4g}")
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
         bad = _nonfinite_names(model.named_parameters())
