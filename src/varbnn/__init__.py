@@ -3,7 +3,7 @@
 The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the batch + beta * KL_total / N_train``.
 """
 
-from varbnn import distributions, families, metrics, nn, priors
+from varbnn import baselines, calibration, distributions, families, likelihoods, metrics, nn, priors, train
 from varbnn.convert import (
     ConversionReport,
     ConversionWarning,
@@ -31,10 +31,17 @@ from varbnn.nn import (
 from varbnn.objectives import ELBOTerms, elbo_loss, linear_kl_annealing
 from varbnn.predict import classification_summary, predict, regression_summary
 from varbnn.priors import RadialDirectionalPrior, RadialPrior, update_adaptive_priors
+from varbnn.train import evaluate, fit
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "baselines",
+    "calibration",
+    "likelihoods",
+    "train",
+    "fit",
+    "evaluate",
     "distributions",
     "families",
     "metrics",
