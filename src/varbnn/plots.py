@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -30,6 +31,48 @@ __all__ = [
 ]
 
 
+def _reliability_panel(ax: plt.Axes, label: str, probs: torch.Tensor, labels: torch.Tensor, n_bins: int) -> None:
+    """Accuracy against confidence over ``n_bins`` equal-width bins, the gap to the diagonal shaded, the ECE in the title."""
+    bins = calibration_bins(probs, labels, n_bins)
+    centers = ((bins.edges[:-1] + bins.edges[1:]) / 2).numpy()
+    used = (bins.counts > 0).numpy()
+    accuracy = bins.accuracy.numpy()[used]
+    ax.bar(centers[used], accuracy, width=1.0 / n_bins, edgecolor="black", color="tab:blue", label="accuracy")
+    ax.bar(centers[used], (bins.confidence - bins.accuracy).numpy()[used], bottom=accuracy, width=1.0 / n_bins,
+           edgecolor="tab:red", color="tab:red", alpha=0.3, label="gap")  # fmt: skip
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+    ece = expected_calibration_error(probs, labels, n_bins)
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", title=f"{label}\nECE = {ece:.3f}")
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def _entropy_edges(entropies: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    top = max((float(torch.cat(pair).max()) for pair in entropies.values()), default=1.0)
+    return torch.linspace(0.0, max(top, 1e-3), 31).numpy()
+
+
+def _entropy_panel(ax: plt.Axes, title: str, inside: torch.Tensor, outside: torch.Tensor, edges: Any) -> None:
+    """Predictive-entropy histograms of in- and out-of-distribution inputs, the AUROC of telling them apart in the title."""
+    from varbnn.metrics import auroc
+
+    score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
+    ax.hist(inside.numpy(), bins=edges, alpha=0.6, density=True, label="test set (in distribution)")
+    ax.hist(outside.numpy(), bins=edges, alpha=0.6, density=True, label="out of distribution")
+    ax.set(xlabel="predictive entropy (nats)", ylabel="density", title=f"{title}AUROC = {score:.3f}")
+    ax.legend(fontsize=8)
+
+
+def _save(fig: Any, path: str | os.PathLike[str], title: str, dpi: int) -> Path:
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def reliability_diagram(
     predictions: Mapping[str, tuple[torch.Tensor, torch.Tensor]], path: str | os.PathLike[str], n_bins: int = 15, title: str = ""
 ) -> Path:
@@ -40,38 +83,9 @@ def reliability_diagram(
     n = len(predictions)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.6), squeeze=False)
     for ax, (label, (probs, labels)) in zip(axes[0], predictions.items()):
-        bins = calibration_bins(probs, labels, n_bins)
-        centers = ((bins.edges[:-1] + bins.edges[1:]) / 2).numpy()
-        width = 1.0 / n_bins
-        used = (bins.counts > 0).numpy()
-        ax.bar(centers[used], bins.accuracy.numpy()[used], width=width, edgecolor="black", color="tab:blue", label="accuracy")
-        ax.bar(
-            centers[used],
-            (bins.confidence - bins.accuracy).numpy()[used],
-            bottom=bins.accuracy.numpy()[used],
-            width=width,
-            edgecolor="tab:red",
-            color="tab:red",
-            alpha=0.3,
-            label="gap",
-        )
-        ax.plot([0, 1], [0, 1], "k--", linewidth=1)
-        ax.set(
-            xlim=(0, 1),
-            ylim=(0, 1),
-            xlabel="confidence",
-            title=f"{label}\nECE = {expected_calibration_error(probs, labels, n_bins):.3f}",
-        )
-        ax.legend(loc="upper left", fontsize=8)
+        _reliability_panel(ax, label, probs, labels, n_bins)
     axes[0][0].set_ylabel("accuracy")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title, dpi=120)
 
 
 def ood_histograms(
@@ -79,27 +93,12 @@ def ood_histograms(
 ) -> Path:
     """One panel per model: histograms of the predictive entropy (nats) of in-distribution test inputs and of
     out-of-distribution inputs, with the AUROC of telling them apart by it. ``entropies``: ``{label: (in, out)}``."""
-    from varbnn.metrics import auroc
-
     n = len(entropies)
     fig, axes = plt.subplots(1, n, figsize=(3.8 * n, 3.2), squeeze=False, sharey=True)
-    top = max(float(torch.cat(pair).max()) for pair in entropies.values())
-    bins = torch.linspace(0.0, max(top, 1e-3), 31).numpy()
+    edges = _entropy_edges(entropies)
     for ax, (label, (inside, outside)) in zip(axes[0], entropies.items()):
-        score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
-        ax.hist(inside.numpy(), bins=bins, alpha=0.6, density=True, label="in distribution (test)")
-        ax.hist(outside.numpy(), bins=bins, alpha=0.6, density=True, label="out of distribution")
-        ax.set(xlabel="predictive entropy (nats)", title=f"{label}\nAUROC = {score:.3f}")
-    axes[0][0].set_ylabel("density")
-    axes[0][0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _entropy_panel(ax, f"{label}\n", inside, outside, edges)
+    return _save(fig, path, title, dpi=110)
 
 
 def overview_figure(
@@ -111,43 +110,17 @@ def overview_figure(
 ) -> Path:
     """One figure, one column per model: its reliability diagram (top; accuracy against confidence, with the ECE) and
     its predictive-entropy histograms on in- and out-of-distribution inputs (bottom; with the AUROC)."""
-    from varbnn.metrics import auroc
-
     labels = list(predictions)
     fig, axes = plt.subplots(2, len(labels), figsize=(3.8 * len(labels), 6.6), squeeze=False)
-    top = max((float(torch.cat(pair).max()) for pair in entropies.values()), default=1.0)
-    edges = torch.linspace(0.0, max(top, 1e-3), 31).numpy()
+    edges = _entropy_edges(entropies)
     for column, label in enumerate(labels):
-        probs, targets = predictions[label]
-        ax = axes[0][column]
-        bins = calibration_bins(probs, targets, n_bins)
-        centers = ((bins.edges[:-1] + bins.edges[1:]) / 2).numpy()
-        used = (bins.counts > 0).numpy()
-        ax.bar(centers[used], bins.accuracy.numpy()[used], width=1.0 / n_bins, edgecolor="black", label="accuracy")
-        ax.bar(centers[used], (bins.confidence - bins.accuracy).numpy()[used], bottom=bins.accuracy.numpy()[used],
-               width=1.0 / n_bins, color="tab:red", alpha=0.3, edgecolor="tab:red", label="gap")  # fmt: skip
-        ax.plot([0, 1], [0, 1], "k--", linewidth=1)
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
-               title=f"{label}\nECE = {expected_calibration_error(probs, targets, n_bins):.3f}")  # fmt: skip
-        ax.legend(loc="upper left", fontsize=8)
-        ax = axes[1][column]
+        _reliability_panel(axes[0][column], label, *predictions[label], n_bins)
+        axes[0][column].set_ylabel("accuracy")
         if label in entropies:
-            inside, outside = entropies[label]
-            score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
-            ax.hist(inside.numpy(), bins=edges, alpha=0.6, density=True, label="test set (in distribution)")
-            ax.hist(outside.numpy(), bins=edges, alpha=0.6, density=True, label="out of distribution")
-            ax.set(xlabel="predictive entropy (nats)", ylabel="density", title=f"OOD AUROC = {score:.3f}")
-            ax.legend(fontsize=8)
+            _entropy_panel(axes[1][column], "OOD ", *entropies[label], edges)
         else:
-            ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            axes[1][column].axis("off")
+    return _save(fig, path, title, dpi=110)
 
 
 def variance_explained_figure(
