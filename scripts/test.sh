@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the test suite. Extra arguments go to pytest (e.g. -m slow).
+# Set up (idempotent) and run the test suite. Extra arguments go to pytest (e.g. -k likelihood).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

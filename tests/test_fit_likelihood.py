@@ -114,3 +114,11 @@ def test_fit_warns_about_a_practically_deterministic_posterior_and_is_quiet_othe
         warnings.simplefilter("error", TrainingWarning)
         fit(healthy, loader, n_data=64, epochs=1, beta=0.1, progress=False)
         fit(healthy, loader, n_data=64, epochs=1, beta=0.1, progress=False, diagnose=False)
+
+
+def test_fit_logs_every_epoch_through_python_logging(caplog) -> None:
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+    with caplog.at_level("INFO", logger="varbnn.train"):
+        fit(nn.Linear(4, 2), DataLoader(TensorDataset(x, y), batch_size=16), n_data=32, epochs=2, progress=False)
+    messages = [r.getMessage() for r in caplog.records if r.name == "varbnn.train"]
+    assert len(messages) == 2 and messages[0].startswith("epoch 1/2: loss")

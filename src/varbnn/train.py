@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import math
 import os
 import pickle
@@ -53,6 +54,9 @@ __all__ = [
     "seed_everything",
     "resolve_device",
 ]
+
+logger = logging.getLogger("varbnn.train")
+"""Every finished epoch of :func:`fit` is logged here at INFO (loss, NLL, KL, beta): ``logging.basicConfig(level=INFO)``."""
 
 NLLFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BetaSchedule = Callable[[int], float]
@@ -776,6 +780,8 @@ def fit(
         if skip_nonfinite:
             record["skipped"] = skipped
         history.append(record)
+        logger.info("epoch %d/%d: loss %.6g, nll %.6g, kl %.6g, beta %.4g", epoch + 1, epochs, record["loss"],
+                    record["nll"], record["kl"], record["beta"])  # fmt: skip
         bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}", kl=f"{record['kl']:.4g}")
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
