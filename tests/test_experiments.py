@@ -571,4 +571,5 @@ def test_uncertainty_benchmark_quick_run(data_dir, tmp_path):
     assert set(rows) == {v.label for v in config.variants}
     for row in rows.values():
         assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0 and 0 <= row["ood_auroc_entropy"] <= 1
-    assert result["figures"] == ["uncertainty-mnist.png"]
+    assert result["figures"] == ["uncertainty-mnist_cost.png", "uncertainty-mnist.png"]
+    assert all(row["predict_seconds"] > 0 for row in rows.values())

@@ -19,6 +19,7 @@ __all__ = [
     "reliability_diagram",
     "ood_histograms",
     "overview_figure",
+    "cost_figure",
     "variance_explained_figure",
     "std_heatmaps",
     "trace_figure",
@@ -121,6 +122,22 @@ def overview_figure(
         else:
             axes[1][column].axis("off")
     return _save(fig, path, title, dpi=110)
+
+
+def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Test NLL (mean +- standard error over seeds) against training time relative to the plain network's (the row
+    whose ``family`` is ``"plain"``; absolute seconds if there is none), one labelled point per row."""
+    plain = [r for r in rows if r.get("family") == "plain"]
+    unit = float(plain[0]["train_seconds"]) if plain else 1.0
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for row in rows:
+        x, y = float(row["train_seconds"]) / unit, float(row["nll"])
+        error = row.get("nll_sem")
+        ax.errorbar(x, y, yerr=None if error is None or error != error else float(error), fmt="o", capsize=3)
+        ax.annotate(str(row["variant"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.set(xlabel="training time / plain network's" if plain else "training time (s)", ylabel="test NLL (nats)")
+    return _save(fig, path, title, dpi=120)
 
 
 def variance_explained_figure(

@@ -16,7 +16,7 @@ _AFTER_TRAINING = (
     "prune_finetune_lr", "prune_finetune_schedule", "prune_stages", "prune_stage_epochs", "prune_distill_weight",
     "prune_distill_samples", "prune_scratch_epochs", "ood_dataset",
 )  # fmt: skip
-FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "ood", "overview")
+FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "ood", "overview", "cost")
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ for _name, _dataset, _ood in (("uncertainty-mnist", "mnist", "fashion-mnist"), (
             kl_weight=None,
             pretrained=None,
             ood_dataset=_ood,
-            figures=("overview",),
+            figures=("overview", "cost"),
             resumable=True,
             quick={"epochs": 1, "seeds": (0,), "train_limit": 500, "test_limit": 200, "eval_samples": 2},
         )

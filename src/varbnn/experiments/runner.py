@@ -35,6 +35,7 @@ from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
 from varbnn.objectives import linear_kl_annealing
 from varbnn.plots import (
+    cost_figure,
     ood_histograms,
     overview_figure,
     reliability_diagram,
@@ -380,7 +381,9 @@ def _evaluate(
     dev: torch.device,
 ) -> tuple[dict[str, float], torch.Tensor]:
     deterministic = variant.family in DETERMINISTIC
+    start = time.perf_counter()
     scores, probs = evaluate_classifier(model, *test, samples=1 if deterministic else config.eval_samples, device=dev)
+    scores["predict_seconds"] = time.perf_counter() - start
     if config.eval_weight_samples and variant.family not in ("plain", *BASELINES):
         per_draw = evaluate_weight_samples(
             model, *test, n_train=n_train, samples=1 if deterministic else config.eval_weight_samples, seed=seed, device=dev
@@ -701,7 +704,9 @@ def run_experiment(
     if not vdist.is_main_process():  # rank 0 writes the results
         return {"name": config.name, "rows": rows, "figures": [], "written": False}
     out.mkdir(parents=True, exist_ok=True)
-    figures = _figures(config, out, first_seed_predictions, first_seed_models, traces, validation_cuts, first_seed_entropies)
+    figures = _figures(
+        config, out, first_seed_predictions, first_seed_models, traces, validation_cuts, first_seed_entropies, rows
+    )
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
@@ -728,9 +733,12 @@ def _figures(
     traces: dict[str, list[list[dict[str, float]]]],
     validation_cuts: dict[str, dict[tuple[str, str], float]] | None = None,
     entropies: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     seed = config.seeds[0]
     paths: list[Path] = []
+    if "cost" in config.figures and rows:
+        paths.append(cost_figure(rows, out / f"{config.name}_cost.png", title=f"{config.name}: test NLL against training cost"))
     if "overview" in config.figures and entropies:
         title = f"{config.name}: calibration on the {config.dataset} test set, and test vs {config.ood_dataset} (seed {seed})"
         paths.append(overview_figure(predictions, entropies, out / f"{config.name}.png", title=title))
