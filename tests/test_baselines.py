@@ -119,8 +119,22 @@ def test_train_ensemble_trains_distinct_members() -> None:
     x = torch.randn(64, 4, generator=g)
     y = (x[:, 0] > 0).long()
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=g)
-    ensemble = train_ensemble(_mlp, loader, members=2, n_data=64, epochs=2, lr=1e-2)
-    w0, w1 = (m[0].weight for m in ensemble.members)
-    assert not torch.equal(w0, w1)
+    ensemble = train_ensemble(_mlp, loader, members=2, n_data=64, epochs=2, lr=1e-2, seed=5)
+    from varbnn.train import seed_everything
+
+    for m, member in enumerate(ensemble.members):
+        seed_everything(5 + m)  # member m's initialisation, redrawn
+        start = _mlp()
+        assert not torch.equal(start[0].weight, member[0].weight)  # trained
+        if m:
+            seed_everything(5)
+            assert not torch.equal(start[0].weight, _mlp()[0].weight)  # and started from its own draw
     with pytest.raises(ValueError, match="members must be an integer >= 2"):
         train_ensemble(_mlp, loader, members=1, n_data=64, epochs=1)
+
+
+def test_temperature_scaling_of_an_ensemble_keeps_the_members_as_draws() -> None:
+    ensemble = DeepEnsemble([_mlp() for _ in range(3)]).eval()
+    x = torch.randn(4, 4)
+    scaled = TemperatureScaled(ensemble, temperature=2.0)
+    torch.testing.assert_close(predict(scaled, x), predict(ensemble, x) / 2.0)

@@ -122,3 +122,33 @@ def test_fit_logs_every_epoch_through_python_logging(caplog) -> None:
         fit(nn.Linear(4, 2), DataLoader(TensorDataset(x, y), batch_size=16), n_data=32, epochs=2, progress=False)
     messages = [r.getMessage() for r in caplog.records if r.name == "varbnn.train"]
     assert len(messages) == 2 and messages[0].startswith("epoch 1/2: loss")
+
+
+def test_regression_targets_of_shape_n_by_1_evaluate() -> None:
+    x, y = _regression(64)
+    model = nn.Linear(3, 1)
+    scores = evaluate(model, x, y[:, None], likelihood=Gaussian(noise_std=0.5), samples=1)
+    assert scores["rmse"] == pytest.approx(float((model(x).detach() - y[:, None]).square().mean().sqrt()), rel=1e-5)
+
+
+def test_fit_refuses_what_it_would_train_wrongly(tmp_path) -> None:
+    from varbnn.baselines import DeepEnsemble
+    from varbnn.laplace import LastLayerLaplace
+    from varbnn.train import CheckpointError
+
+    x, y = _regression(64)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32)
+    cls = DataLoader(TensorDataset(x, (y > 0).long()), batch_size=32)
+    with pytest.raises(ValueError, match="train_ensemble"):
+        fit(DeepEnsemble([nn.Linear(3, 2), nn.Linear(3, 2)]), cls, n_data=64, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="stale"):
+        fit(LastLayerLaplace(nn.Linear(3, 2)), cls, n_data=64, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="beta must be a finite number"):
+        fit(nn.Linear(3, 2), cls, n_data=64, epochs=1, beta="0.1", progress=False)
+    graves = varbnn.bayesianize(nn.Linear(3, 1), MeanField(estimator="graves"))
+    with pytest.raises(ValueError, match="does not train"):
+        fit(graves, loader, n_data=64, epochs=1, likelihood=Gaussian(), progress=False)
+    path = tmp_path / "plain.pt"
+    fit(nn.Linear(3, 1), loader, n_data=64, epochs=1, nll=nn.functional.mse_loss, checkpoint=path, progress=False)
+    with pytest.raises(CheckpointError, match="no 'likelihood' entry"):
+        fit(nn.Linear(3, 1), loader, n_data=64, epochs=2, likelihood=Gaussian(), checkpoint=path, resume=True, progress=False)

@@ -110,8 +110,9 @@ def train_ensemble(
     **fit_kwargs: Any,
 ) -> DeepEnsemble:
     """Train ``members`` networks from ``make_model()`` independently (member ``m`` seeded ``seed + m`` for its
-    initialisation and its weight/batch randomness) with :func:`varbnn.train.fit` (``fit_kwargs``: ``n_data``,
-    ``epochs``, ``lr``, ``likelihood``, ``device`` ...) and return them as a :class:`DeepEnsemble`.
+    initialisation and the global random stream: batch order too, unless the loader has a generator of its own) with
+    :func:`varbnn.train.fit` (``fit_kwargs``: ``n_data``, ``epochs``, ``lr``, ``likelihood``, ``device`` ...) and
+    return them as a :class:`DeepEnsemble`.
 
     The cost is ``members`` times one network's training. (Lakshminarayanan et al. also add adversarial training;
     this is the plain form that is usually compared.)

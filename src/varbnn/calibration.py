@@ -52,6 +52,8 @@ def fit_temperature(
     low, high = bounds
     if not (0 < low < high and math.isfinite(high)):
         raise ValueError(f"bounds must satisfy 0 < low < high < inf, got {bounds!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
     logits, labels = logits.detach().double(), labels.long()
     a, b = math.log(low), math.log(high)
     ratio = (math.sqrt(5) - 1) / 2
@@ -86,6 +88,9 @@ class TemperatureScaled(nn.Module):
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         self.model = model
         self.register_buffer("temperature", torch.tensor(float(temperature)))
+        inner = getattr(model, "predictive_draws", None)
+        if callable(inner):  # an ensemble / Laplace inside: keep its own draws (varbnn.predict looks for this hook)
+            self.predictive_draws = lambda x, samples: inner(x, samples) / self.temperature
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x) / self.temperature
@@ -96,9 +101,13 @@ class TemperatureScaled(nn.Module):
         temperature of the Monte Carlo predictive of a stochastic model (e.g. MC dropout or a BNN)."""
         from varbnn.predict import predict
 
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         was_training = self.model.training
         self.model.eval()
-        device = self.temperature.device
+        reference = next(self.model.parameters(), None)
+        device = reference.device if reference is not None else self.temperature.device
+        self.temperature.data = self.temperature.data.to(device)
         chunks = [predict(self.model, x[i : i + batch_size].to(device), samples=samples)
                   for i in range(0, x.shape[0], batch_size)]  # fmt: skip
         logits = torch.cat(chunks, dim=1)

@@ -131,7 +131,7 @@ class LastLayerLaplace(nn.Module):
 
         handle = self.layer.register_forward_hook(hook)
         try:
-            logits = self.model(x)
+            logits = self.model(x.to(self.layer.weight.device))
         finally:
             handle.remove()
         where = f"the last nn.Linear ({self.layer_name!r}, {self.layer.in_features} -> {self.layer.out_features})"
@@ -349,7 +349,7 @@ class LastLayerLaplace(nn.Module):
 
     # ------------------------------------------------------------------ prediction
     def _draws_from_features(self, logits: torch.Tensor, phi: torch.Tensor, samples: int, prior_precision: float) -> torch.Tensor:
-        perturbations = self._perturbations(samples, prior_precision)  # [S, C, D]
+        perturbations = self._perturbations(samples, prior_precision).to(phi.device)  # [S, C, D]
         noise = torch.einsum("nd,scd->snc", phi.double(), perturbations)
         return logits.unsqueeze(0) + noise.to(logits.dtype)
 

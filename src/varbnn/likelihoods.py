@@ -3,7 +3,7 @@
 A :class:`Likelihood` turns the network's output ``f`` into a distribution over the target ``y``:
 
 * :meth:`Likelihood.nll` -- the batch-mean negative log-likelihood ``-mean_n log p(y_n | f_n)`` of ONE weight draw,
-  the data term of the ELBO (:func:`varbnn.train.fit` minimises ``nll + beta * (KL + likelihood.kl()) / N``);
+  the data term of the ELBO (:func:`varbnn.train.fit` minimises ``nll + (beta * KL + likelihood.kl()) / N``);
 * :meth:`Likelihood.log_predictive` -- per example, the Monte Carlo predictive log-density
   ``log (1/S) sum_s p(y_n | f_s(x_n))`` of ``S`` weight draws (log-sum-exp over the DRAWS, never over examples);
 * :meth:`Likelihood.summary` and :meth:`Likelihood.metrics` -- the predictive (probabilities and entropies for
@@ -144,8 +144,9 @@ def _sum_event(log_density: torch.Tensor) -> torch.Tensor:
 
 
 def _regression_metrics(summary: RegressionSummary, log_predictive: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    mean = summary.mean.reshape(target.shape) if summary.mean.numel() == target.numel() else summary.mean
     return {
-        "rmse": _metrics.rmse(summary.mean, target),
+        "rmse": _metrics.rmse(mean, target),
         "nll": float(-log_predictive.mean()),
         "mean_predictive_std": float(summary.variance.sqrt().mean()),
     }

@@ -549,8 +549,8 @@ def fit(
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
-    ``likelihood`` (a :class:`varbnn.likelihoods.Likelihood` or its name: ``"categorical"``, ``"gaussian"``,
-    ``"heteroscedastic"``, ``"gamma-precision"``) replaces ``nll``: its :meth:`~varbnn.likelihoods.Likelihood.nll` is
+    ``likelihood`` (a :class:`varbnn.likelihoods.Likelihood`, or the name of one without learned parameters:
+    ``"categorical"``, ``"heteroscedastic"``) replaces ``nll``: its :meth:`~varbnn.likelihoods.Likelihood.nll` is
     the data term, its own parameters (e.g. a learned noise level) are trained with the model's (added to the default
     optimizer; a given ``optimizer`` must already hold them) and saved in the checkpoint, and its
     :meth:`~varbnn.likelihoods.Likelihood.kl` (a noise posterior's) joins the KL term at weight 1. Default: ``nll``,
@@ -627,6 +627,7 @@ def fit(
     from varbnn import distributed as vdist
 
     n_data = _training_set_size(n_data)
+    _refuse_posthoc_wrappers(model)
     lik: Likelihood | None = None
     if likelihood is not None:
         if nll is not F.cross_entropy:
@@ -635,6 +636,8 @@ def fit(
         nll = _likelihood_loss(lik, n_data)
     if beta is None:
         beta = default_kl_weight(model)
+    elif not callable(beta) and (isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < math.inf):
+        raise ValueError(f"beta must be a finite number >= 0, a function of the step, or None (the default), got {beta!r}")
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
     if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
@@ -670,6 +673,12 @@ def fit(
             )
     adaptive = _has_adaptive_prior(model)
     graves = uses_graves_estimator(model)
+    if graves and extra_parameters:
+        raise ValueError(
+            f"the likelihood {type(lik).__name__} has learnable parameters, which MeanField(estimator='graves') does not "
+            "train (its gradients are per-example Fisher estimates of the model's parameters only): fix them (e.g. "
+            "Gaussian(noise_std=...)) or use another estimator"
+        )
     if graves and mc_samples != 1:
         raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
     net: nn.Module = model
@@ -805,6 +814,23 @@ def fit(
     return history
 
 
+def _refuse_posthoc_wrappers(model: nn.Module) -> None:
+    """Wrappers whose training is not one fit of their forward pass get a clear error instead of a silent wrong run."""
+    from varbnn.baselines import DeepEnsemble
+    from varbnn.laplace import LastLayerLaplace
+
+    if isinstance(model, DeepEnsemble):
+        raise ValueError(
+            "fit(DeepEnsemble) would train the members jointly through their mean output, not independently: train "
+            "each member with fit (or use varbnn.baselines.train_ensemble), then wrap them in a DeepEnsemble"
+        )
+    if isinstance(model, LastLayerLaplace):
+        raise ValueError(
+            "fit(LastLayerLaplace) would leave the fitted curvature stale: train the plain network with fit, then "
+            "build LastLayerLaplace(network).fit(loader)"
+        )
+
+
 class TrainingWarning(UserWarning):
     """Something in a finished :func:`fit` run that a user should act on (see :func:`fit`'s ``diagnose``)."""
 
@@ -937,6 +963,11 @@ def _resume(
         raise CheckpointError(path, f"its epoch ({epoch!r}) and step ({step!r}) must be integers >= 0")
     if not isinstance(history, list) or len(history) != epoch or not all(isinstance(r, dict) for r in history):
         raise CheckpointError(path, f"its history is not one record per completed epoch ({epoch})")
+    if likelihood is not None and any(p.requires_grad for p in likelihood.parameters()) and "likelihood" not in state:
+        raise CheckpointError(
+            path, f"has no 'likelihood' entry, but the run trains {type(likelihood).__name__}'s parameters: resuming would "
+            "restart them from their initial values (was it written by a run without likelihood=?)"
+        )
     _apply_checkpoint(path, state, model, optimizer, allow_nonfinite=False)
     if likelihood is not None and "likelihood" in state:
         try:
@@ -999,6 +1030,8 @@ def evaluate(
     Cost: ``samples`` forward passes over ``x`` (vectorised by :func:`varbnn.predict`), ``batch_size`` examples at a time.
     """
     lik = as_likelihood(likelihood)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
     dev = resolve_device(device)

@@ -190,6 +190,8 @@ class ExperimentConfig:
             raise ValueError(f"{self.name}: prune_scratch_epochs retrains the staged rule's architecture: set prune_stages")
         if self.prune_stages and self.prune_budget is None:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
+        if self.select_best_of_last and any(v.family == "ensemble" for v in self.variants):
+            raise ValueError(f"{self.name}: select_best_of_last is not supported for the 'ensemble' baseline (members)")
         if {"ood", "overview"} & set(self.figures) and not self.ood_dataset:
             raise ValueError(f"{self.name}: the 'ood' and 'overview' figures need an ood_dataset")
         if self.kl_weight is not None and not (isinstance(self.kl_weight, (int, float)) and 0 <= self.kl_weight < float("inf")):

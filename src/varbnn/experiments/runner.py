@@ -33,7 +33,7 @@ from varbnn.families.gaussian import MeanField
 from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
-from varbnn.objectives import linear_kl_annealing
+from varbnn.objectives import default_kl_weight, linear_kl_annealing
 from varbnn.plots import (
     cost_figure,
     ood_histograms,
@@ -127,17 +127,13 @@ def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
     return model
 
 
-def _kl_weight(config: ExperimentConfig, warmup: int) -> dict[str, Any]:
-    """``fit``'s ``beta`` argument: annealed from 0 over ``warmup`` steps to ``config.kl_weight``; none at all (fit's
-    library default) when ``kl_weight`` is None and nothing is annealed."""
+def _kl_weight(config: ExperimentConfig, warmup: int, model: torch.nn.Module) -> dict[str, Any]:
+    """``fit``'s ``beta`` argument: annealed from 0 over ``warmup`` steps to ``config.kl_weight`` (``None``: the
+    model's library default, :func:`varbnn.objectives.default_kl_weight`); none at all (fit's default) when
+    ``kl_weight`` is None and nothing is annealed."""
     if config.kl_weight is None and not warmup:
         return {}
-    if config.kl_weight is None:
-        from varbnn.train import DEFAULT_KL_WEIGHT
-
-        final = DEFAULT_KL_WEIGHT
-    else:
-        final = float(config.kl_weight)
+    final = default_kl_weight(model) if config.kl_weight is None else float(config.kl_weight)
     if warmup:
         return {"beta": lambda step: final * linear_kl_annealing(step, warmup)}
     return {"beta": final}
@@ -640,16 +636,16 @@ def run_experiment(
                 history = fit(
                     member, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
                     optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
-                    **_kl_weight(config, warmup),
+                    **_kl_weight(config, warmup, member),
                     on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
                     on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
                     checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
                     mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1,
                 )  # fmt: skip
+            selected_epoch = best.restore() if best is not None else None  # before any post-hoc step fits on it
             if variant.family in BASELINES:
                 model = after_training(variant.family, model, loader, validation, dev)
             train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
-            selected_epoch = best.restore() if best is not None else None
             results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
             for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
                 results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
