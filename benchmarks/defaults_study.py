@@ -260,11 +260,18 @@ def _decision(summary: dict[str, Any]) -> list[str]:
             better = "module" if module["nll_ratio"] < own["nll_ratio"] else "family"
             lines.append(f"- {family}: the layer's own {own['nll_ratio']:.3f}, the module's weights {module['nll_ratio']:.3f} "
                          f"(better: {better})")  # fmt: skip
+    wins = sum(
+        1 for f in FAMILIES
+        if f"{f}/module" in selected and f"{f}/family" in selected
+        and selected[f"{f}/module"]["nll_ratio"] < selected[f"{f}/family"]["nll_ratio"]
+    )  # fmt: skip
     lines += [
         "",
-        "The two starts are level on fresh networks (each is better for some families), so the default follows the "
-        "conversion's purpose: `pretrained=True` keeps a trained network's weights. The default KL weight of each "
-        "family is then its `module` row's selected beta:",
+        f"On these fresh networks the module's weights are the better start for {wins} of {len(FAMILIES)} families. The "
+        "initialisation default is a product decision, not this table's: `pretrained=True` keeps a trained network's "
+        "weights, which is what converting a network is for (converting a trained net without it threw its training "
+        "away); for a fresh network `pretrained=False` is the measured-better start for the families above. The default "
+        "KL weight of each family is then its `module` row's selected beta:",
         "",
     ]
     for family in FAMILIES:
@@ -274,7 +281,10 @@ def _decision(summary: dict[str, Any]) -> list[str]:
     element = selected.get("radial-element/module")
     radial = selected.get("radial/module")
     if element and radial:
-        keep = "sigma = 1e-2 stays the default" if radial["nll_ratio"] <= element["nll_ratio"] else "per-element wins"
+        if radial["nll_ratio"] <= element["nll_ratio"]:
+            keep = "sigma = 1e-2 stays the default"
+        else:
+            keep = f"the per-element start is Radial's default (`init_std=None`), with its beta = {element['beta']:g}"
         lines += ["", f"Radial's initial scale: sigma = 1e-2 {radial['nll_ratio']:.3f} vs a per-element std of 1e-2 "
                       f"{element['nll_ratio']:.3f}: {keep}."]  # fmt: skip
     return lines
