@@ -299,14 +299,17 @@ def figure(result: dict[str, Any], path: Path) -> None:
     tasks = result["tasks"]
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
     plain = result["summary"]["plain"]
+    lines = sorted({(r["family"], r["init"]) for r in result["summary"]["rows"]})
+    colors = {line: plt.get_cmap("tab20")(i % 20) for i, line in enumerate(lines)}
     for ax, task in zip(axes[0], tasks):
-        for family, init in sorted({(r["family"], r["init"]) for r in result["summary"]["rows"]}):
+        for family, init in lines:
             rows = [r for r in result["summary"]["rows"] if (r["family"], r["init"]) == (family, init)]
             rows.sort(key=lambda r: r["beta"])
             betas = [r["beta"] for r in rows if f"{task}:nll" in r]
             values = [r[f"{task}:nll"] for r in rows if f"{task}:nll" in r]
             label = family if init == "family" else f"{family} ({init} init)"
-            ax.plot(betas, values, marker="o", label=label, linestyle="-" if init == "family" else "--")
+            ax.plot(betas, values, marker="o", label=label, linestyle="-" if init == "family" else "--",
+                    color=colors[(family, init)])  # fmt: skip
         if f"{task}:nll" in plain:
             ax.axhline(plain[f"{task}:nll"], color="black", linewidth=1, label="plain")
         ax.set_xscale("log")
