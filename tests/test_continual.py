@@ -150,3 +150,16 @@ def test_soap_bubble_quick_run(tmp_path):
     for sigma in config.sigmas:
         assert distances[f"meanfield@{sigma:g}"] > 10 * distances[f"radial@{sigma:g}"]
     assert len(result["training"]) == 2 and (tmp_path / f"{config.name}_training.png").exists()
+
+
+def test_the_library_does_not_import_its_experiments():
+    """varbnn.plots and the library's other modules import nothing from varbnn.experiments (no cycle)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, varbnn, varbnn.plots, varbnn.continual, varbnn.prune, varbnn.train, varbnn.baselines, varbnn.laplace;"
+        "print(sorted(m for m in sys.modules if m.startswith('varbnn.experiments')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

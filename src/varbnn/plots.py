@@ -327,7 +327,7 @@ def soap_bubble_figures(
             ax.hist(values.numpy(), bins=edges.numpy(), density=True, alpha=0.4, color=color, label=f"{family} samples")
             grid = edges
             if family == "meanfield":
-                from varbnn.experiments.soap_bubble import chi_log_density
+                from varbnn.distributions.radial import chi_log_density
 
                 density = (chi_log_density(grid / sigma, dim) - math.log(sigma)).exp()
             else:

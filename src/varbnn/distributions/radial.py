@@ -45,7 +45,15 @@ from torch.types import _size
 
 from varbnn._checks import as_positive_int
 
-__all__ = ["Radial", "radial_entropy_constant", "radial_kl", "radial_normal_cross_entropy"]
+__all__ = ["Radial", "radial_entropy_constant", "radial_kl", "radial_normal_cross_entropy", "chi_log_density"]
+
+
+def chi_log_density(x: Tensor, dof: int) -> Tensor:
+    """log density of the chi distribution with ``dof`` degrees of freedom (the norm of a ``dof``-dimensional standard
+    normal): ``(1 - k/2) log 2 - lgamma(k/2) + (k - 1) log x - x^2 / 2``. A mean-field Gaussian draw lies at a
+    chi-distributed distance from its mode (the "soap bubble"); a radial draw at a half-normal one."""
+    k = float(dof)
+    return (1 - k / 2) * math.log(2) - math.lgamma(k / 2) + (k - 1) * x.log() - x.square() / 2
 
 _EULER_GAMMA = 0.5772156649015329
 _LOG_2PI = math.log(2 * math.pi)

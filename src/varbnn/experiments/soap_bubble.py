@@ -27,6 +27,7 @@ from torch import nn
 
 from varbnn.convert import bayesianize
 from varbnn.data import load_mnist
+from varbnn.distributions.radial import chi_log_density
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.continual import TensorBatches
 from varbnn.families import make_family
@@ -61,12 +62,6 @@ def soap_bubble_config(quick: bool = False) -> SoapBubbleConfig:
         return SoapBubbleConfig(name="soap-bubble-quick", kernel_shape=(16, 8, 3, 3), kernel_samples=200, hidden=(32,), epochs=2,
                                 train_limit=1000)  # fmt: skip
     return SoapBubbleConfig()
-
-
-def chi_log_density(x: torch.Tensor, dof: int) -> torch.Tensor:
-    """log density of the chi distribution with ``dof`` degrees of freedom."""
-    k = float(dof)
-    return (1 - k / 2) * math.log(2) - math.lgamma(k / 2) + (k - 1) * x.log() - x.square() / 2
 
 
 @torch.no_grad()
