@@ -367,7 +367,10 @@ for _name, _dataset, _ood in (("uncertainty-mnist", "mnist", "fashion-mnist"), (
             name=_name,
             description=(
                 f"LeNet-5 on {_dataset}: every varbnn family at the library's defaults against the plain network, "
-                f"temperature scaling, MC dropout, a 5-member deep ensemble and last-layer Laplace; OOD: {_ood}."
+                f"temperature scaling, MC dropout, a 5-member deep ensemble and last-layer Laplace; OOD: {_ood}. The "
+                "Laplace row is varbnn.laplace's KFAC last-layer Laplace (prior precision on the validation split): "
+                "laplace-torch itself requires torchvision, which has no CPU build on the project's machines and would "
+                "replace the pinned torch."
             ),
             dataset=_dataset,
             model="lenet5",
