@@ -84,7 +84,7 @@ def test_add_dropout_skips_the_first_layer_and_copies() -> None:
     assert isinstance(dropped[0], nn.Linear)
     assert isinstance(dropped[2], nn.Sequential) and isinstance(dropped[2][0], nn.Dropout)
     assert isinstance(dropped[4], nn.Sequential) and dropped[4][0].p == 0.2
-    with pytest.raises(ValueError, match=r"p must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"p must be a finite number in \(0, 1\)"):
         add_dropout(net, 1.0)
 
 
@@ -129,7 +129,7 @@ def test_train_ensemble_trains_distinct_members() -> None:
         if m:
             seed_everything(5)
             assert not torch.equal(start[0].weight, _mlp()[0].weight)  # and started from its own draw
-    with pytest.raises(ValueError, match="members must be an integer >= 2"):
+    with pytest.raises(ValueError, match="members must be an int >= 2"):
         train_ensemble(_mlp, loader, members=1, n_data=64, epochs=1)
 
 

@@ -556,7 +556,7 @@ def test_baselines_run_through_the_same_runner(tmp_path):
     "variant, message",
     [
         (Variant("x", family="mc-dropout", family_options={"q": 1}), "unknown family_options"),
-        (Variant("x", family="ensemble", family_options={"members": 1}), "members must be an integer >= 2"),
+        (Variant("x", family="ensemble", family_options={"members": 1}), "members must be an int >= 2"),
     ],
 )
 def test_baseline_options_are_validated(variant, message):

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn._checks import as_float_in, as_int
+
 __all__ = ["MCDropout", "add_dropout", "DeepEnsemble", "train_ensemble"]
 
 _DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -27,8 +29,7 @@ _DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alpha
 def add_dropout(model: nn.Module, p: float, *, layer_types: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)) -> nn.Module:
     """A NEW model with ``nn.Dropout(p)`` in front of every ``layer_types`` layer except the first one met (dropout on
     the raw input is not MC dropout's usual practice). The input model is not modified."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    p = as_float_in(p, "p", 0.0, 1.0, low_open=True, high_open=True, owner="add_dropout")
     new = copy.deepcopy(model)
     seen = [False]
 
@@ -119,8 +120,7 @@ def train_ensemble(
     """
     from varbnn.train import fit, seed_everything
 
-    if isinstance(members, bool) or not isinstance(members, int) or members < 2:
-        raise ValueError(f"members must be an integer >= 2, got {members!r}")
+    members = as_int(members, "members", 2, owner="train_ensemble")
     trained = []
     for m in range(members):
         seed_everything(seed + m)

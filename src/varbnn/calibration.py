@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from varbnn._checks import as_float_in, as_positive_int
+
 __all__ = ["fit_temperature", "TemperatureScaled"]
 
 
@@ -52,8 +54,7 @@ def fit_temperature(
     low, high = bounds
     if not (0 < low < high and math.isfinite(high)):
         raise ValueError(f"bounds must satisfy 0 < low < high < inf, got {bounds!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+    iterations = as_positive_int(iterations, "iterations")
     logits, labels = logits.detach().double(), labels.long()
     a, b = math.log(low), math.log(high)
     ratio = (math.sqrt(5) - 1) / 2
@@ -84,8 +85,7 @@ class TemperatureScaled(nn.Module):
 
     def __init__(self, model: nn.Module, temperature: float = 1.0) -> None:
         super().__init__()
-        if not (math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        temperature = as_float_in(temperature, "temperature", 0.0, None, low_open=True, owner="TemperatureScaled")
         self.model = model
         self.register_buffer("temperature", torch.tensor(float(temperature)))
         inner = getattr(model, "predictive_draws", None)
@@ -101,8 +101,7 @@ class TemperatureScaled(nn.Module):
         temperature of the Monte Carlo predictive of a stochastic model (e.g. MC dropout or a BNN)."""
         from varbnn.predict import predict
 
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = as_positive_int(batch_size, "batch_size")
         was_training = self.model.training
         self.model.eval()
         reference = next(self.model.parameters(), None)

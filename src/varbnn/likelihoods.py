@@ -22,7 +22,6 @@ A :class:`Likelihood` turns the network's output ``f`` into a distribution over 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,20 +29,11 @@ from torch import nn
 from torch.distributions import Gamma, Normal, StudentT, kl_divergence
 
 from varbnn import metrics as _metrics
+from varbnn._checks import as_float_in
 from varbnn.families.gaussian import inverse_softplus
 from varbnn.predict import ClassificationSummary, RegressionSummary, classification_summary
 
 __all__ = ["Likelihood", "Categorical", "Gaussian", "HeteroscedasticGaussian", "GammaPrecisionGaussian", "as_likelihood"]
-
-
-def _check_finite_positive(owner: str, name: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}") from None
-    if isinstance(value, bool) or not (math.isfinite(number) and number > 0):
-        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value!r}")
-    return number
 
 
 class Likelihood(nn.Module):
@@ -169,8 +159,8 @@ class Gaussian(Likelihood):
     def __init__(self, noise_std: float | None = None, *, init_noise_std: float = 1.0) -> None:
         super().__init__()
         self.learn_noise = noise_std is None
-        start = _check_finite_positive("Gaussian", "noise_std" if noise_std is not None else "init_noise_std",
-                                       noise_std if noise_std is not None else init_noise_std)  # fmt: skip
+        name, value = ("noise_std", noise_std) if noise_std is not None else ("init_noise_std", init_noise_std)
+        start = as_float_in(value, name, 0.0, None, low_open=True, owner="Gaussian")
         log_std = torch.tensor(math.log(start))
         if self.learn_noise:
             self.log_noise_std = nn.Parameter(log_std)
@@ -213,7 +203,7 @@ class HeteroscedasticGaussian(Likelihood):
 
     def __init__(self, min_variance: float = 1e-6) -> None:
         super().__init__()
-        self.min_variance = _check_finite_positive("HeteroscedasticGaussian", "min_variance", min_variance)
+        self.min_variance = as_float_in(min_variance, "min_variance", 0.0, None, low_open=True, owner="HeteroscedasticGaussian")
 
     def _split(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         both = _mean_output(output, target, "HeteroscedasticGaussian", width=2)

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics
+from varbnn._checks import as_positive_int
 from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.objectives import (
     ELBOTerms,
@@ -1030,8 +1031,7 @@ def evaluate(
     Cost: ``samples`` forward passes over ``x`` (vectorised by :func:`varbnn.predict`), ``batch_size`` examples at a time.
     """
     lik = as_likelihood(likelihood)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = as_positive_int(batch_size, "batch_size", owner="evaluate")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
     dev = resolve_device(device)

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn._checks import as_int
+
 __all__ = ["BASELINES", "DETERMINISTIC", "build_baseline", "after_training", "members"]
 
 BASELINES = ("temperature", "mc-dropout", "ensemble", "laplace")
@@ -47,9 +49,7 @@ def build_baseline(kind: str, make_plain: Any, options: dict[str, Any]) -> nn.Mo
     if kind == "mc-dropout":
         return MCDropout(add_dropout(make_plain(), float(options.get("p", 0.1))))
     if kind == "ensemble":
-        count = options.get("members", 5)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 2:
-            raise ValueError(f"baseline 'ensemble': members must be an integer >= 2, got {count!r}")
+        count = as_int(options.get("members", 5), "members", 2, owner="baseline 'ensemble'")
         return DeepEnsemble([make_plain() for _ in range(count)])
     return make_plain()
 

@@ -106,10 +106,7 @@ def score_histograms(
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("log mode of local radius")
     axes[0][0].set_ylabel("groups")
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from varbnn.plots import _save
+
+    return _save(fig, path, title, dpi=110)
 
