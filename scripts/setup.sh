@@ -9,4 +9,4 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch==2.13.0 before anything else: an unpinned torch would pull several GB of CUDA wheels.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet -e ".[test,docs]"

@@ -33,7 +33,7 @@ from varbnn.predict import classification_summary, predict, regression_summary
 from varbnn.priors import RadialDirectionalPrior, RadialPrior, update_adaptive_priors
 from varbnn.train import evaluate, fit
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "baselines",
