@@ -29,7 +29,8 @@ class TrainedLeNet:
 
 
 def load_trained(out: str | Path, data_dir: str | None, device: torch.device) -> TrainedLeNet:
-    """lenet5-prune's model at its evaluated epoch (``OUT/.checkpoints/``), or exit naming the command that makes it."""
+    """lenet5-prune's model at its evaluated epoch (under ``out/.checkpoints/``, ``out`` being lenet5-prune's folder:
+    ``benchmarks/results/lenet5-prune/`` by default), or exit naming the command that makes it."""
     config = CONFIGS["lenet5-prune"]
     variant = config.variants[0]
     path = _checkpoint_path(config, out, variant, config.seeds[0]).with_suffix(".best.pt")

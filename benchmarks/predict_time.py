@@ -1,7 +1,7 @@
 """Vectorised Monte Carlo prediction vs sequential passes: 64 draws of a Bayesian LeNet-5 on 10,000 images.
 
 Usage: python benchmarks/predict_time.py [--device cpu] [--samples 64] [--images 10000] [--repeats 3] [--threads 2]
-       [--out benchmarks/results]
+       [--out benchmarks/results/predict-time]
 For each family/estimator: the time of ``samples`` sequential forward passes over the images (in batches of 1000)
 and of ``varbnn.predict(model, x, samples, chunk_size=C, batch_size=B)`` for several (C, B), the ratio, the peak
 memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU: peak RSS growth of the process, coarse) and whether two
@@ -21,6 +21,7 @@ import torch
 from report import write_result  # type: ignore[import-not-found]
 
 import varbnn
+from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5
 from varbnn.train import resolve_device
@@ -60,7 +61,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=str(results_dir("predict-time")))
     args = parser.parse_args()
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)

@@ -3,7 +3,8 @@ posterior? lenet5-prune's staged pruning to the budget with a longer last retrai
 architecture trained from a random initialisation (the control of Liu et al. 2019, "Rethinking the value of network
 pruning"): with and without distilling the Bayesian model's Monte Carlo predictive.
 
-Needs the finished checkpoint of ``varbnn reproduce lenet5-prune`` (under ``OUT/.checkpoints/``). Rows:
+Needs the finished checkpoint of ``varbnn reproduce lenet5-prune`` (under ``CHECKPOINTS/.checkpoints/``, by default
+lenet5-prune's folder ``benchmarks/results/lenet5-prune/``; the pruned models this script saves go beside it). Rows:
 
 - ``posterior init``: ``varbnn.prune.iterative_budget`` with lenet5-prune's settings (4 stages of 5 epochs, cosine,
   distillation 0.7) but ``--final-epochs`` epochs of retraining after the last stage;
@@ -22,7 +23,8 @@ reachable with another allocation of the units? Rows are appended to OUT/prune_c
 rerun skips the rows there.
 
 Usage: python benchmarks/prune_capacity.py [--final-epochs 100] [--seeds 1] [--widths C1-C2-H] [--out DIR]
-       [--device cpu] [--threads 2]
+       [--checkpoints DIR] [--device cpu] [--threads 2]
+OUT defaults to benchmarks/results/prune-capacity, CHECKPOINTS to benchmarks/results/lenet5-prune.
 Writes OUT/prune_capacity.json and .md.
 """
 
@@ -39,6 +41,7 @@ import torch
 from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
 
+from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import lenet5
@@ -140,7 +143,8 @@ def _load_pruned(path: Path, device: torch.device) -> torch.nn.Module | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--final-epochs", type=int, default=100, help="retraining epochs after the last stage")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=str(results_dir("prune-capacity")), help="folder of the page, JSON and rows")
+    parser.add_argument("--checkpoints", default=str(results_dir("lenet5-prune")), help="lenet5-prune's folder")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
@@ -156,7 +160,7 @@ def main() -> None:
     device = resolve_device(args.device)
     start = time.perf_counter()
     commit, device_text = git_commit(), describe_device(device)  # the code that runs: HEAD at the start
-    trained = load_trained(args.out, args.data_dir, device)
+    trained = load_trained(args.checkpoints, args.data_dir, device)
     config, model, best_path = trained.config, trained.model, trained.path
     train, validation, (x_test, y_test) = trained.train, trained.validation, trained.test
     seed = config.seeds[0]

@@ -1,13 +1,14 @@
 """How lenet5-prune's retraining was chosen: ``varbnn.prune.iterative_budget`` on the trained lenet5-prune checkpoint
 with different retraining settings, to the goal's budget (120K FLOPs, 15K parameters), side by side.
 
-Needs the finished checkpoint of ``varbnn reproduce lenet5-prune`` (under ``OUT/.checkpoints/``; the run is resumable, so
-the reproduce command makes it). Rows: the number of prune-and-retrain stages, epochs per stage (the last stage: 30),
-the learning-rate schedule (Adam 1e-3, constant or cosine) and the distillation weight of the model's Monte Carlo
-predictive (16 draws). The config takes the row with the lowest VALIDATION error; the test error is reported, not
-used.
+Needs the finished checkpoint of ``varbnn reproduce lenet5-prune`` (under ``CHECKPOINTS/.checkpoints/``, by default
+lenet5-prune's folder ``benchmarks/results/lenet5-prune/``; the run is resumable, so the reproduce command makes it).
+Rows: the number of prune-and-retrain stages, epochs per stage (the last stage: 30), the learning-rate schedule
+(Adam 1e-3, constant or cosine) and the distillation weight of the model's Monte Carlo predictive (16 draws). The
+config takes the row with the lowest VALIDATION error; the test error is reported, not used.
 
-Usage: python benchmarks/prune_retraining.py [--out benchmarks/results] [--data-dir ../shared/data] [--device cpu]
+Usage: python benchmarks/prune_retraining.py [--out benchmarks/results/prune-retraining]
+       [--checkpoints benchmarks/results/lenet5-prune] [--data-dir ../shared/data] [--device cpu]
 Writes OUT/prune_retraining.json and .md.
 """
 
@@ -22,6 +23,7 @@ import torch
 from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
 
+from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.prune import classification_error, iterative_budget, predictive_targets
 from varbnn.train import resolve_device
@@ -32,7 +34,8 @@ SETTINGS = [(4, 5, "constant", 0.0), (4, 5, "cosine", 0.0), (8, 3, "cosine", 0.0
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=str(results_dir("prune-retraining")), help="folder of the page and JSON")
+    parser.add_argument("--checkpoints", default=str(results_dir("lenet5-prune")), help="lenet5-prune's folder")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
@@ -40,7 +43,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     start = time.perf_counter()
-    trained = load_trained(args.out, args.data_dir, device)
+    trained = load_trained(args.checkpoints, args.data_dir, device)
     config, model, best_epoch = trained.config, trained.model, trained.epoch
     train, validation, (x_test, y_test) = trained.train, trained.validation, trained.test
     t0 = time.perf_counter()

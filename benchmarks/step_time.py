@@ -4,7 +4,7 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 (32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
-       [--optimizer fit|adam] [--mc-samples 2,4] [--only SUBSTRING,...] [--out benchmarks/results]
+       [--optimizer fit|adam] [--mc-samples 2,4] [--only SUBSTRING,...] [--out benchmarks/results/step-time]
 Every candidate (the deterministic baseline and the peers too) steps with the same optimizer: by default what
 ``varbnn.fit`` uses (Adam, fused where torch supports it), or ``--optimizer adam`` (torch.optim.Adam's defaults; files
 get a ``_plain_adam`` suffix). Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on
@@ -27,6 +27,7 @@ from report import write_result  # type: ignore[import-not-found]
 from torch import nn
 
 import varbnn
+from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
 from varbnn.train import _accumulated_elbo_gradient, default_optimizer, resolve_device
@@ -256,7 +257,7 @@ def main() -> None:
         "--mc-samples", default="2,4", help="S values > 1 for extra MeanField rows (fit(mc_samples=S)); '' for none"
     )
     parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=str(results_dir("step-time")))
     args = parser.parse_args()
     device = resolve_device(args.device)
     _, shape, default_batch, description = MODELS[args.model]

@@ -1,7 +1,7 @@
 """von Mises-Fisher sampling throughput vs scipy, and accuracy/speed of every Bessel method vs mpmath and scipy.
 
 Usage:
-    python benchmarks/vmf.py [--quick] [--threads 2] [--device cpu|cuda] [--out benchmarks/results]
+    python benchmarks/vmf.py [--quick] [--threads 2] [--device cpu|cuda] [--out benchmarks/results/vmf]
 
 Writes OUT/vmf.json, OUT/vmf.md and OUT/bessel_methods.png (the analogue of Oh et al. 2020, supplementary
 Figures 8-9: the ratio I_nu/I_{nu-1} and log I_nu by method, against scipy.special.ive). Needs the test extras
@@ -31,6 +31,7 @@ from scipy import special as sps  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from varbnn.distributions import VonMisesFisher  # noqa: E402
+from varbnn.experiments.config import results_dir  # noqa: E402
 from varbnn.experiments.runner import describe_device, git_commit  # noqa: E402
 from varbnn.special import bessel_ratio, log_bessel_iv  # noqa: E402
 
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer samples; skip scipy at d = 10000")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=ROOT / results_dir("vmf"))
     parser.add_argument("--render", type=Path, metavar="JSON", help="only re-write the .md of an existing result file")
     args = parser.parse_args(argv)
     if args.render:

@@ -249,7 +249,7 @@ def test_gamma66_ceiling_lies_below_the_reference_on_yacht_and_energy_only(data_
 
 
 def test_protocol_hashes_of_the_saved_runs_do_not_change():
-    """benchmarks/results/uci-closed-form and uci-gamma11 hold runs keyed by these hashes; a change to the protocol
+    """benchmarks/results/uci and uci/gamma11 hold runs keyed by these hashes; a change to the protocol
     (including a library default it relies on, such as RDP's radius_init) must not silently reuse or orphan them."""
     assert uci_config().protocol_hash() == "44642503e4"
     assert uci_config(noise_prior=(1.0, 1.0)).protocol_hash() == "cacd4beaca"

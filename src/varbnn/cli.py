@@ -80,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="varbnn", description="Variational Bayesian neural networks for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser, default_out: str) -> None:
+    def common(p: argparse.ArgumentParser, default_out: str | None, shown_default: str) -> None:
         p.add_argument("--device", default="cpu", help=f"{DEVICE_CHOICES} (default: cpu)")
-        p.add_argument("--out", default=default_out, help=f"output directory (default: {default_out})")
+        p.add_argument("--out", default=default_out, help=f"output directory (default: {shown_default})")
         p.add_argument("--data-dir", default=None, help="dataset directory (default: $VARBNN_DATA, then ~/.cache/varbnn)")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
         p.add_argument(
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
 
     demo = sub.add_parser("demo", help="plain MLP vs mean-field BNN on the bundled digits set (offline, < 3 min)")
-    common(demo, "varbnn-results")
+    common(demo, "varbnn-results", "varbnn-results")
     demo.add_argument("--quick", action="store_true", help="a few epochs only")
     rep = sub.add_parser("reproduce", help="run a named experiment config and write NAME.json / NAME.md")
     rep.add_argument("name", help="experiment name (see `varbnn list`)")
@@ -117,10 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rdp-defaults",
         action="store_true",
         help="uci only: run only RDP, with RadialDirectional's current defaults (radius_init=prior, "
-        "concentration_param=log) instead of the published code's choices; use its own --out",
+        "concentration_param=log) instead of the published code's choices; use its own --out "
+        "(the committed one: benchmarks/results/uci/rdp-defaults)",
     )
     rep.add_argument(
-        "--epochs", type=int, default=None, help="uci only: training epochs per split (default 40; its own protocol hash)"
+        "--epochs",
+        type=int,
+        default=None,
+        help="uci only: training epochs per split (default 40; its own protocol hash: use its own --out, "
+        "e.g. benchmarks/results/uci/200-epochs)",
     )
     rep.add_argument(
         "--families", default=None, help="uci only: comma-separated columns to run (rdp, meanfield, radial, ktied, delta)"
@@ -135,13 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="data-parallel training across the processes of `torchrun --nproc_per_node N -m varbnn.cli reproduce ...` "
         "(gloo on CPU, nccl on CUDA); configs run by the generic runner only",
     )
-    common(rep, "benchmarks/results")
+    common(rep, None, "benchmarks/results/NAME/, one folder per experiment")
     sub.add_parser("list", help="list the experiment names")
     ren = sub.add_parser("render", help="rewrite NAME.md from a saved NAME.json of `varbnn reproduce NAME` (layout only)")
     ren.add_argument("results", nargs="+", help="saved result files NAME.json")
     args = parser.parse_args(argv)
 
     from varbnn.experiments import CONFIGS, get_config, run_experiment
+    from varbnn.experiments.config import results_dir
 
     if args.command == "render":
         from varbnn.experiments.runner import git_commit, render_saved
@@ -216,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                              progress=not args.no_progress, command=command, shard=shard,
                              train=not args.no_train, workers=args.workers)  # fmt: skip
-        print(f"wrote {args.out}/{uci.name}.json, {args.out}/{uci.name}.md, {args.out}/{uci.name}_runs.jsonl")
+        out = results_dir(uci.name, args.out)
+        print(f"wrote {out}/{uci.name}.json, {out}/{uci.name}.md, {out}/{uci.name}_runs.jsonl")
         return 0 if uci_result["rows"] else 1
     if name in ("retina-referral", "retina-robustness"):
         from varbnn.experiments.retina import retina_config, run_retina
@@ -225,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                    progress=not args.no_progress, command=command, shard=shard, train=not args.no_train)  # fmt: skip
         if shard is None:
-            print(f"wrote {args.out}/{retina.name}.json, {args.out}/{retina.name}.md, {args.out}/{retina.name}.png")
+            out = results_dir(retina.name, args.out)
+            print(f"wrote {out}/{retina.name}.json, {out}/{retina.name}.md, {out}/{retina.name}.png")
         return 0
     if name == "soap-bubble":
         from varbnn.experiments.soap_bubble import run_soap_bubble, soap_bubble_config
@@ -233,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         soap = soap_bubble_config(args.quick)
         run_soap_bubble(soap, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
                         command=command)  # fmt: skip
-        print(f"wrote {args.out}/{soap.name}.json, {args.out}/{soap.name}.md and figures")
+        out = results_dir(soap.name, args.out)
+        print(f"wrote {out}/{soap.name}.json, {out}/{soap.name}.md and figures")
         return 0
     if name == "vcl-split-fmnist":
         from varbnn.experiments.continual import run_vcl, vcl_config
@@ -243,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              command=command)  # fmt: skip
         final = [r for r in vcl_result["rows"] if r["after_task"] == len(vcl.tasks)]
         print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
-        print(f"wrote {args.out}/{vcl.name}.json, {args.out}/{vcl.name}.md, {args.out}/{vcl.name}.png")
+        out = results_dir(vcl.name, args.out)
+        print(f"wrote {out}/{vcl.name}.json, {out}/{vcl.name}.md, {out}/{vcl.name}.png")
         return 0
     if name.startswith("graves-"):
         from varbnn.experiments.graves import graves_config, run_graves_mnist, run_graves_prune
@@ -255,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner = run_graves_prune if name.startswith("graves-prune") else run_graves_mnist
         runner(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
                command=command)  # fmt: skip
-        print(f"wrote {args.out}/{graves.name}.json, {args.out}/{graves.name}.md, {args.out}/{graves.name}.png")
+        out = results_dir(graves.name, args.out)
+        print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
         return 0
     try:
         config = get_config(name, quick=args.quick)
@@ -268,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = ("variant", "accuracy", "nll", "ece", "nelbo", "parameters", "train_seconds")
     keys = [k for k in columns if any(k in row for row in result["rows"])]
     print(_table(result["rows"], keys))
-    print(f"\nwrote {args.out}/{name}.json, {args.out}/{name}.md" + "".join(f", {args.out}/{f}" for f in result["figures"]))
+    out = results_dir(config.name, args.out)
+    print(f"\nwrote {out}/{config.name}.json, {out}/{config.name}.md" + "".join(f", {out}/{f}" for f in result["figures"]))
     return 0
 
 

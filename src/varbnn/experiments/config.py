@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES"]
+__all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES", "RESULTS_DIR", "results_dir"]
+
+RESULTS_DIR = Path("benchmarks/results")
+"""The committed results, relative to the repository root (where the commands run): one folder per experiment."""
+
+
+def results_dir(name: str, out_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder experiment ``name`` writes to (and reads its own runs and checkpoints from): ``out_dir`` when given,
+    else ``benchmarks/results/NAME/``. The one rule for every ``varbnn reproduce NAME`` and every benchmark script, so
+    that each experiment's page, JSON, figures, runs and ``history/`` sit in one folder."""
+    return Path(out_dir) if out_dir is not None else RESULTS_DIR / name
+
 
 OPTIMIZERS = ("adam", "amsgrad")
 # fields that do not change what is trained (see ExperimentConfig.training_dict)

@@ -25,7 +25,6 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from torch import nn
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import load_fashion_mnist
+from varbnn.experiments.config import results_dir
 from varbnn.families import make_family
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
@@ -201,18 +201,19 @@ def run_vcl(
     config: VCLConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
 ) -> dict[str, Any]:
-    """Run every (variant, seed) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``, ``.md`` and the figure."""
+    """Run every (variant, seed) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``, ``.md`` and the figure.
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)
-    out = Path(out_dir)
+    out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = out / f"{config.name}_runs.jsonl"
     done: dict[tuple[str, int], dict[str, Any]] = {}

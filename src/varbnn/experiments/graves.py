@@ -15,7 +15,8 @@ predictive. The MDL columns (error loss, complexity loss, ratio vs a uniform cod
 where L^C is finite (Gaussian posterior, proper prior).
 
 Each finished variant is appended to ``OUT/<name>_runs.jsonl`` (with a protocol hash) so that a rerun fills in only
-what is missing; the adaptive-weight-noise network is also saved under ``OUT/.checkpoints/`` for ``graves-prune``.
+what is missing; the adaptive-weight-noise network is also saved under ``OUT/.checkpoints/`` for ``graves-prune``, which
+reads it from ``graves-mnist``'s folder (``OUT`` defaults to ``benchmarks/results/<name>/``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch import nn
 
 from varbnn.convert import bayesianize
 from varbnn.divergence import kl as model_kl
+from varbnn.experiments.config import results_dir
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
@@ -47,7 +49,10 @@ from varbnn.priors import make_prior
 from varbnn.prune import SAFE_LAMBDA, classification_error, prune_by_density_ratio
 from varbnn.train import fit, resolve_device, save_checkpoint, seed_everything
 
-__all__ = ["GravesVariant", "GravesConfig", "graves_config", "run_graves_mnist", "run_graves_prune", "GRAVES_VARIANTS"]
+__all__ = [
+    "GravesVariant", "GravesConfig", "graves_config", "run_graves_mnist", "run_graves_prune", "network_experiment",
+    "GRAVES_VARIANTS",
+]  # fmt: skip
 
 AWN = "adaptive weight noise"
 
@@ -273,6 +278,12 @@ def _evaluate(config: GravesConfig, model: nn.Module, data: dict[str, torch.Tens
     return out
 
 
+def network_experiment(name: str) -> str:
+    """The experiment whose run trains the network that ``graves-prune*`` prunes: ``graves-prune`` -> ``graves-mnist``,
+    ``graves-prune-lstm`` -> ``graves-mnist-lstm`` (``-quick`` names likewise)."""
+    return name.replace("graves-prune", "graves-mnist", 1)
+
+
 def _awn_checkpoint(out: Path, config: GravesConfig, seed: int) -> Path:
     variant = next(v for v in config.variants if v.label == AWN)
     return out / ".checkpoints" / f"graves-awn-{config.protocol_hash(variant)}-seed{seed}.pt"
@@ -312,18 +323,19 @@ def run_graves_mnist(
     config: GravesConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
 ) -> dict[str, Any]:
-    """Table 1 analogue: train every variant not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``/``.md``/``.png``."""
+    """Table 1 analogue: train every variant not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``/``.md``/``.png``.
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
     from varbnn.experiments.runner import describe_device, git_commit
     from varbnn.metrics import mean_and_standard_error
 
     start = time.perf_counter()
     commit, dev = git_commit(), resolve_device(device)
-    out = Path(out_dir)
+    out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = out / f"{config.name}_runs.jsonl"
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
@@ -425,25 +437,32 @@ def run_graves_prune(
     config: GravesConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
+    network_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Table 2 analogue: prune the adaptive-weight-noise network (trained by ``graves-mnist``'s protocol; trained here
     if its checkpoint is missing) at every lambda, evaluate, retrain ``retrain_epochs`` with the same optimisation and
-    evaluate again; per-weight complexity heat maps of ``config.heatmap_tensor`` (figures 3-4)."""
+    evaluate again; per-weight complexity heat maps of ``config.heatmap_tensor`` (figures 3-4).
+
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. ``network_dir``: the folder whose ``.checkpoints/``
+    holds the trained network (a missing one is trained and saved there); by default ``out_dir`` when that is given,
+    else the folder of the experiment that trains it (:func:`network_experiment`, e.g. ``graves-mnist``'s)."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
     commit, dev = git_commit(), resolve_device(device)
-    out = Path(out_dir)
+    out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if network_dir is None:
+        network_dir = out if out_dir is not None else results_dir(network_experiment(config.name))
     variant = next(v for v in config.variants if v.label == AWN)
     seed = config.seeds[0]
-    checkpoint = _awn_checkpoint(out, config, seed)
+    checkpoint = _awn_checkpoint(Path(network_dir), config, seed)
     if not checkpoint.exists():
-        _run_variant(config, variant, seed, data_dir, dev, out, progress)
+        _run_variant(config, variant, seed, data_dir, dev, Path(network_dir), progress)
     data = _data(config, data_dir, variant.early_stopping)
     trained = build_graves_model(config, variant).to(dev)
     trained.load_state_dict(torch.load(checkpoint, map_location=dev, weights_only=True)["model"])

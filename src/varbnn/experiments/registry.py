@@ -236,7 +236,7 @@ register_config(
         prune_finetune_lr=1e-3,
         # and the same budget in 4 prune-and-retrain stages (5 epochs of retraining between stages, 30 after the last);
         # every retraining decays the rate along a cosine and distills the trained model's predictive (weight 0.7):
-        # chosen by validation error among the exploratory runs listed in benchmarks/results/lenet5-prune.md
+        # chosen by validation error among the runs of benchmarks/results/prune-retraining/prune_retraining.md
         prune_stages=4,
         prune_stage_epochs=5,
         prune_finetune_schedule="cosine",

@@ -40,7 +40,6 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +49,7 @@ from torch import nn
 from varbnn.convert import bayesianize
 from varbnn.data import load_retinamnist
 from varbnn.divergence import kl as model_kl
+from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
 from varbnn.families import make_family
 from varbnn.metrics import auroc, mean_and_standard_error
@@ -276,7 +276,7 @@ def run_retina(
     config: RetinaConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
@@ -284,7 +284,8 @@ def run_retina(
     train: bool = True,
 ) -> dict[str, Any]:
     """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
-    ``(k, n)`` if given; none if not ``train``), then write ``<name>.json``, ``.md`` and the figure from every run found."""
+    ``(k, n)`` if given; none if not ``train``), then write ``<name>.json``, ``.md`` and the figure from every run found.
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
     from tqdm.auto import tqdm
 
     from varbnn.experiments.runner import describe_device, git_commit
@@ -292,7 +293,7 @@ def run_retina(
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)
-    out = Path(out_dir)
+    out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     protocol = config.protocol_hash()
 

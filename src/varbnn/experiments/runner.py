@@ -27,7 +27,7 @@ from varbnn import data as datasets
 from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, variance_explained
 from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
-from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant
+from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
 from varbnn.metrics import auroc, mean_and_standard_error
@@ -66,8 +66,6 @@ __all__ = [
     "describe_device",
     "git_commit",
 ]
-
-DEFAULT_OUT = Path("benchmarks/results")
 
 def _rotated_digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The digits images turned by 90 degrees (an out-of-distribution set for the digits task; labels kept)."""
@@ -543,13 +541,14 @@ def run_experiment(
     config: ExperimentConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = DEFAULT_OUT,
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
     distributed: bool = False,
 ) -> dict[str, Any]:
-    """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures.
+    """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures to ``out_dir``
+    (default: ``benchmarks/results/NAME/``, see :func:`~varbnn.experiments.config.results_dir`).
 
     With ``distributed`` (launch with ``torchrun``; see :mod:`varbnn.distributed`) every process trains on its shard
     with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
@@ -558,6 +557,7 @@ def run_experiment(
 
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
+    out_dir = results_dir(config.name, out_dir)
     world = 1
     if distributed and config.select_best_of_last:
         raise ValueError(f"{config.name}: select_best_of_last is not supported with distributed training")

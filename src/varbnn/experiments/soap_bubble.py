@@ -18,7 +18,6 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from varbnn.convert import bayesianize
 from varbnn.data import load_mnist
 from varbnn.distributions.radial import chi_log_density
 from varbnn.divergence import kl as model_kl
+from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
 from varbnn.families import make_family
 from varbnn.models import mlp
@@ -131,7 +131,7 @@ def run_soap_bubble(
     config: SoapBubbleConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
@@ -141,7 +141,7 @@ def run_soap_bubble(
 
     start = time.perf_counter()
     dev = resolve_device(device)
-    out = Path(out_dir)
+    out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     kernel = _kernel_distances(config, dev)

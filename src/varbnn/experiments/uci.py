@@ -32,7 +32,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
+from varbnn.experiments.config import results_dir
 from varbnn.families import make_family
 from varbnn.likelihoods import GammaPrecisionGaussian
 from varbnn.metrics import mean_and_standard_error
@@ -343,7 +343,7 @@ def run_uci(
     config: UCIConfig,
     *,
     device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
@@ -352,6 +352,8 @@ def run_uci(
     workers: int = 1,
 ) -> dict[str, Any]:
     """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json`` / ``.md``.
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/`` (the Gamma(6, 6), 40-epoch protocol's folder; give
+    another protocol its own, as the committed ``uci/gamma11``, ``uci/200-epochs``, ``uci/rdp-defaults`` are).
 
     ``workers=N`` (> 1, CPU only) runs the pending jobs in N worker processes with one thread each; this process
     appends each record as it arrives, so a killed run keeps every finished split. ``shard=(k, n)`` runs only every
@@ -363,7 +365,7 @@ def run_uci(
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)
-    out = Path(out_dir)
+    out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = out / f"{config.name}_runs.jsonl"
     protocol = config.protocol_hash()
