@@ -1,0 +1,286 @@
+"""The results layout and the results pages of the site (docs/gen_results.py).
+
+Every folder of benchmarks/results/ holds a page and its result JSON, has a reviewed claim (a row of the summary) and a
+generated page that shows the command, commit and device of every JSON it renders; every number of a claim is in one of
+the committed files the claim names; every link of a generated page resolves in the site; mkdocs.yml's nav lists every
+generated page. Each check is a function returning the problems it finds, run on the real folder (no problems) and on a
+broken copy (problems), so that none of them passes vacuously.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+
+import gen_results as g  # noqa: E402
+
+from varbnn.experiments.config import RESULTS_DIR, results_dir  # noqa: E402
+from varbnn.experiments.graves import network_experiment  # noqa: E402
+
+SITE_PAGES = {"index.md", g.JOURNAL}
+
+
+def layout_problems() -> list[str]:
+    """Folders without a page, a page without its JSON, a JSON without command / commit / device."""
+    problems = []
+    for folder in g.experiment_folders():
+        path = g.RESULTS / folder
+        pages = g.current_pages(path)
+        if not pages:
+            problems.append(f"{folder}: no page")
+        if folder in g.NO_JSON:
+            continue
+        for page in pages + [p for v in g.variant_folders(path) for p in g.current_pages(v)]:
+            json_path = g.result_json(page)
+            if json_path is None:
+                problems.append(f"{page.relative_to(g.RESULTS)}: no JSON beside it")
+                continue
+            data = json.loads(json_path.read_text())
+            missing = [k for k in ("command", "commit", "device", "seconds") if not data.get(k) and data.get(k) != 0]
+            if missing:
+                problems.append(f"{json_path.relative_to(g.RESULTS)}: no {missing}")
+    return problems
+
+
+def summary_problems() -> list[str]:
+    """Folders without a reviewed claim or a summary row, claims of folders that do not exist, unknown verdicts."""
+    folders = set(g.experiment_folders())
+    claimed = g.claims_by_folder()
+    index = g.render_index()
+    problems = [f"{f}: no claim in CLAIMS" for f in sorted(folders - set(claimed))]
+    problems += [f"claim of {f}: no such folder" for f in sorted(set(claimed) - folders)]
+    problems += [f"{f}: no row in the summary" for f in sorted(folders) if f"]({f}.md)" not in index]
+    for claim in g.CLAIMS:
+        if claim.verdict not in g.VERDICTS or claim.paper not in g.PAPERS:
+            problems.append(f"{claim.title}: verdict {claim.verdict!r} / paper {claim.paper!r} unknown")
+        if (claim.folder is None) != (claim.verdict == "not run"):
+            problems.append(f"{claim.title}: 'not run' exactly when there is no folder")
+    return problems
+
+
+def _jsons_shown(folder: str) -> list[Path]:
+    path = g.RESULTS / folder
+    pages = g.current_pages(path) + [p for v in g.variant_folders(path) for p in g.current_pages(v)]
+    pages += g.history_pages(path)
+    return [j for j in (g.result_json(p) for p in pages) if j is not None]
+
+
+def provenance_problems() -> list[str]:
+    """Generated pages that do not show the command, commit and device of each JSON they render."""
+    problems = []
+    for folder in g.experiment_folders():
+        text, _ = g.render_folder(folder)
+        for json_path in _jsons_shown(folder):
+            info = g.provenance(json_path)
+            for key in ("command", "commit", "device"):
+                if str(info[key]) not in text.replace("\\|", "|"):
+                    problems.append(f"{folder}.md: the {key} of {json_path.relative_to(g.RESULTS)} is missing")
+    return problems
+
+
+def number_problems(claims: tuple[g.Claim, ...]) -> list[str]:
+    """Numbers in a claim's texts that none of its sources (committed files) holds (as a whole number: 0.97 is not
+    found in 0.9794)."""
+    problems = []
+    for claim in claims:
+        texts = [claim.claim, claim.result, claim.why]
+        if claim.verdict != "not run" and not claim.sources:
+            problems.append(f"{claim.title}: no sources")
+        corpus = ""
+        for source in claim.sources:
+            path = ROOT / source
+            if not path.is_file():
+                problems.append(f"{claim.title}: source {source} does not exist")
+                continue
+            corpus += path.read_text(encoding="utf-8").replace("\u2212", "-") + "\n"
+        for number in {n for text in texts for n in g.numbers(text)}:
+            if claim.sources and not re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", corpus):
+                problems.append(f"{claim.title}: {number} is in none of {list(claim.sources)}")
+            if not claim.sources and re.search(r"\d", number) and claim.verdict != "not run":
+                problems.append(f"{claim.title}: {number} without a source")
+    return problems
+
+
+def _ids(text: str) -> set[str]:
+    return set(re.findall(r"\{#([^}]+)\}", text))
+
+
+def link_problems() -> list[str]:
+    """Links of the generated pages that would not resolve in the site: a page that is not generated, an anchor the
+    target page does not define, a file that is not copied next to the pages."""
+    pages: dict[str, tuple[str, set[Path]]] = {"index.md": (g.render_index(), set())}
+    pages[g.JOURNAL] = g.render_journal()
+    for folder in g.experiment_folders():
+        pages[f"{folder}.md"] = g.render_folder(folder)
+    problems = []
+    for name, (text, assets) in pages.items():
+        copied = {a.relative_to(g.RESULTS).as_posix() for a in assets}
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            if not path:
+                if anchor not in _ids(text) and anchor not in _heading_slugs(text):
+                    problems.append(f"{name}: #{anchor} is not a section of the page")
+            elif path.endswith(".md"):
+                if path not in pages:
+                    problems.append(f"{name}: {path} is not a generated page")
+                elif anchor and anchor not in _ids(pages[path][0]):
+                    problems.append(f"{name}: {path} has no section #{anchor}")
+            elif path not in copied or not (g.RESULTS / path).is_file():
+                problems.append(f"{name}: {path} is not copied into the site")
+    return problems
+
+
+def _heading_slugs(text: str) -> set[str]:
+    return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def _nav_pages(node: object) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [p for item in node for p in _nav_pages(item)]
+    if isinstance(node, dict):
+        return [p for value in node.values() for p in _nav_pages(value)]
+    return []
+
+
+def nav_problems(mkdocs_yml: str) -> list[str]:
+    """Generated results pages missing from mkdocs.yml's Results block, and entries there that are not generated."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # tags such as !!python/name
+    nav = yaml.load(mkdocs_yml, Loader=Loader)["nav"]
+    results = [entry["Results"] for entry in nav if isinstance(entry, dict) and "Results" in entry]
+    listed = set(_nav_pages(results))
+    expected = {f"{g.SITE}/{p}" for p in SITE_PAGES} | {f"{g.SITE}/{f}.md" for f in g.experiment_folders()}
+    return [f"not in the nav: {p}" for p in sorted(expected - listed)] + [
+        f"in the nav, not generated: {p}" for p in sorted(listed - expected)
+    ]
+
+
+# --- on the committed results ------------------------------------------------------------------------------------------
+
+
+def test_every_folder_has_a_page_and_its_json() -> None:
+    assert g.experiment_folders(), "no experiment folders found"
+    assert not layout_problems()
+
+
+def test_every_folder_has_a_reviewed_claim_and_a_summary_row() -> None:
+    assert not summary_problems()
+
+
+def test_every_generated_page_shows_the_command_commit_and_device_of_its_json() -> None:
+    assert not provenance_problems()
+
+
+def test_every_number_of_a_claim_is_in_a_committed_file_it_names() -> None:
+    assert not number_problems(g.CLAIMS)
+
+
+def test_every_link_of_the_generated_pages_resolves() -> None:
+    assert not link_problems()
+
+
+def test_the_nav_lists_every_results_page() -> None:
+    assert not nav_problems((ROOT / "mkdocs.yml").read_text())
+
+
+def test_generated_pages_hold_the_json_command_and_commit() -> None:
+    """Spot check on real pages: the header block and the JSON's provenance."""
+    for folder, stem in (("uci", "uci"), ("lenet5-prune", "lenet5-prune"), ("step-time", "step_time")):
+        text, assets = g.render_folder(folder)
+        data = json.loads((g.RESULTS / folder / f"{stem}.json").read_text())
+        assert data["command"] in text and data["commit"] in text
+        assert "**Reproduced** | **" in text and any(a.suffix == ".json" for a in assets)
+    uci, _ = g.render_folder("uci")
+    assert "## Variants" in uci and "## History {#history}" in uci and "uci_51fd771.md" in uci
+
+
+def test_the_default_output_folder_is_one_per_experiment() -> None:
+    assert RESULTS_DIR == Path("benchmarks/results")
+    assert results_dir("mnist-mlp") == Path("benchmarks/results/mnist-mlp")
+    assert results_dir("mnist-mlp", "elsewhere") == Path("elsewhere")
+    assert network_experiment("graves-prune") == "graves-mnist"
+    assert network_experiment("graves-prune-lstm-quick") == "graves-mnist-lstm-quick"
+    # the benchmark scripts' default folders exist (a renamed folder would leave a script writing beside the layout)
+    named = set()
+    for script in (ROOT / "benchmarks").glob("*.py"):
+        named |= set(re.findall(r'results_dir\("([^"]+)"\)', script.read_text()))
+    assert named and not {n for n in named if not (ROOT / RESULTS_DIR / n).is_dir()}, named
+
+
+# --- the checks fail where they should -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broken_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of two folders of benchmarks/results, as the generator's RESULTS."""
+    copy = tmp_path / "results"
+    for folder in ("demo", "vmf"):
+        shutil.copytree(g.RESULTS / folder, copy / folder)
+    shutil.copy(g.RESULTS / "README.md", copy / "README.md")
+    monkeypatch.setattr(g, "RESULTS", copy)
+    return copy
+
+
+def test_the_checks_catch_a_folder_without_json_or_claim(broken_results: Path) -> None:
+    (broken_results / "demo" / "demo.json").unlink()
+    (broken_results / "new-experiment").mkdir()
+    (broken_results / "new-experiment" / "new-experiment.md").write_text("# new\n")
+    layout = layout_problems()
+    assert any("demo.md: no JSON" in p for p in layout) and any("new-experiment.md: no JSON" in p for p in layout)
+    summary = summary_problems()
+    assert "new-experiment: no claim in CLAIMS" in summary and any("no such folder" in p for p in summary)
+    text, _ = g.render_folder("new-experiment")
+    assert "No reviewed claim" in text
+
+
+def test_the_checks_catch_a_page_that_loses_its_provenance(broken_results: Path, monkeypatch) -> None:
+    real = g.render_folder
+    monkeypatch.setattr(g, "render_folder", lambda folder: (real(folder)[0].replace("4cded56ff4", "xxxxxxx"), set()))
+    assert any("vmf.md: the commit" in p for p in provenance_problems())
+
+
+def test_the_checks_catch_an_untraceable_number() -> None:
+    claim = g.claims_by_folder()["demo"]
+    invented = g.Claim(**{**claim.__dict__, "result": claim.result + " Calibration 0.123456."})
+    assert number_problems((invented,)) == [f"{claim.title}: 0.123456 is in none of {list(claim.sources)}"]
+    unsourced = g.Claim(**{**claim.__dict__, "sources": ("benchmarks/results/no-such-file.md",)})
+    assert any("does not exist" in p for p in number_problems((unsourced,)))
+
+
+def test_the_checks_catch_a_broken_link(broken_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = broken_results / "vmf" / "vmf.md"
+    page.write_text(page.read_text() + "\n![gone](vmf_missing.png) [up](../../README.md)\n")
+    text, assets = g.render_folder("vmf")
+    assert "`vmf_missing.png`" in text and "[up](" not in text  # a dead or outside link becomes plain text
+    assert not link_problems()
+    real = g.render_folder
+    bad = "\n[a](nowhere.md) ![b](vmf/none.png) [c](demo.md#nope) [d](#nothing)\n"
+    monkeypatch.setattr(g, "render_folder", lambda folder: (real(folder)[0] + bad, real(folder)[1]))
+    problems = [p for p in link_problems() if p.startswith("vmf.md")]
+    assert problems == [
+        "vmf.md: nowhere.md is not a generated page",
+        "vmf.md: vmf/none.png is not copied into the site",
+        "vmf.md: demo.md has no section #nope",
+        "vmf.md: #nothing is not a section of the page",
+    ]
+
+
+def test_the_checks_catch_a_nav_without_a_results_page() -> None:
+    text = (ROOT / "mkdocs.yml").read_text().replace("          - vmf: results/vmf.md\n", "")
+    assert nav_problems(text) == ["not in the nav: results/vmf.md"]
