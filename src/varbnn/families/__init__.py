@@ -4,10 +4,19 @@ A family object created by the user (``MeanField(init_std=0.01)``) is a *spec*: 
 only. A layer calls :meth:`VariationalFamily.build` once per weight/bias tensor to get a materialised copy
 with parameters of the right shape. To add a family, subclass :class:`VariationalFamily`, implement
 ``_materialize``, ``distribution``, ``mean`` and ``mode`` (and optionally ``moments``, ``forward_op`` fast
-paths, a closed-form KL registered in :mod:`varbnn.divergence`), and add it to :data:`FAMILIES`.
+paths, a closed-form KL registered with :func:`varbnn.divergence.register_family_kl`), and add it to
+:data:`FAMILIES` with the :func:`register_family` decorator.
+
+| family | paper | q over one tensor |
+|---|---|---|
+| :class:`Delta` | Graves 2011, section 5.1 | a point mass: maximum likelihood / MAP |
+| :class:`MeanField` | Graves 2011, section 5.2; Blundell et al. 2015 | ``N(mu_i, softplus(rho_i)^2)`` per weight |
+| :class:`KTied` | Swiatkowski et al. 2020, eq. 7-8 | mean field with a rank-k matrix of standard deviations ``U V^T`` |
+| :class:`Radial` | Farquhar et al. 2020, eq. 3 | ``mu + sigma * (eps / norm(eps)) * r`` over the whole tensor, ``r ~ N(0, 1)`` |
+| :class:`RadialDirectional` | Oh et al. 2020, eq. 2-10 | per row/column: vMF direction times a log-normal radius |
 """
 
-from varbnn.families.base import FAMILIES, SampleMode, VariationalFamily, make_family
+from varbnn.families.base import FAMILIES, SampleMode, VariationalFamily, make_family, register_family
 from varbnn.families.delta import Delta
 from varbnn.families.gaussian import MeanField
 from varbnn.families.ktied import KTied
@@ -23,5 +32,6 @@ __all__ = [
     "RadialDirectional",
     "FAMILIES",
     "make_family",
+    "register_family",
     "SampleMode",
 ]

@@ -15,10 +15,12 @@ if TYPE_CHECKING:
     from varbnn.ops import WeightOp
     from varbnn.priors import Prior
 
-__all__ = ["VariationalFamily", "SampleMode", "SAMPLE_MODES", "FAMILIES", "make_family", "he_normal_"]
+__all__ = ["VariationalFamily", "SampleMode", "SAMPLE_MODES", "FAMILIES", "register_family", "make_family", "he_normal_"]
 
 SampleMode = Literal["sample", "mean", "mode"]
+"""How a layer gets its weights: ``"sample"`` (a fresh draw from q), ``"mean"`` (E_q[W]) or ``"mode"`` (argmax q)."""
 SAMPLE_MODES: tuple[str, ...] = ("sample", "mean", "mode")
+"""The values of :data:`SampleMode`, for argument checks."""
 LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d", "embedding", "lstm", "gru")
 """The ``layer_kind`` of every Bayesian layer; ``estimator_layers`` tables name the kinds each estimator runs in."""
 _LAYER_KIND_NOTES = {
@@ -46,8 +48,11 @@ class VariationalFamily(nn.Module):
     """
 
     estimators: ClassVar[tuple[str, ...]] = ("reparam",)
+    """The ``estimator`` values this family accepts (``"reparam"``: one reparameterised draw per forward pass)."""
     estimator_layers: ClassVar[dict[str, tuple[str, ...]]] = {"reparam": LAYER_KINDS}
+    """For each estimator, the layer kinds it runs in (``"linear"``, ``"conv2d"``, ``"lstm"``, ...)."""
     estimator: str = "reparam"
+    """The estimator this instance uses (one of :attr:`estimators`)."""
     default_kl_weight: ClassVar[float] = 1.0
     """The KL weight beta that :func:`varbnn.train.fit` uses when given none (``beta=None``): chosen on validation
     data by ``benchmarks/defaults_study.py`` (see its results page); 1 is the true ELBO."""
@@ -76,6 +81,7 @@ class VariationalFamily(nn.Module):
 
     @property
     def is_built(self) -> bool:
+        """Whether this instance owns parameters (built by :meth:`build`) rather than being a hyperparameter spec."""
         return self.shape is not None
 
     def _require_built(self) -> torch.Size:
@@ -107,10 +113,13 @@ class VariationalFamily(nn.Module):
 
     @property
     def mean(self) -> torch.Tensor:
+        """E_q[W], a tensor of the weight's shape (what ``sample_mode(model, "mean")`` runs the layer with)."""
         raise NotImplementedError
 
     @property
     def mode(self) -> torch.Tensor:
+        """argmax_W q(W), a tensor of the weight's shape: the ``w*`` of Graves' (2011, section 6) maximum a posteriori
+        approximation ``p(y | x, w*)`` of the predictive."""
         raise NotImplementedError
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +176,8 @@ class VariationalFamily(nn.Module):
 
 
 FAMILIES: dict[str, type[VariationalFamily]] = {}
+"""Every family by the name configs and the CLI use (``"delta"``, ``"meanfield"``, ``"ktied"``, ``"radial"``,
+``"rdp"``, and any added with :func:`register_family`)."""
 
 
 def register_family(name: str):  # type: ignore[no-untyped-def]
@@ -180,7 +191,8 @@ def register_family(name: str):  # type: ignore[no-untyped-def]
 
 
 def make_family(name: str, **kwargs: Any) -> VariationalFamily:
-    """Build a family spec by name. Allowed names: the keys of :data:`FAMILIES`."""
+    """An unbuilt family spec by name: ``FAMILIES[name](**kwargs)``. Allowed names: the keys of :data:`FAMILIES`;
+    another name raises a ``ValueError`` listing them."""
     try:
         cls = FAMILIES[name]
     except KeyError:

@@ -18,10 +18,15 @@ __all__ = ["Delta"]
 
 @register_family("delta")
 class Delta(VariationalFamily):
-    """q(w) = delta(w - value). Its KL against a prior is ``-log p(value)``; against ``Uniform()`` it is 0.
+    """Point-mass posterior ``q(w) = delta(w - value)``; the one parameter ``value`` is the weight itself.
 
-    With ``Uniform()`` this is maximum likelihood, with ``Normal(0, s)`` L2 regularisation, with
-    ``Laplace(0, b)`` L1, and with ``adaptive=True`` priors Graves' adaptive L1/L2.
+    Its complexity cost is ``L^C = -log p(value)`` summed over the tensor (Graves 2011 section 5.1; the
+    discretisation constant is dropped); against :class:`~varbnn.priors.Uniform` it is 0. So with ``Uniform()``
+    training is maximum likelihood, with ``Normal(0, s)`` L2 regularisation (Graves eq. 8:
+    ``sum (w_i - m)^2 / (2 s^2) + W log(sqrt(2 pi) s)``), with ``Laplace(0, b)`` L1 (eq. 7:
+    ``sum |w_i - m| / b + W log(2 b)``), and with ``adaptive=True`` priors Graves' adaptive L1/L2 (the prior
+    parameters set to their optimum after every step). The family takes no arguments; the mean and the mode are
+    ``value``, and a layer built with it reproduces the plain layer exactly.
     """
 
     value: nn.Parameter
@@ -37,10 +42,12 @@ class Delta(VariationalFamily):
 
     @property
     def mean(self) -> torch.Tensor:
+        """The point ``value`` (also the mode)."""
         return self.value
 
     @property
     def mode(self) -> torch.Tensor:
+        """The point ``value`` (also the mean)."""
         return self.value
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:

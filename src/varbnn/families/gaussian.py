@@ -227,31 +227,35 @@ def _rademacher(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
 
 @register_family("meanfield")
 class MeanField(VariationalFamily):
-    """q(W) = prod_i N(w_i | loc_i, sigma_i^2) with sigma = softplus(rho).
+    """Diagonal Gaussian posterior ``q(W) = prod_i N(w_i | loc_i, sigma_i^2)`` with ``sigma = softplus(rho)``
+    (Graves 2011 section 5.2; Blundell et al. 2015).
 
-    Args:
-        init_std: initial posterior standard deviation of every weight (default 1e-2); a number (any numeric type, e.g.
-            ``np.float32`` or a 0-d tensor) in ``[1e-8, 1e2]`` (:data:`INIT_STD_RANGE`).
-        estimator: how a layer draws its output and how the std gradient is formed (default ``"reparam"``):
-
-            * ``"reparam"``: one weight sample per forward pass, shared by the batch (any layer).
-            * ``"local"``: local reparameterization (Kingma et al. 2015): pre-activations are sampled per
-              example from N(op(x, loc), op(x^2, sigma^2)); Linear and Conv2d only.
-            * ``"flipout"``: Wen et al. 2018: op(x, loc) + op(x * s_in, sigma * eps) * s_out with random signs
-              per example; Linear and Conv2d only.
-            * ``"graves"``: Graves (2011, eq. 11-12 and 16-17): one weight sample per EXAMPLE and the variance
-              gradient from the diagonal empirical Fisher, ``dL^E/dsigma^2 = 1/2 mean_n (dL_n/dw)^2``, instead of
-              the reparameterization gradient. Training steps go through
-              :func:`varbnn.objectives.graves_gradients` (``varbnn.fit`` does this by itself); a plain forward pass
-              draws like ``"reparam"``. Any layer.
-        learn_std: ``True`` or ``False``. ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a parameter):
-            Graves' fixed-variance "weight noise" posterior, where only the means are trained (default True).
-
-    The means are He-initialised by the layer, or copied from a pretrained weight by ``bayesianize``.
+    The KL against a :class:`~varbnn.priors.Normal` prior ``N(m, s^2)`` is in closed form, summed over the tensor
+    (Graves 2011 eq. 13): ``KL = sum_i [log(s / sigma_i) + ((loc_i - m)^2 + sigma_i^2 - s^2) / (2 s^2)]``, computed by a
+    fused node that shares ``softplus(rho)`` with the forward pass; other priors use the distribution-level registry
+    or a Monte Carlo estimate (:func:`varbnn.divergence.kl_divergence`). The means are He-initialised by the layer,
+    or copied from a pretrained weight by :func:`~varbnn.convert.bayesianize`.
 
     Pruning (Graves 2011, section 7): :meth:`prune_` fixes chosen weights at exactly 0. They are no longer
     sampled, have no variance, cost no complexity (they are not transmitted), and get zero gradients; see
     :func:`varbnn.prune.prune_by_density_ratio`.
+
+    :param init_std: initial posterior standard deviation of every weight (default 1e-2); a number (any numeric type,
+        e.g. ``np.float32`` or a 0-d tensor) in ``[1e-8, 1e2]`` (:data:`INIT_STD_RANGE`).
+    :param estimator: how a layer draws its output and how the std gradient is formed (default ``"reparam"``):
+
+        * ``"reparam"``: one weight sample per forward pass, shared by the batch (any layer).
+        * ``"local"``: local reparameterization (Kingma et al. 2015): pre-activations are sampled per
+          example from ``N(op(x, loc), op(x^2, sigma^2))``; Linear, Conv1d/2d/3d and Embedding layers.
+        * ``"flipout"``: Wen et al. 2018: ``op(x, loc) + op(x * s_in, sigma * eps) * s_out`` with random signs
+          ``s_in``, ``s_out`` per example; Linear and Conv1d/2d/3d layers.
+        * ``"graves"``: Graves (2011, eq. 11-12 and 16-17): one weight sample per EXAMPLE and the variance
+          gradient from the diagonal empirical Fisher, ``dL^E/dsigma^2 = 1/2 mean_n (dL_n/dw)^2``, instead of
+          the reparameterization gradient. Training steps go through
+          :func:`varbnn.objectives.graves_gradients` (:func:`varbnn.fit` does this by itself); a plain forward pass
+          draws like ``"reparam"``. Any layer.
+    :param learn_std: ``True`` (default) or ``False``. ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a
+        parameter): Graves' fixed-variance "weight noise" posterior, where only the means are trained.
     """
     default_kl_weight = 0.1  # benchmarks/results/defaults: lowest mean validation NLL ratio over three tasks
 
@@ -350,10 +354,12 @@ class MeanField(VariationalFamily):
 
     @property
     def mean(self) -> torch.Tensor:
+        """``loc`` (times the pruning mask, if any): the mean and the mode of q."""
         return self.loc if self.weight_mask is None else self.loc * self.weight_mask
 
     @property
     def mode(self) -> torch.Tensor:
+        """The same as :attr:`mean` (a Gaussian's mode is its mean)."""
         return self.mean
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:

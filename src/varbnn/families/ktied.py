@@ -78,17 +78,24 @@ class _ExpOuterStats(torch.autograd.Function):
 
 @register_family("ktied")
 class KTied(MeanField):
-    """k-tied Normal posterior.
+    """k-tied Normal posterior (Swiatkowski et al. 2020, eq. 7-8): ``q(W) = N(mu, diag(vec((U V^T)^2)))``, i.e.
+    a mean-field Gaussian whose (m, n) matrix of standard deviations is ``sigma = U V^T`` with elementwise
+    positive ``U = exp(log_u)`` (m x k) and ``V = exp(log_v)`` (n x k): ``k (m + n)`` variance parameters instead of
+    ``m n``.
 
-    Args:
-        rank: k, an int >= 1 (any integer type, e.g. ``np.int64``), the rank of the standard-deviation matrix (default 2:
-            the paper's recommendation).
-        init_std: the mean of the initial standard deviations (default 1e-2, as :class:`MeanField`), a number in
-            ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`), paper section 3.1. U and V start at
-            ``sqrt(init_std / k)`` times independent log-normal jitter (``exp(0.1 * N(0, 1))``, which breaks the
-            symmetry between the k columns; without it they would get identical gradients and stay a rank-1 matrix),
-            rescaled so that the mean of U V^T is ``init_std``.
-        estimator: ``"reparam"``, ``"local"`` or ``"flipout"``, as for :class:`MeanField`.
+    Everything else is :class:`MeanField`'s: the closed-form KL against a Normal prior (Graves 2011 eq. 13 with
+    ``sigma_ij = (U V^T)_ij``; its ``sum sigma_ij^2`` is computed from k x k matrices as
+    ``sum((U^T U) * (V^T V))``), the estimators and the moments. Tensors with fewer than two dimensions (biases) and
+    tensors with ``k >= min(m, n)`` (no saving) get a per-element ``softplus(rho)`` std (see :attr:`tied`).
+
+    :param rank: k, an int >= 1 (any integer type, e.g. ``np.int64``), the rank of the standard-deviation matrix (default 2:
+        the paper's recommendation).
+    :param init_std: the mean of the initial standard deviations (default 1e-2, as :class:`MeanField`), a number in
+        ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`), paper section 3.1. U and V start at
+        ``sqrt(init_std / k)`` times independent log-normal jitter (``exp(0.1 * N(0, 1))``, which breaks the
+        symmetry between the k columns; without it they would get identical gradients and stay a rank-1 matrix),
+        rescaled so that the mean of U V^T is ``init_std``.
+    :param estimator: ``"reparam"``, ``"local"`` or ``"flipout"``, as for :class:`MeanField`.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
 

@@ -43,35 +43,42 @@ _ESTIMATORS = ("reparam", "flipout")
 DEFAULT_ELEMENT_STD = 1e-2
 """The per-element standard deviation of a radial draw at initialisation when ``init_std`` is not given."""
 CROSS_ENTROPY_ESTIMATORS = ("monte_carlo", "closed_form")
+"""The values of :class:`Radial`'s ``cross_entropy`` argument."""
 
 
 @register_family("radial")
 class Radial(VariationalFamily):
-    """Radial posterior over one tensor: ``w = loc + softplus(rho) * (eps / ||eps||) * r``.
+    """Radial posterior over one tensor: ``w = loc + softplus(rho) * (eps / ||eps||) * r`` with ``eps ~ N(0, I)``
+    over the whole tensor and one scalar ``r ~ N(0, 1)`` per draw (Farquhar et al. 2020, eq. 3).
 
-    Args:
-        init_std: initial ``sigma = softplus(rho)`` of every element, a number in ``[1e-8, 1e2]``
-            (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`; the paper initialises rho = -6 for both families in its
-            continual-learning runs, i.e. 2.5e-3). The per-element standard deviation of a radial draw is
-            ``sigma / sqrt(D)`` for a tensor of ``D`` elements, so a given ``sigma`` is ``sqrt(D)`` times less noise
-            per weight than :class:`MeanField`'s: with sigma = 1e-2 a 784x400 layer starts at 1.8e-5 per weight and,
-            within a normal training budget, stays practically deterministic (mutual information 0.0000 on the
-            defaults study's Fashion-MNIST MLP; :func:`varbnn.train.fit` warns). Default ``None``:
-            ``sigma = 1e-2 * sqrt(D)`` (at most 1e2), a per-element std of :data:`DEFAULT_ELEMENT_STD` = 1e-2 at the
-            start, as :class:`MeanField`'s: over the defaults study's three tasks and two seeds its validation NLL is
-            0.765 of the plain network's (at its default KL weight 0.3) against 0.886 for sigma = 1e-2 (see
-            ``benchmarks/results/defaults/``). The paper's experiments pass their ``init_std`` explicitly.
-        estimator: ``"reparam"`` (one draw per forward pass, any layer) or ``"flipout"`` (Linear, Conv2d: the
-            perturbation ``sigma * u * r`` times per-example random signs; sign flips keep a uniform direction
-            uniform, so each example sees an exact radial draw).
-        kl_samples: Monte Carlo draws for the cross-entropy with the prior (default 1; an int >= 1), averaged. With 1 draw and the
-            ``"reparam"`` estimator, a KL evaluated in a training step after the forward pass uses that pass's weight
-            draw (once), as Blundell et al. (2015) and the paper do: unbiased, and one draw of the weight instead of
-            two. Otherwise (no forward draw in this step, flipout, several draws, a second KL call) it draws afresh.
-        cross_entropy: ``"monte_carlo"`` (default, the paper's estimator; any prior) or ``"closed_form"`` (Normal
-            priors only: ``E[(w_i - m_i)^2] = (loc_i - m_i)^2 + sigma_i^2 / D``).
+    Its KL splits into the entropy and the cross-entropy with the prior (eq. 4):
+    ``KL(q || p) = -H[q] - E_q[log p(w)]``, where ``H[q] = sum_i log sigma_i + c_D`` is analytic (eq. 5 and
+    Appendix A; the constant ``c_D`` is :func:`~varbnn.distributions.radial.radial_entropy_constant`, kept so that
+    reported ELBOs are true bounds) and ``E_q[log p(w)]`` is estimated by ``mean_s log p(w_s)`` over ``kl_samples``
+    draws (averaged, not summed), or computed exactly for a Normal prior with ``cross_entropy="closed_form"``.
+    The means are He-initialised by the layer (or copied from a pretrained weight by
+    :func:`~varbnn.convert.bayesianize`).
 
-    The means are He-initialised by the layer (or copied from a pretrained weight by ``bayesianize``).
+    :param init_std: initial ``sigma = softplus(rho)`` of every element, a number in ``[1e-8, 1e2]``
+        (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`; the paper initialises rho = -6 for both families in its
+        continual-learning runs, i.e. 2.5e-3). The per-element standard deviation of a radial draw is
+        ``sigma / sqrt(D)`` for a tensor of ``D`` elements, so a given ``sigma`` is ``sqrt(D)`` times less noise
+        per weight than :class:`MeanField`'s: with sigma = 1e-2 a 784x400 layer starts at 1.8e-5 per weight and,
+        within a normal training budget, stays practically deterministic (mutual information 0.0000 on the
+        defaults study's Fashion-MNIST MLP; :func:`varbnn.train.fit` warns). Default ``None``:
+        ``sigma = 1e-2 * sqrt(D)`` (at most 1e2), a per-element std of :data:`DEFAULT_ELEMENT_STD` = 1e-2 at the
+        start, as :class:`MeanField`'s: over the defaults study's three tasks and two seeds its validation NLL is
+        0.765 of the plain network's (at its default KL weight 0.3) against 0.886 for sigma = 1e-2 (see
+        ``benchmarks/results/defaults/``). The paper's experiments pass their ``init_std`` explicitly.
+    :param estimator: ``"reparam"`` (one draw per forward pass, any layer) or ``"flipout"`` (Linear, Conv1d/2d/3d: the
+        perturbation ``sigma * u * r`` times per-example random signs; sign flips keep a uniform direction
+        uniform, so each example sees an exact radial draw).
+    :param kl_samples: Monte Carlo draws for the cross-entropy with the prior (default 1; an int >= 1), averaged. With 1
+        draw and the ``"reparam"`` estimator, a KL evaluated in a training step after the forward pass uses that pass's weight
+        draw (once), as Blundell et al. (2015) and the paper do: unbiased, and one draw of the weight instead of
+        two. Otherwise (no forward draw in this step, flipout, several draws, a second KL call) it draws afresh.
+    :param cross_entropy: ``"monte_carlo"`` (default, the paper's estimator; any prior) or ``"closed_form"`` (Normal
+        priors only: ``E[(w_i - m_i)^2] = (loc_i - m_i)^2 + sigma_i^2 / D``).
     """
 
     default_kl_weight = 0.3  # benchmarks/results/defaults (with the per-element start, init_std=None)
@@ -128,10 +135,12 @@ class Radial(VariationalFamily):
 
     @property
     def mean(self) -> torch.Tensor:
+        """``loc``: the radial draw ``loc + sigma * u * r`` has E[r] = 0."""
         return self.loc
 
     @property
     def mode(self) -> torch.Tensor:
+        """``loc``: the density is largest at the mean (the radius is half-normal; no soap bubble)."""
         return self.loc
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +148,9 @@ class Radial(VariationalFamily):
         return self.loc, self.scale.square() / self.loc.numel()
 
     def entropy(self) -> torch.Tensor:
-        """Analytic entropy (nats), constants included."""
+        """Analytic entropy ``H[q] = sum_i log sigma_i + c_D`` in nats, constants included (Farquhar et al. 2020, eq. 5
+        and Appendix A; ``c_D`` is :func:`~varbnn.distributions.radial.radial_entropy_constant` of the tensor's size D).
+        """
         return softplus_stats(self)[2] + radial_entropy_constant(self.loc.numel())
 
     def _noise(self, sample_shape: torch.Size) -> torch.Tensor:

@@ -50,6 +50,7 @@ from varbnn.special import _work_dtype, log_bessel_iv_over_power
 __all__ = ["RadialDirectional", "GROUPINGS", "INIT_LOG_STD_RANGE", "INIT_RESULTANT_RANGE"]
 
 GROUPINGS = ("row", "column", "double")
+"""The values of :class:`RadialDirectional`'s ``grouping``: rows (output units), columns (input units), or both."""
 _PREFIX = {"row": "row", "column": "col"}
 
 
@@ -143,39 +144,47 @@ class RadialDirectional(VariationalFamily):
     """Radial-and-directional posterior over a weight tensor (Oh et al. 2020); use with
     :class:`varbnn.priors.RadialDirectionalPrior`.
 
-    Args:
-        grouping: ``"row"`` (output units), ``"column"`` (input units) or ``"double"`` (default, both; the paper's
-            experiments).
-        init_log_std: initial standard deviation of each log-normal factor's log (default 1e-2, the published
-            code's variance 1e-4); a number in ``[1e-8, 1]`` (:data:`INIT_LOG_STD_RANGE`).
-        init_resultant: initial mean resultant length A_d(kappa) of the directions, via Banerjee's concentration
-            (default 0.95, the published code's 1 - 0.05); a number in ``[1e-6, 1 - 1e-6]``
-            (:data:`INIT_RESULTANT_RANGE`).
-        ratio_method: Bessel-ratio method of the vMF (``"accurate"``, default, or the paper's ``"bounds"``).
-        score_correction: record the rejection-sampling score term for :func:`varbnn.objectives.elbo_loss`
-            (``True``, default, or ``False``, which keeps only the biased pathwise kappa gradient).
-        fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2; in
-            ``[1e-8, 1e2]``, :data:`~varbnn.families.gaussian.INIT_STD_RANGE`).
+    Each group g (row or column of the weight matrix) is ``w_g = r_g * u_g`` with a von Mises-Fisher direction
+    ``u_g ~ vMF(mu_g, kappa)`` (one kappa per layer and grouping; eq. 4-6) and a log-normal radius
+    ``r_g = sqrt(s_a s_b) * sqrt(a_g b_g)`` (eq. 7-10; see the module docstring). The KL against the prior is in
+    closed form (eq. 12), summed over the groups and the groupings: the direction term
+    ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)`` per group, plus
+    ``KL(LN || Gamma(1/2, 1/scale^2)) + KL(LN || InvGamma(1/2, 1))`` for each local and the global half-Cauchy pair
+    (:func:`~varbnn.divergence.lognormal_gamma_kl`, :func:`~varbnn.divergence.lognormal_inverse_gamma_kl`).
+    Double grouping multiplies a row-grouped and a column-grouped factor elementwise (eq. 16-18).
 
     Numbers may be of any numeric type (``np.float32``, 0-d tensors, ...); out-of-range values raise a ``ValueError``
     naming the argument and its range.
-        radius_init: how the initial log radius is split over the four log-normal factors. ``"prior"`` (default): once
-            the layer pairs the family with a :class:`~varbnn.priors.RadialDirectionalPrior`, the two Gamma factors
-            and the global InvGamma factor start where their own KL terms are smallest (``m = log(scale^2 / 2) -
-            v / 2`` and ``m = log 2 + v / 2``) and the local InvGamma factor, whose KL grows only logarithmically,
-            carries the rest of each group's radius. ``"even"``: the two local factors share the log radius and the
-            global pair starts at 0 (the behaviour before ``radius_init`` existed). The initial weights are the same
-            either way; with small prior scales (e.g. global 1e-4) ``"even"`` starts with a KL of ~1e9 nats that Adam
-            needs tens of epochs to shed, during which weak units die.
-        concentration_param: ``kappa = exp(rho)`` (``"log"``, default) or ``softplus(rho)`` (``"softplus"``, the
-            published code's choice). With softplus, rho ~= kappa for the concentrations of big layers (hundreds to
-            thousands), and Adam moves a parameter by about its learning rate per step, so kappa hardly leaves its
-            initial value (at lr 1e-3, by at most ~120 in 120,000 steps); ``"log"`` lets it move by a factor per step.
 
     Initialisation: at the posterior mode the weight equals the initial (He-normal or pretrained) tensor: row
     directions are its normalised rows and row radii their norms; a column factor (double grouping) starts with
     equal-entry directions and radii sqrt(dim), i.e. as the all-ones matrix (column grouping alone: the tensor's
     normalised columns and their norms).
+
+    :param grouping: ``"row"`` (output units), ``"column"`` (input units) or ``"double"`` (default, both; the paper's
+        experiments).
+    :param init_log_std: initial standard deviation of each log-normal factor's log (default 1e-2, the published
+        code's variance 1e-4); a number in ``[1e-8, 1]`` (:data:`INIT_LOG_STD_RANGE`).
+    :param init_resultant: initial mean resultant length A_d(kappa) of the directions, via Banerjee's concentration
+        (default 0.95, the published code's 1 - 0.05); a number in ``[1e-6, 1 - 1e-6]``
+        (:data:`INIT_RESULTANT_RANGE`).
+    :param ratio_method: Bessel-ratio method of the vMF (``"accurate"``, default, or the paper's ``"bounds"``).
+    :param score_correction: record the rejection-sampling score term for :func:`varbnn.objectives.elbo_loss`
+        (``True``, default, or ``False``, which keeps only the biased pathwise kappa gradient).
+    :param fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2; in
+        ``[1e-8, 1e2]``, :data:`~varbnn.families.gaussian.INIT_STD_RANGE`).
+    :param radius_init: how the initial log radius is split over the four log-normal factors. ``"prior"`` (default): once
+        the layer pairs the family with a :class:`~varbnn.priors.RadialDirectionalPrior`, the two Gamma factors
+        and the global InvGamma factor start where their own KL terms are smallest (``m = log(scale^2 / 2) -
+        v / 2`` and ``m = log 2 + v / 2``) and the local InvGamma factor, whose KL grows only logarithmically,
+        carries the rest of each group's radius. ``"even"``: the two local factors share the log radius and the
+        global pair starts at 0 (the behaviour before ``radius_init`` existed). The initial weights are the same
+        either way; with small prior scales (e.g. global 1e-4) ``"even"`` starts with a KL of ~1e9 nats that Adam
+        needs tens of epochs to shed, during which weak units die.
+    :param concentration_param: ``kappa = exp(rho)`` (``"log"``, default) or ``softplus(rho)`` (``"softplus"``, the
+        published code's choice). With softplus, rho ~= kappa for the concentrations of big layers (hundreds to
+        thousands), and Adam moves a parameter by about its learning rate per step, so kappa hardly leaves its
+        initial value (at lr 1e-3, by at most ~120 in 120,000 steps); ``"log"`` lets it move by a factor per step.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
 
@@ -232,12 +241,13 @@ class RadialDirectional(VariationalFamily):
     # -- construction ---------------------------------------------------------------------------------
     @property
     def groupings(self) -> tuple[str, ...]:
+        """The groupings this family draws: ``("row", "column")`` for ``grouping="double"``, else ``(grouping,)``."""
         return ("row", "column") if self.grouping == "double" else (self.grouping,)
 
     def build(self, shape: torch.Size | tuple[int, ...], init: torch.Tensor | None = None) -> Any:  # type: ignore[override]
         """As :meth:`VariationalFamily.build`; biases, dense weights with one input or one output, and any weight whose
         groups would have dimension 1 get a MeanField (a convolution with one input channel keeps RDP: its single
-        column group has dimension out*kh*kw)."""
+        column group has dimension ``out * kh * kw``)."""
         shape = torch.Size(shape)
         ungroupable = len(shape) < 2 or any(_group_matrix_shape(shape, g)[1] < 2 for g in self.groupings)
         if ungroupable or (len(shape) == 2 and min(shape) == 1):
