@@ -4,8 +4,9 @@ The convention used everywhere in varbnn, stated once:
 
     loss = mean NLL over the batch + beta * KL_total / N_train          (Graves 2011, eq. 18)
 
-``KL_total`` is a SUM over every weight of every Bayesian tensor of the model (never a mean), and
-``N_train`` is the number of training examples (never the batch size). With this scaling the loss is the
+This is Graves' online loss ``L(b_j) = L^C / B + L^E(b_j)`` for a dataset split into B batches (eq. 18) divided by
+the batch size ``N_train / B``. ``KL_total`` is a SUM over every weight of every Bayesian tensor of the model (never a
+mean), and ``N_train`` is the number of training examples (never the batch size). With this scaling the loss is the
 negative ELBO divided by ``N_train``, so it is unchanged by the batch size and stays right under
 DistributedDataParallel, where gradients are averaged over ranks. See :func:`varbnn.elbo_loss`.
 
@@ -201,7 +202,8 @@ _FAMILY_KL: dict[tuple[type, type], FamilyKL] = {}
 
 
 def register_family_kl(family_type: type, prior_type: type) -> Callable[[FamilyKL], FamilyKL]:
-    """Register a fused closed form ``fn(family, prior) -> KL`` for a (family, prior) pair.
+    """Decorator: register a fused closed form ``fn(family, prior) -> KL`` (a 0-d tensor, the KL summed over the
+    tensor, in nats) for a (family type, prior type) pair; :func:`family_kl` finds it along both classes' MROs.
 
     These work on a family's own parameters (e.g. ``rho`` rather than ``softplus(rho)``) and avoid building
     distribution objects; they must equal the distribution-level registry exactly (the tests check this).
@@ -226,7 +228,11 @@ def family_kl(family: Any, prior: Any) -> torch.Tensor:
 
 
 def monte_carlo_kl(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
-    """Unbiased estimate ``mean_s [log q(w_s) - log p(w_s)]``, ``w_s ~ q`` reparameterised when possible."""
+    """Unbiased Monte Carlo estimate of KL(q || p): ``mean_s [log q(w_s) - log p(w_s)]`` over ``samples`` draws
+    ``w_s ~ q`` (reparameterised when q has ``rsample``, so it is differentiable in q's parameters), averaged over the
+    draws, not summed (Graves 2011 eq. 9 applied to the KL; Blundell et al. 2015). Returns one value per batch
+    element of q (a 0-d tensor for a whole-tensor event). ``samples``: an int >= 1 (default
+    :data:`DEFAULT_KL_SAMPLES`)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     draw = q.rsample if q.has_rsample else q.sample
@@ -235,7 +241,9 @@ def monte_carlo_kl(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_S
 
 
 def kl_divergence(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
-    """KL(q || p): a registered closed form if one exists, otherwise :func:`monte_carlo_kl`."""
+    """KL(q || p) in nats: the closed form registered with ``torch.distributions.kl.register_kl`` for the pair if
+    there is one (torch's own, and varbnn's for Delta, ImproperUniform, Radial, LogNormal vs Gamma/InvGamma, Normal vs
+    Laplace), otherwise :func:`monte_carlo_kl` with ``samples`` draws."""
     try:
         return _torch_kl(q, p)
     except NotImplementedError:
@@ -243,8 +251,13 @@ def kl_divergence(q: Distribution, p: Distribution, samples: int = DEFAULT_KL_SA
 
 
 def kl(model_or_q: nn.Module | Distribution, p: Distribution | None = None, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
-    """``kl(model)``: the SUM of KL(q || p) over every Bayesian tensor of a model (nats);
-    ``kl(q, p)``: the KL between two distributions (see :func:`kl_divergence`).
+    """``kl(model)``: ``KL_total``, the SUM of KL(q || p) over every Bayesian tensor of a model (nats), each
+    tensor against its own prior (a 0-d tensor; 0 for a model without Bayesian layers; ``samples`` is not used: each
+    family's own estimator decides). ``kl(q, p)``: the KL between two distributions, :func:`kl_divergence` with
+    ``samples`` Monte Carlo draws where there is no closed form.
+
+    This is Graves' complexity loss ``L^C`` (2011, eq. 5) of the whole network; divide it by ``N_train`` in the loss
+    (see the module docstring, or use :func:`varbnn.objectives.elbo_loss`).
     """
     if isinstance(model_or_q, nn.Module):
         if p is not None:

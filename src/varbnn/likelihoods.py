@@ -99,10 +99,13 @@ class Categorical(Likelihood):
             raise ValueError("Categorical: target must hold integer class indices, got a floating-point tensor")
 
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``log softmax(f_n)[y_n] = f_{n, y_n} - logsumexp_c f_{n, c}`` per example, for logits ``[N, C]`` and class
+        indices ``[N]``."""
         self._check(output, target)
         return -F.cross_entropy(output, target, reduction="none")
 
     def nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The batch-mean cross-entropy ``-mean_n log softmax(f_n)[y_n]`` of one weight draw."""
         self._check(output, target)
         return F.cross_entropy(output, target)
 
@@ -145,13 +148,12 @@ def _regression_metrics(summary: RegressionSummary, log_predictive: torch.Tensor
 class Gaussian(Likelihood):
     """Homoscedastic ``p(y | f) = N(y; f, sigma^2)``.
 
-    Args:
-        noise_std: a fixed sigma > 0; or ``None`` (default) to learn it: a point estimate that maximises the ELBO,
-            parameterised as ``log sigma`` (an ``nn.Parameter``, so :func:`varbnn.train.fit` optimises it).
-        init_noise_std: sigma's starting value when learned (default 1: the std of standardised targets).
-
     The network outputs one number per target (shape ``target.shape`` or ``(*target.shape, 1)``). Predictive:
     mean ``mean_s f_s``, aleatoric variance ``sigma^2``, epistemic variance ``var_s f_s``.
+
+    :param noise_std: a fixed sigma > 0; or ``None`` (default) to learn it: a point estimate that maximises the ELBO,
+        parameterised as ``log sigma`` (an ``nn.Parameter``, so :func:`varbnn.train.fit` optimises it).
+    :param init_noise_std: sigma's starting value when learned (default 1: the std of standardised targets).
     """
 
     task = "regression"
@@ -169,9 +171,12 @@ class Gaussian(Likelihood):
 
     @property
     def noise_std(self) -> torch.Tensor:
+        """sigma, ``exp(log_noise_std)`` (a 0-d tensor; learned or fixed)."""
         return self.log_noise_std.exp()
 
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``log N(y; f, sigma^2) = -(y - f)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2`` per example (summed over
+        any event dims)."""
         mean = _mean_output(output, target, "Gaussian")
         return _sum_event(Normal(mean, self.noise_std).log_prob(target))
 
@@ -192,11 +197,10 @@ class HeteroscedasticGaussian(Likelihood):
     """``p(y | f) = N(y; f_0, exp(f_1) + min_variance)``: the network outputs a mean and a log-variance per target
     (last dim of size 2), so the noise level depends on the input (Nix & Weigend 1994; Kendall & Gal 2017).
 
-    Args:
-        min_variance: a floor added to ``exp(f_1)`` (default 1e-6) so that the NLL stays finite when the network
-            drives the log-variance to -inf on a point it fits exactly.
-
     Predictive: mean ``mean_s f_0``, aleatoric variance ``mean_s sigma_s^2``, epistemic variance ``var_s f_0``.
+
+    :param min_variance: a floor added to ``exp(f_1)`` (default 1e-6) so that the NLL stays finite when the network
+        drives the log-variance to -inf on a point it fits exactly.
     """
 
     task = "regression"
@@ -210,6 +214,8 @@ class HeteroscedasticGaussian(Likelihood):
         return both[..., 0], both[..., 1].exp() + self.min_variance
 
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``log N(y; f_0, v) = -(y - f_0)^2 / (2 v) - log(v) / 2 - log(2 pi) / 2`` with ``v = exp(f_1) + min_variance``,
+        per example (summed over any event dims)."""
         mean, variance = self._split(output, target)
         return _sum_event(Normal(mean, variance.sqrt()).log_prob(target))
 
@@ -230,11 +236,6 @@ class GammaPrecisionGaussian(Likelihood):
     """Gaussian likelihood ``y ~ N(f, 1/tau)`` whose noise precision has a Gamma prior and a Gamma variational
     posterior (Hernandez-Lobato & Adams 2015; Oh et al. 2020, section 5.1).
 
-    Args:
-        prior_shape, prior_rate: the prior Gamma(a0, b0) (default 6, 6 as in the papers; the published RDP code
-            uses 1, 1).
-        init_shape, init_rate: the initial posterior Gamma(a1, b1) (default: the prior).
-
     ``expected_log_likelihood(y, f) = E_q[log N(y | f, 1/tau)] = (psi(a1) - log b1)/2 - log(2 pi)/2 - a1/b1 (y-f)^2/2``
     is what the ELBO needs; :meth:`kl` is KL(q(tau) || p(tau)).
 
@@ -243,6 +244,12 @@ class GammaPrecisionGaussian(Likelihood):
     ``Gamma(a0 + N/2, b0 + E_q(w)[SSE]/2)`` (:meth:`optimal_posterior`). The gradient route is slow in practice:
     Adam moves each softplus-parameter by about ``lr`` per step, so the shape climbs from a0 = 6 to a0 + N/2
     (e.g. 144 for yacht) only over tens of thousands of steps, and the noise is overestimated meanwhile.
+
+    :param prior_shape: a0 of the prior Gamma(a0, b0) over tau (default 6 as in the papers; the published RDP code
+        uses 1).
+    :param prior_rate: b0, the prior's rate (default 6; the published RDP code uses 1).
+    :param init_shape: a1 of the initial posterior Gamma(a1, b1) (default: ``prior_shape``).
+    :param init_rate: b1 of the initial posterior (default: ``prior_rate``).
     """
 
     task = "regression"
@@ -271,17 +278,21 @@ class GammaPrecisionGaussian(Likelihood):
 
     @property
     def shape(self) -> torch.Tensor:
+        """a1, the posterior's shape, ``softplus(shape_rho)``."""
         return F.softplus(self.shape_rho)
 
     @property
     def rate(self) -> torch.Tensor:
+        """b1, the posterior's rate, ``softplus(rate_rho)``."""
         return F.softplus(self.rate_rho)
 
     def posterior(self) -> Gamma:
+        """q(tau) = Gamma(a1, b1) as a ``torch.distributions.Gamma`` (rate parameterisation; mean a1 / b1)."""
         return Gamma(self.shape, self.rate)
 
     def expected_log_likelihood(self, y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        """Elementwise E_q(tau)[log N(y | f, 1/tau)] (nats)."""
+        """Elementwise ``E_q(tau)[log N(y | f, 1/tau)] = (psi(a1) - log b1) / 2 - log(2 pi) / 2 - (a1 / b1) (y - f)^2 / 2``
+        (nats), from ``E[log tau] = psi(a1) - log b1`` and ``E[tau] = a1 / b1``."""
         if y.shape != f.shape:
             raise ValueError(f"y and f must have the same shape, got {tuple(y.shape)} and {tuple(f.shape)}")
         a, b = self.shape, self.rate
@@ -313,7 +324,8 @@ class GammaPrecisionGaussian(Likelihood):
         return _regression_metrics(self.summary(outputs), self.log_predictive(outputs, target), target)
 
     def kl(self) -> torch.Tensor:
-        """KL(Gamma(a1, b1) || Gamma(a0, b0))."""
+        """KL(Gamma(a1, b1) || Gamma(a0, b0)) in nats, in closed form (torch's registered pair):
+        ``(a1 - a0) psi(a1) - lgamma(a1) + lgamma(a0) + a0 (log b1 - log b0) + a1 (b0 - b1) / b1``."""
         return kl_divergence(self.posterior(), Gamma(self.prior_shape, self.prior_rate))
 
     def optimal_posterior(self, expected_sse: torch.Tensor | float, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,18 +40,18 @@ __all__ = [
 ]
 
 NATS_PER_BIT = math.log(2.0)
+"""``ln 2``: nats per bit (divide a length in nats by it for bits)."""
 
 
 @dataclass(frozen=True)
 class ELBOTerms:
     """The loss to minimise and its parts (all in nats unless the name says bits).
 
-    Attributes:
-        loss: ``nll + beta * kl / n_data`` (a scalar tensor with gradient).
-        nll: mean negative log-likelihood of the batch, per example (detached).
-        kl: total KL of the model, summed over all weights (detached).
-        beta: the KL weight used.
-        n_data: the number of training examples the KL is spread over.
+    :ivar loss: ``nll + beta * kl / n_data`` (a scalar tensor with gradient).
+    :ivar nll: mean negative log-likelihood of the batch, per example (detached).
+    :ivar kl: total KL of the model, summed over all weights (detached).
+    :ivar beta: the KL weight used.
+    :ivar n_data: the number of training examples the KL is spread over.
     """
 
     loss: torch.Tensor
@@ -62,18 +62,21 @@ class ELBOTerms:
 
     @property
     def nll_bits(self) -> float:
+        """``nll / ln 2``: the batch's mean NLL in bits per example."""
         return float(self.nll) / NATS_PER_BIT
 
     @property
     def kl_bits(self) -> float:
+        """``kl / ln 2``: the model's total KL in bits."""
         return float(self.kl) / NATS_PER_BIT
 
     @property
     def negative_elbo(self) -> float:
-        """-ELBO per training example (beta = 1), nats."""
+        """-ELBO per training example at beta = 1, ``nll + kl / n_data`` (nats), whatever ``beta`` was used."""
         return float(self.nll) + float(self.kl) / self.n_data
 
     def as_dict(self) -> dict[str, float]:
+        """``{"loss", "nll", "kl", "nll_bits", "kl_bits", "beta"}`` as Python floats (for logs and JSON)."""
         return {
             "loss": float(self.loss.detach()),
             "nll": float(self.nll),
@@ -106,13 +109,17 @@ def _training_set_size(n_data: Any, name: str = "n_data") -> int:
 
 
 def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.0) -> ELBOTerms:
-    """``loss = nll + beta * kl(model) / n_data``, with the parts returned for logging.
+    """``loss = nll + beta * kl(model) / n_data``, with the parts returned for logging (an :class:`ELBOTerms`).
 
-    Args:
-        nll: the MEAN negative log-likelihood over the batch (a scalar), nats.
-        model: the model whose Bayesian layers contribute ``varbnn.kl(model)``.
-        n_data: number of training examples (not the batch size), > 0: any integral number (e.g. ``np.int64``).
-        beta: KL weight (1 for the true ELBO; < 1 during annealing), >= 0.
+    At ``beta = 1`` this is the negative ELBO per training example, Graves' online loss (2011, eq. 18,
+    ``L^C / B + L^E(b_j)``) divided by the batch size; ``kl(model)`` is :func:`varbnn.divergence.kl`, the KL summed
+    over every weight. When the model holds vMF directions drawn by rejection sampling, ``nll.detach() * score`` (value
+    0) is added so that the concentration gradient is unbiased (:func:`score_correction`).
+
+    :param nll: the MEAN negative log-likelihood over the batch (a scalar), nats.
+    :param model: the model whose Bayesian layers contribute ``varbnn.kl(model)``.
+    :param n_data: number of training examples (not the batch size), > 0: any integral number (e.g. ``np.int64``).
+    :param beta: KL weight (1 for the true ELBO; < 1 during annealing), >= 0.
     """
     if not isinstance(nll, torch.Tensor) or nll.dim() != 0:
         shape = tuple(nll.shape) if isinstance(nll, torch.Tensor) else type(nll).__name__
@@ -129,7 +136,10 @@ def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.
 
 
 def score_correction(model: nn.Module) -> torch.Tensor | None:
-    """Sum of the pending score terms of the model's families (see ``VariationalFamily.take_score``), or None."""
+    """Sum of the pending score terms of the model's families (see
+    :meth:`varbnn.families.VariationalFamily.take_score`), or None when there are none. Each is 0 in value; its
+    gradient times the NLL is the rejection-sampling correction of the vMF draws (Naesseth et al. 2017; Oh et al.
+    2020 supp. eq. 20), which :func:`elbo_loss` adds as ``nll.detach() * score``. Taking the terms clears them."""
     from varbnn.families.base import VariationalFamily
 
     total: torch.Tensor | None = None
@@ -153,7 +163,8 @@ def default_kl_weight(model: nn.Module) -> float:
 
 
 def linear_kl_annealing(step: int, warmup_steps: int) -> float:
-    """beta rising linearly from 0 at step 0 to 1 at ``warmup_steps`` (and 1 after); 1 if warmup is 0."""
+    """The KL weight ``beta = min(1, max(0, step / warmup_steps))``: rising linearly from 0 at step 0 to 1 at
+    ``warmup_steps`` and 1 after; 1 when ``warmup_steps`` is 0 (no annealing). ``warmup_steps`` must be >= 0."""
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if warmup_steps == 0:
@@ -181,12 +192,17 @@ def per_example_gradients(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Gradient of ``nll(model(x_n), y_n)`` for each example n separately (``torch.func``: ``vmap`` over examples of
     ``grad_and_value`` of a ``functional_call``; no Python loop). Returns ``({parameter name: [N, *shape]}, losses [N])``.
+    Batch normalisation in training mode couples the examples and is refused.
 
-    Args:
-        wrt: names of the parameters to differentiate (default: all); the others enter as constants.
-        weight_draws: ``"example"`` (default): an independent weight draw per example (Graves 2011, section 6);
-            ``"batch"``: one draw shared by the batch (cheaper: the draw is not repeated per example).
-        chunk_size: how many examples are vectorised at once (memory: ``chunk_size x parameters``).
+    :param model: the network (Bayesian or plain); its parameters are read, not changed.
+    :param x: inputs ``[N, ...]``.
+    :param y: targets ``[N, ...]``.
+    :param nll: per-example loss ``nll(output, target)`` of one example's output and target (default
+        ``F.cross_entropy``).
+    :param wrt: names of the parameters to differentiate (default: all); the others enter as constants.
+    :param weight_draws: ``"example"`` (default): an independent weight draw per example (Graves 2011, section 6);
+        ``"batch"``: one draw shared by the batch (cheaper: the draw is not repeated per example).
+    :param chunk_size: how many examples are vectorised at once (memory: ``chunk_size x parameters``).
     """
     from torch.func import functional_call, grad_and_value, vmap
 
@@ -297,14 +313,15 @@ def graves_gradients(
 class MDLReport:
     """The MDL reading of a trained network on a dataset (Graves 2011, eq. 3-6).
 
-    Attributes:
-        error_nats: L^E, the expected negative log-likelihood of the targets SUMMED over the dataset (nats).
-        complexity_nats: L^C, the KL of the whole posterior from the prior (nats; bits-back cost of the weights),
-            or None when it is not a finite description length (a delta posterior or an improper uniform prior:
-            the discretisation constant is infinite).
-        n_targets: number of targets described.
-        n_classes: number of classes (for the uniform-code reference), or None.
-        n_weights: number of weights transmitted (pruned weights excluded).
+    :ivar error_nats: L^E, the expected negative log-likelihood of the targets SUMMED over the dataset (nats).
+    :ivar complexity_nats: L^C, the KL of the whole posterior from the prior (nats; bits-back cost of the weights),
+        or None when it is not a finite description length (a delta posterior or an improper uniform prior:
+        the discretisation constant is infinite).
+    :ivar n_targets: number of targets described.
+    :ivar n_classes: number of classes (for the uniform-code reference), or None.
+    :ivar n_weights: number of weights transmitted (pruned weights excluded).
+
+    Derived lengths in bits are ``nats / ln 2`` (:data:`NATS_PER_BIT`).
     """
 
     error_nats: float
@@ -315,14 +332,17 @@ class MDLReport:
 
     @property
     def error_bits(self) -> float:
+        """L^E in bits."""
         return self.error_nats / NATS_PER_BIT
 
     @property
     def complexity_bits(self) -> float | None:
+        """L^C in bits, or None when it is not finite."""
         return None if self.complexity_nats is None else self.complexity_nats / NATS_PER_BIT
 
     @property
     def total_bits(self) -> float | None:
+        """``L = L^E + L^C`` in bits (Graves 2011 eq. 6), the MDL loss; None when L^C is not finite."""
         c = self.complexity_bits
         return None if c is None else self.error_bits + c
 
@@ -340,10 +360,12 @@ class MDLReport:
 
     @property
     def bits_per_weight(self) -> float | None:
+        """L^C / ``n_weights`` in bits; None when L^C is not finite or nothing is transmitted."""
         c = self.complexity_bits
         return None if c is None or self.n_weights == 0 else c / self.n_weights
 
     def as_dict(self) -> dict[str, float | int | None]:
+        """The fields and the derived lengths as a flat dict (for JSON)."""
         return {
             "error_nats": self.error_nats,
             "error_bits": self.error_bits,
@@ -432,9 +454,20 @@ def mdl_report(
     n_classes: int | None = None,
     batch_size: int = 1000,
 ) -> MDLReport:
-    """L^E (Monte Carlo over ``samples`` weight draws per example, summed over the dataset), L^C = KL (closed form
-    where registered) and the derived bits, bits/weight and compression ratio, for a classifier on ``(x, y)``.
-    ``n_classes`` defaults to the model's output width."""
+    """The MDL reading (Graves 2011, eq. 3-6) of a classifier on ``(x, y)``, as an :class:`MDLReport`.
+
+    ``L^E = sum_n (1/S) sum_s -log p(y_n | x_n, w_s)`` with ``S = samples`` weight draws per example (the Monte Carlo
+    estimate of eq. 4, eq. 9), summed over the dataset; ``L^C = KL(q || p)`` of the whole model (eq. 5; closed form
+    where registered), or None when it is not a finite description length (:func:`complexity_is_finite`); and the
+    derived bits, bits per weight and compression ratio.
+
+    :param model: a trained classifier returning logits.
+    :param x: inputs ``[N, ...]``.
+    :param y: class labels ``[N]``.
+    :param samples: weight draws S per example, an int >= 1 (default 10).
+    :param n_classes: classes of the uniform reference code (default: the model's output width).
+    :param batch_size: examples per forward pass (default 1000; memory only).
+    """
     from varbnn.predict import predict
 
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:

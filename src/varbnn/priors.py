@@ -75,9 +75,15 @@ def _parse_adaptive(adaptive: Adaptive, owner: str) -> frozenset[str]:
 
 
 class Prior(nn.Module):
-    """Base class: a distribution over one weight tensor, optionally adaptive (empirical Bayes)."""
+    """Base class: a distribution over one weight tensor, optionally adaptive (empirical Bayes).
+
+    A subclass implements :meth:`distribution` (the prior over a tensor of a given shape, one event) and, if it can
+    be adaptive, :meth:`update_` (the closed-form optimum of its parameters given the posteriors that share it).
+    Its parameters are buffers, so they move with ``.to()`` and are saved in the model's ``state_dict``.
+    """
 
     adaptive_fields: frozenset[str] = frozenset()
+    """The parameters :func:`update_adaptive_priors` sets (e.g. ``{"loc", "scale"}``); empty when not adaptive."""
 
     @property
     def adaptive(self) -> bool:
@@ -139,12 +145,17 @@ class _LocScalePrior(Prior):
 
 
 class Normal(_LocScalePrior):
-    """Gaussian prior N(loc, scale^2).
+    """Gaussian prior ``N(loc, scale^2)``, i.i.d. over the tensor (or elementwise if ``loc``/``scale`` are tensors):
+    ``log p(w) = sum_i [-(w_i - loc)^2 / (2 scale^2) - log(sqrt(2 pi) scale)]``.
 
-    Args:
-        loc: mean (default 0).
-        scale: standard deviation, > 0 (default 1).
-        adaptive: ``True`` to set both to their optimum (Graves 2011 eq. 15), ``"loc"`` or ``"scale"`` for one.
+    With a Gaussian posterior the KL is Graves 2011 eq. 13 (closed form); with a delta posterior the complexity cost
+    is ``-log p(w)``, L2 regularisation (eq. 8). Adaptive: after every step ``loc = mean_i mu_i`` and
+    ``scale^2 = mean_i [sigma_i^2 + (mu_i - loc)^2]`` over every tensor sharing this prior (eq. 15; for delta
+    posteriors ``sigma_i = 0``, the optimum below eq. 8).
+
+    :param loc: mean (default 0).
+    :param scale: standard deviation, > 0 (default 1).
+    :param adaptive: ``True`` to set both to their optimum (Graves 2011 eq. 15), ``"loc"`` or ``"scale"`` for one.
     """
 
     _torch_distribution = _TorchNormal
@@ -161,7 +172,12 @@ class Normal(_LocScalePrior):
 
 
 class Laplace(_LocScalePrior):
-    """Laplace prior with density exp(-|w - loc| / scale) / (2 scale); arguments as :class:`Normal`.
+    """Laplace prior with density ``exp(-|w - loc| / scale) / (2 scale)``, i.i.d. over the tensor; arguments as
+    :class:`Normal` (``loc`` default 0, ``scale`` default 1, ``adaptive`` default False).
+
+    With a delta posterior the complexity cost is ``sum_i |w_i - loc| / scale + W log(2 scale)``, L1 regularisation
+    (Graves 2011 eq. 7); with other posteriors the KL has no registered closed form except Normal-vs-Laplace
+    (``torch.distributions``) and otherwise falls back to a Monte Carlo estimate.
 
     Adaptive (delta posteriors only, Graves 2011 eq. 7): ``loc`` = median weight (the lower median for an even
     count, which minimises the same L1 cost), ``scale`` = mean absolute deviation from ``loc``.
@@ -186,7 +202,17 @@ class Laplace(_LocScalePrior):
 
 
 class ScaleMixture(Prior):
-    """Blundell et al. (2015) prior ``pi N(0, scale1^2) + (1 - pi) N(0, scale2^2)``; never adaptive."""
+    """Blundell et al. (2015) scale-mixture prior ``pi N(0, scale1^2) + (1 - pi) N(0, scale2^2)``, i.i.d. over the
+    tensor; never adaptive.
+
+    ``log p(w) = logsumexp(log pi + log N(w | 0, scale1^2), log(1 - pi) + log N(w | 0, scale2^2))`` per element
+    (no ``log(... + 1e-6)``). No closed-form KL exists: the KL against it is a Monte Carlo estimate
+    (:func:`varbnn.divergence.monte_carlo_kl`).
+
+    :param pi: weight of the first component, in (0, 1) (default 0.5).
+    :param scale1: standard deviation of the first (wide) component, > 0 (default 1).
+    :param scale2: standard deviation of the second (narrow) component, > 0 (default ``exp(-6)``).
+    """
 
     mixture: torch.Tensor
     scale1: torch.Tensor
@@ -208,7 +234,9 @@ class ScaleMixture(Prior):
 
 
 class Uniform(Prior):
-    """Improper flat prior: with a Delta posterior the KL term is 0 and training is maximum likelihood."""
+    """Improper flat prior (``log p(w) = 0`` everywhere): with a :class:`~varbnn.families.Delta` posterior the KL
+    term is 0 and training is maximum likelihood (Graves 2011 section 5.1). Against a posterior with a density the KL
+    is ``-H[q]``, up to the infinite constant of an improper prior. Takes no arguments."""
 
     _anchor: torch.Tensor
 
@@ -233,9 +261,12 @@ def _repr_params(module: nn.Module, names: Iterable[str]) -> str:
 
 @torch.no_grad()
 def update_adaptive_priors(model: nn.Module) -> int:
-    """Set every adaptive prior in ``model`` to its optimum given the current posteriors.
+    """Set every adaptive prior in ``model`` to its optimum given the current posteriors (Graves 2011 section 6:
+    "the prior parameters should be set to their optimal values after every update"); :func:`varbnn.train.fit` calls
+    it after every optimiser step.
 
-    Tensors that share one prior object are pooled. Returns the number of priors updated.
+    Tensors that share one prior object are pooled (e.g. a Normal prior gets ``loc = mean_i mu_i`` and
+    ``scale^2 = mean_i [sigma_i^2 + (mu_i - loc)^2]`` over all of them, eq. 15). Returns the number of priors updated.
     """
     from varbnn.nn.base import BayesianModule
 
@@ -266,16 +297,19 @@ class RadialDirectionalPrior(Prior):
     grouping) and ``z_g ~ C+(local_scale)``, each written as sqrt(Gamma(1/2, rate 1/scale^2) * InvGamma(1/2, 1));
     and the direction ``w_g / ||w_g|| ~ vMF(mu_p, kappa_p)``.
 
-    Args:
-        global_scale, local_scale: half-Cauchy scales (default 1 and 1: eq. 7's z ~ C+(1); the published LeNet-5
-            runs used 1e-4 and 5e-3 for strong sparsity).
-        direction: ``"tied"`` (default, as the published code): the prior mean direction of each group is the
-            posterior's own mean, so the direction KL depends only on the concentrations -- empirical Bayes over
-            mu_p, whose optimum is mu_q; ``"uniform"``: the uniform distribution on the sphere (kappa_p = 0).
-        concentration: kappa_p for ``"tied"``; ``None`` (default) uses :func:`banerjee_concentration` with mean
-            resultant length ``resultant`` for each group's dimension (the published code's choice, R = 0.9).
-        fallback: prior of tensors that are not radial-directional (biases, layers with one input or output,
-            which fall back to MeanField); default ``Normal(0, 1)``.
+    :param global_scale: scale of the layer-wide half-Cauchy factor ``s`` (default 1; the published LeNet-5 runs used
+        1e-4 for strong sparsity).
+    :param local_scale: scale of each group's half-Cauchy factor ``z_g`` (default 1: eq. 7's ``z ~ C+(1)``; the
+        published LeNet-5 runs used 5e-3).
+    :param direction: ``"tied"`` (default, as the published code): the prior mean direction of each group is the
+        posterior's own mean, so the direction KL depends only on the concentrations -- empirical Bayes over
+        mu_p, whose optimum is mu_q; ``"uniform"``: the uniform distribution on the sphere (kappa_p = 0).
+    :param concentration: kappa_p for ``"tied"``; ``None`` (default) uses :func:`banerjee_concentration` with mean
+        resultant length ``resultant`` for each group's dimension (the published code's choice, R = 0.9).
+    :param resultant: the mean resultant length R in (0, 1) that sets kappa_p when ``concentration`` is ``None``
+        (default 0.9).
+    :param fallback: prior of tensors that are not radial-directional (biases, layers with one input or output,
+        which fall back to MeanField); default ``Normal(0, 1)``.
     """
 
     DIRECTIONS = ("tied", "uniform")
@@ -330,9 +364,8 @@ class RadialPrior(Prior):
     tensor, with the cross-entropy of a posterior estimated by Monte Carlo (``-mean_s log p(w_s)``). Used by
     variational continual learning to turn a trained Radial posterior into the next task's prior.
 
-    Args:
-        loc: the prior mode, a number or a tensor of the weight's shape (default 0).
-        scale: per-element scale sigma > 0, a number or a tensor of the weight's shape (default 1).
+    :param loc: the prior mode, a number or a tensor of the weight's shape (default 0).
+    :param scale: per-element scale sigma > 0, a number or a tensor of the weight's shape (default 1).
     """
 
     loc: torch.Tensor
@@ -363,10 +396,12 @@ PRIORS: dict[str, type[Prior]] = {
     "radial_directional": RadialDirectionalPrior,
     "radial": RadialPrior,
 }
+"""Every prior by the name experiment configs use (:func:`make_prior`)."""
 
 
 def make_prior(name: str, **kwargs: object) -> Prior:
-    """Build a prior by name (used by experiment configs). Allowed names: the keys of :data:`PRIORS`."""
+    """``PRIORS[name](**kwargs)``: a prior by name (used by experiment configs). Allowed names: the keys of
+    :data:`PRIORS`; another name raises a ``ValueError`` listing them."""
     try:
         cls = PRIORS[name]
     except KeyError:
