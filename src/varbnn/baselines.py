@@ -51,10 +51,9 @@ def add_dropout(model: nn.Module, p: float, *, layer_types: tuple[type[nn.Module
 class MCDropout(nn.Module):
     """``model`` with its dropout layers kept ON in eval mode too: every forward pass is one Monte Carlo draw.
 
-    Args:
-        model: a network containing dropout layers (see :func:`add_dropout` to insert them).
-
     Raises ``ValueError`` if ``model`` has no dropout layer (its draws would all be equal).
+
+    :param model: a network containing dropout layers (see :func:`add_dropout` to insert them).
     """
 
     def __init__(self, model: nn.Module) -> None:

@@ -3,8 +3,8 @@
 One scalar ``T > 0`` divides a classifier's logits; it is fitted on a VALIDATION split by minimising the NLL, so the
 predicted class (and the accuracy) never changes, only the confidence.
 
->>> calibrated = TemperatureScaled(net).fit(x_val, y_val)      # doctest: +SKIP
->>> probs = calibrated(x_test).softmax(-1)                      # doctest: +SKIP
+    calibrated = TemperatureScaled(net).fit(x_val, y_val)
+    probs = calibrated(x_test).softmax(-1)
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ def fit_temperature(
 ) -> float:
     """The temperature ``T`` minimising the validation NLL of ``softmax(logits / T)``.
 
-    Args:
-        logits: ``[N, C]`` (a plain network) or ``[S, N, C]`` (Monte Carlo draws: the NLL of the mean softmax).
-        labels: ``[N]`` class indices.
-        bounds: the search interval for ``T`` (default 0.05 to 20).
-        iterations: golden-section steps on ``log T`` (the NLL is unimodal in ``log T`` for a plain network; 60 steps
-            pin ``log T`` to ~1e-12 of the interval).
-
     Golden-section search rather than gradient descent: it needs no learning rate and cannot diverge.
+
+    :param logits: ``[N, C]`` (a plain network) or ``[S, N, C]`` (Monte Carlo draws: the NLL of the mean softmax).
+    :param labels: ``[N]`` class indices.
+    :param bounds: the search interval for ``T`` (default 0.05 to 20).
+    :param iterations: golden-section steps on ``log T`` (the NLL is unimodal in ``log T`` for a plain network; 60 steps
+        pin ``log T`` to ~1e-12 of the interval).
     """
     if logits.dim() not in (2, 3) or labels.shape != logits.shape[-2:-1]:
         raise ValueError(
@@ -76,9 +75,8 @@ def fit_temperature(
 class TemperatureScaled(nn.Module):
     """``model(x) / T``: a classifier with one fitted temperature (:func:`fit_temperature`).
 
-    Args:
-        model: the classifier returning logits.
-        temperature: the starting ``T`` (default 1: the model unchanged until :meth:`fit`).
+    :param model: the classifier returning logits.
+    :param temperature: the starting ``T`` (default 1: the model unchanged until :meth:`fit`).
     """
 
     temperature: torch.Tensor

@@ -64,9 +64,8 @@ def set_posterior_as_prior(model: nn.Module) -> int:
 class MultiHeadNet(nn.Module):
     """A shared ``trunk`` and one output head per task; ``forward(x, task)`` runs ``heads[task](trunk(x))``.
 
-    Args:
-        trunk: the shared feature extractor (plain or already Bayesian).
-        heads: one module per task.
+    :param trunk: the shared feature extractor (plain or already Bayesian).
+    :param heads: one module per task.
     """
 
     def __init__(self, trunk: nn.Module, heads: Sequence[nn.Module]) -> None:

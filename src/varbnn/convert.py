@@ -10,9 +10,9 @@ What happens to each module type:
 * converted: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d`` (zero padding), ``nn.Embedding`` (no ``max_norm``, no
   ``sparse``), ``nn.LSTM`` and ``nn.GRU`` (unidirectional, no projections). An unsupported option of these types
   is refused with a ``NotImplementedError`` that names the module (``exclude`` it to keep it deterministic).
-* left deterministic by design, silently: normalisation layers (BatchNorm*, SyncBatchNorm, InstanceNorm*, LayerNorm,
-  GroupNorm, RMSNorm): their affine parameters are few, act on normalised activations, and batch norm's running
-  statistics are not weights one can put a posterior on; and whatever the user excludes.
+* left deterministic by design, silently: normalisation layers (``BatchNorm*``, ``SyncBatchNorm``, ``InstanceNorm*``,
+  ``LayerNorm``, ``GroupNorm``, ``RMSNorm``): their affine parameters are few, act on normalised activations, and
+  batch norm's running statistics are not weights one can put a posterior on; and whatever the user excludes.
 * left deterministic and reported with a :class:`ConversionWarning` (an error under ``strict=True``):
   ``nn.MultiheadAttention`` (not walked into: its packed projections are read by ``F.multi_head_attention_forward``,
   so swapping its ``out_proj`` would break its forward), ``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder``
@@ -232,13 +232,12 @@ def _recurrent(module: nn.Module, ctx: ConversionContext) -> nn.Module:
 class ConvertedModule:
     """A Bayesian module of the converted model.
 
-    Attributes:
-        name: qualified name (as in ``named_modules``; ``""`` for the model itself).
-        bayesian_type: its type, e.g. ``"BayesLinear"``.
-        source_type: the plain type it was converted from (``None`` when unknown: :func:`conversion_report`, or a
-            module that was Bayesian already).
-        num_weights: elements of its random tensors (the plain module's parameter count).
-        num_variational_parameters: parameters of its posteriors.
+    :ivar name: qualified name (as in ``named_modules``; ``""`` for the model itself).
+    :ivar bayesian_type: its type, e.g. ``"BayesLinear"``.
+    :ivar source_type: the plain type it was converted from (``None`` when unknown: :func:`conversion_report`, or a
+        module that was Bayesian already).
+    :ivar num_weights: elements of its random tensors (the plain module's parameter count).
+    :ivar num_variational_parameters: parameters of its posteriors.
     """
 
     name: str
@@ -252,14 +251,13 @@ class ConvertedModule:
 class DeterministicModule:
     """A module left as it was that owns parameters (or a subtree left whole: excluded, attention).
 
-    Attributes:
-        name: qualified name (``""`` for the model itself).
-        type_name: its type, e.g. ``"BatchNorm2d"``.
-        num_parameters: parameters left deterministic (its own; a subtree's all).
-        reason: why, e.g. ``"normalisation layer (deterministic by design)"``, ``"excluded by the user"``,
-            ``"no Bayesian form registered"``.
-        deliberate: ``True`` for normalisation layers and user exclusions (no warning); ``False`` for the modules the
-            :class:`ConversionWarning` names and ``strict=True`` refuses.
+    :ivar name: qualified name (``""`` for the model itself).
+    :ivar type_name: its type, e.g. ``"BatchNorm2d"``.
+    :ivar num_parameters: parameters left deterministic (its own; a subtree's all).
+    :ivar reason: why, e.g. ``"normalisation layer (deterministic by design)"``, ``"excluded by the user"``,
+        ``"no Bayesian form registered"``.
+    :ivar deliberate: ``True`` for normalisation layers and user exclusions (no warning); ``False`` for the modules the
+        :class:`ConversionWarning` names and ``strict=True`` refuses.
     """
 
     name: str
@@ -276,7 +274,11 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], indent: str = "
 
 @dataclass(frozen=True)
 class ConversionReport:
-    """What :func:`bayesianize` made Bayesian and what it left deterministic; ``str(report)`` is a table."""
+    """What :func:`bayesianize` made Bayesian and what it left deterministic; ``str(report)`` is a table.
+
+    :ivar converted: one :class:`ConvertedModule` per Bayesian module.
+    :ivar deterministic: one :class:`DeterministicModule` per parameter-owning module left as it was.
+    """
 
     converted: tuple[ConvertedModule, ...]
     deterministic: tuple[DeterministicModule, ...]
@@ -288,10 +290,12 @@ class ConversionReport:
 
     @property
     def num_bayesian_weights(self) -> int:
+        """Elements of every random tensor of the converted modules (the plain model's weights they replace)."""
         return sum(c.num_weights for c in self.converted)
 
     @property
     def num_deterministic_parameters(self) -> int:
+        """Parameters left deterministic, over every :class:`DeterministicModule`."""
         return sum(d.num_parameters for d in self.deterministic)
 
     def summary(self) -> str:
@@ -453,7 +457,8 @@ def bayesianize(
 
     Converted: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d``, ``nn.Embedding``, ``nn.LSTM``, ``nn.GRU`` (and their
     subclasses; more with :func:`register_converter`). Left deterministic ON PURPOSE, without a warning: normalisation
-    layers (BatchNorm*, SyncBatchNorm, InstanceNorm*, LayerNorm, GroupNorm, RMSNorm) and what ``exclude`` names. Left
+    layers (``BatchNorm*``, ``SyncBatchNorm``, ``InstanceNorm*``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm``) and what
+    ``exclude`` names. Left
     deterministic and REPORTED: every other module that owns parameters (``nn.MultiheadAttention``, and
     ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder`` as a whole, ``nn.Bilinear``, ``nn.EmbeddingBag``,
     transposed convolutions, custom modules with their own ``nn.Parameter`` ...): one :class:`ConversionWarning` lists
@@ -462,27 +467,30 @@ def bayesianize(
 
     Weights are sampled on every forward pass, in ``model.eval()`` too: ``eval()`` switches dropout and batch norm
     only. Use ``varbnn.sample_mode(model, "mean")`` (or :func:`to_deterministic`) for deterministic passes.
+    Cost: one deep copy of the model; the variational parameters are about twice the plain ones for the Gaussian
+    families.
 
-    Args:
-        model: the plain model; it is deep-copied, never modified.
-        family: posterior spec (default ``MeanField()``), built once per tensor.
-        prior: one ``Prior`` shared by all tensors (an adaptive one then pools them all, as in Graves 2011),
-            or a callable ``qualified_tensor_name -> Prior`` (e.g. ``"0.weight"``) for one prior each.
-            A ``torch.distributions.Normal`` / ``Laplace`` with scalar parameters is taken as the varbnn prior of the
-            same name (:func:`varbnn.priors.as_prior`); other torch distributions are refused with a ``TypeError``.
-            Default: one shared ``Normal(0, 1)``.
-        bias_family, bias_prior: for bias tensors; default to ``family`` and ``prior``.
-        exclude: qualified module names (as in ``named_modules``) or module types to leave unchanged (deliberately:
-            they are reported, not warned about).
-        pretrained: copy the plain weights into the posterior means (default True: a trained network keeps what it
-            learned, and an untrained one starts from torch's own initialisation; the defaults study found the two
-            starts level on fresh networks -- better for MeanField and RDP, worse for KTied and Delta, equal for
-            Radial, one seed each -- see ``benchmarks/results/defaults/``). ``False``: each layer's own initialisation
-            (He-normal means; torch's default for embeddings and recurrent layers), as the paper reproductions use.
-        report: also return a :class:`ConversionReport` (``(model, report)``): every module converted and every
-            parameter-owning module left deterministic, with the reason.
-        strict: raise ``ValueError`` instead of warning when modules that own parameters are left deterministic
-            without being excluded.
+    :param model: the plain model; it is deep-copied, never modified.
+    :param family: posterior spec (default ``MeanField()``), built once per tensor.
+    :param prior: one ``Prior`` shared by all tensors (an adaptive one then pools them all, as in Graves 2011),
+        or a callable ``qualified_tensor_name -> Prior`` (e.g. ``"0.weight"``) for one prior each.
+        A ``torch.distributions.Normal`` / ``Laplace`` with scalar parameters is taken as the varbnn prior of the
+        same name (:func:`varbnn.priors.as_prior`); other torch distributions are refused with a ``TypeError``.
+        Default: one shared ``Normal(0, 1)``.
+    :param bias_family: posterior spec of the bias tensors (default: ``family``).
+    :param bias_prior: prior of the bias tensors (default: ``prior``).
+    :param exclude: qualified module names (as in ``named_modules``) or module types to leave unchanged (deliberately:
+        they are reported, not warned about).
+    :param pretrained: copy the plain weights into the posterior means (default True: a trained network keeps what it
+        learned, and an untrained one starts from torch's own initialisation; the defaults study found the two
+        starts level on fresh networks -- better for MeanField and RDP, worse for KTied and Delta, equal for
+        Radial, one seed each -- see ``benchmarks/results/defaults/``). ``False``: each layer's own initialisation
+        (He-normal means; torch's default for embeddings and recurrent layers), as the paper reproductions use.
+    :param report: also return a :class:`ConversionReport` (``(model, report)``): every module converted and every
+        parameter-owning module left deterministic, with the reason.
+    :param strict: raise ``ValueError`` instead of warning when modules that own parameters are left deterministic
+        without being excluded.
+    :returns: the Bayesian model, or ``(model, report)`` with ``report=True``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -609,7 +617,13 @@ def _copy_point(bayes: BayesianModule, plain: nn.Module, mode: str) -> None:
 
 
 def to_deterministic(model: nn.Module, mode: str = "mean") -> nn.Module:
-    """A NEW plain model whose weights are the posterior ``"mean"`` or ``"mode"`` of each Bayesian layer."""
+    """A NEW plain model whose weights are the posterior ``"mean"`` or ``"mode"`` of each Bayesian layer.
+
+    The model is deep-copied (the Bayesian one is not modified) and each Bayesian layer is replaced by the plain
+    layer of its registered form (:func:`register_deterministic`: ``BayesLinear`` -> ``nn.Linear``, ...). The result
+    runs as fast as the original network, with Graves' (2011, section 6) MAP approximation ``p(y | x, w*)`` for
+    ``"mode"``. A Bayesian module with no registered form raises ``NotImplementedError``.
+    """
     if mode not in ("mean", "mode"):
         raise ValueError(f"mode must be 'mean' or 'mode', got {mode!r}")
     new = copy.deepcopy(model)

@@ -61,14 +61,7 @@ def _check_precision(value: float, name: str = "prior_precision") -> float:
 class LastLayerLaplace(nn.Module):
     """KFAC last-layer Laplace approximation around a trained classifier ``model`` (see the module docstring).
 
-    Args:
-        model: a trained network mapping inputs to logits ``[N, C]``; its output must be the output of its LAST
-            ``nn.Linear`` (the last one met in ``model.modules()``), e.g. no softmax after it. The model is shared,
-            not copied: changing its weights after :meth:`fit` makes the fit stale.
-        prior_precision: ``delta`` of the prior ``N(0, delta^-1 I)`` on the last layer's weights and bias (> 0);
-            :meth:`optimize_prior_precision` replaces it.
-
-    Usage::
+    Usage:
 
         la = LastLayerLaplace(net).fit(train_loader)
         la.optimize_prior_precision()
@@ -76,6 +69,12 @@ class LastLayerLaplace(nn.Module):
 
     ``forward`` returns the MAP logits (``model(x)``). The layers before the last run in whatever mode the model is
     in (call ``.eval()`` for dropout / batch norm; :meth:`fit` itself always runs in eval mode).
+
+    :param model: a trained network mapping inputs to logits ``[N, C]``; its output must be the output of its LAST
+        ``nn.Linear`` (the last one met in ``model.modules()``), e.g. no softmax after it. The model is shared,
+        not copied: changing its weights after :meth:`fit` makes the fit stale.
+    :param prior_precision: ``delta`` of the prior ``N(0, delta^-1 I)`` on the last layer's weights and bias (> 0);
+        :meth:`optimize_prior_precision` replaces it.
     """
 
     #: Largest number of last-layer parameters :meth:`posterior_covariance` builds densely (a 5,000 x 5,000

@@ -1,7 +1,8 @@
 """Evaluation metrics, torch-native (CPU or GPU), checked against scikit-learn in the tests.
 
 Classification metrics take class probabilities ``probs`` of shape ``[N, C]`` (e.g. the Monte Carlo mean
-from :func:`varbnn.predict.classification_summary`) and integer labels ``[N]``.
+from :func:`varbnn.predict.classification_summary`) and integer labels ``[N]``; every metric returns a Python
+float. Regression metrics take predictions and targets of the same shape.
 """
 
 from __future__ import annotations
@@ -37,20 +38,21 @@ def _check_probs(probs: torch.Tensor, labels: torch.Tensor) -> None:
 
 
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    """Fraction of examples whose most probable class is the label."""
+    """Fraction of examples whose most probable class is the label: ``mean_n 1[argmax_c p_nc = y_n]``."""
     _check_probs(probs, labels)
     return float((probs.argmax(-1) == labels).float().mean())
 
 
 def negative_log_likelihood(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean ``-log p(label)`` in nats (probabilities clamped at the dtype's smallest normal number)."""
+    """Mean ``-log p_{n, y_n}`` over the examples, in nats (probabilities clamped at the dtype's smallest normal
+    number). With the Monte Carlo mean probabilities this is the predictive NLL ``-mean_n log (1/S) sum_s p_s(y_n)``."""
     _check_probs(probs, labels)
     picked = probs.gather(1, labels.long().unsqueeze(1)).squeeze(1)
     return float(-torch.log(picked.clamp_min(torch.finfo(probs.dtype).tiny)).mean())
 
 
 def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean over examples of sum over classes of ``(p_k - 1[y = k])^2`` (scikit-learn's multiclass form)."""
+    """Brier score, ``mean_n sum_c (p_nc - 1[y_n = c])^2`` (Brier 1950; scikit-learn's multiclass form, in [0, 2])."""
     _check_probs(probs, labels)
     onehot = torch.nn.functional.one_hot(labels.long(), probs.shape[1]).to(probs.dtype)
     return float(((probs - onehot) ** 2).sum(-1).mean())
@@ -58,7 +60,13 @@ def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class CalibrationBins:
-    """Equal-width confidence bins: edges, and per bin the count, mean confidence and accuracy."""
+    """Equal-width confidence bins: edges, and per bin the count, mean confidence and accuracy.
+
+    :ivar edges: ``[n_bins + 1]`` bin edges from 0 to 1.
+    :ivar counts: ``[n_bins]`` examples per bin.
+    :ivar confidence: ``[n_bins]`` mean top-class probability of the bin's examples (0 for an empty bin).
+    :ivar accuracy: ``[n_bins]`` fraction of the bin's examples classified correctly (0 for an empty bin).
+    """
 
     edges: torch.Tensor
     counts: torch.Tensor
@@ -67,7 +75,8 @@ class CalibrationBins:
 
 
 def calibration_bins(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> CalibrationBins:
-    """Bin examples by top-class confidence into ``n_bins`` equal-width bins of (0, 1] (right-closed)."""
+    """Bin examples by top-class confidence ``max_c p_nc`` into ``n_bins`` equal-width bins of (0, 1] (right-closed;
+    default 15), as a :class:`CalibrationBins` (the data of a reliability diagram)."""
     _check_probs(probs, labels)
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
@@ -83,7 +92,8 @@ def calibration_bins(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
-    """ECE = sum_b (n_b / N) |accuracy_b - confidence_b| over ``n_bins`` equal-width bins (Guo et al. 2017)."""
+    """Expected calibration error ``ECE = sum_b (n_b / N) |accuracy_b - confidence_b|`` over ``n_bins`` equal-width
+    confidence bins (default 15; Guo et al. 2017), from :func:`calibration_bins`. In [0, 1]; 0 is calibrated."""
     bins = calibration_bins(probs, labels, n_bins)
     weights = bins.counts / bins.counts.sum()
     return float((weights * (bins.accuracy - bins.confidence).abs()).sum())
@@ -92,7 +102,9 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins
 def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Area under the ROC curve of ``scores`` for binary ``labels`` (1 = positive), ties counted as 1/2.
 
-    Computed as the Mann-Whitney statistic from average ranks.
+    Computed as the Mann-Whitney statistic from average ranks R: ``AUROC = (sum_{positives} R_n - n_+ (n_+ + 1) / 2) /
+    (n_+ n_-)``, the probability that a random positive scores above a random negative. Needs both classes present.
+    (The retina experiments' metric, Farquhar et al. 2020 section 3.2.)
     """
     scores, labels = scores.reshape(-1).double(), labels.reshape(-1)
     if scores.shape != labels.shape:
@@ -119,8 +131,12 @@ def referral_curve(
     uncertainty: torch.Tensor,
     fractions: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
 ) -> list[dict[str, float]]:
-    """Accuracy on the examples kept after referring the most uncertain ``fraction`` to an expert.
+    """Accuracy on the examples kept after referring the most uncertain ``fraction`` to an expert (the referral
+    curves of Leibig et al. 2017 and Farquhar et al. 2020, figure 7).
 
+    ``uncertainty`` is ``[N]`` (e.g. the predictive entropy or the mutual information of
+    :class:`~varbnn.predict.ClassificationSummary`); the ``floor(f N)`` most uncertain examples are referred and the
+    accuracy is taken over the rest (at least one). ``fractions`` lie in [0, 1).
     Returns one row per fraction: ``{"referred": f, "retained": n_kept, "accuracy": acc_on_kept}``.
     """
     _check_probs(probs, labels)
@@ -139,19 +155,19 @@ def referral_curve(
 
 
 def rmse(predictions: torch.Tensor, targets: torch.Tensor) -> float:
-    """Root mean squared error."""
+    """Root mean squared error ``sqrt(mean_n (f_n - y_n)^2)`` over all elements (same shapes required)."""
     if predictions.shape != targets.shape:
         raise ValueError(f"predictions {tuple(predictions.shape)} and targets {tuple(targets.shape)} differ in shape")
     return float(((predictions - targets) ** 2).mean().sqrt())
 
 
 def gaussian_log_likelihood(sample_means: torch.Tensor, targets: torch.Tensor, noise_std: float | torch.Tensor) -> float:
-    """Per-point Monte Carlo predictive log-likelihood of a Gaussian regressor:
-
-        mean_n [ logsumexp_s log N(y_n | f_s(x_n), noise_std^2) - log S ]
+    """Per-point Monte Carlo predictive log-likelihood of a Gaussian regressor (the UCI test log-likelihood of
+    Hernandez-Lobato & Adams 2015 and Oh et al. 2020, section 5.1):
+    ``mean_n [logsumexp_s log N(y_n | f_s(x_n), noise_std^2) - log S]``.
 
     ``sample_means``: ``[S, N]`` (or ``[S, *targets.shape]``); the logsumexp runs over the S weight
-    samples, never over test points.
+    samples, never over test points. ``noise_std`` > 0: a number or a tensor broadcastable to ``sample_means``.
     """
     if sample_means.shape[1:] != targets.shape:
         raise ValueError(

@@ -1,4 +1,10 @@
-"""Monte Carlo prediction, vectorised over weight samples, and predictive summaries."""
+"""Monte Carlo prediction, vectorised over weight samples, and predictive summaries.
+
+:func:`predict` stacks the outputs of S weight draws ``f_s(x)``, ``w_s ~ q``; the summaries turn them into the
+Monte Carlo predictive ``p(y | x) ~= (1/S) sum_s p(y | f_s(x))`` (Graves 2011 section 6: the expected distribution
+under q) and its decomposition into aleatoric and epistemic parts. ``varbnn.predict`` (after ``import varbnn``) is
+the function :func:`predict`; this module is ``import varbnn.predict``'s ``sys.modules`` entry.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +44,15 @@ def predict(
 
     A model that defines ``predictive_draws(x, samples)`` supplies its own draws (:class:`varbnn.baselines.DeepEnsemble`:
     one per member, whatever ``samples``).
+
+    :param model: the network; a Bayesian layer draws fresh weights on every call (:mod:`varbnn.nn.base`).
+    :param x: inputs ``[N, ...]`` (finite).
+    :param samples: the number of draws S, an int >= 1 (default 16).
+    :param chunk_size: draws batched at once (default ``None``: all).
+    :param batch_size: examples per pass (default ``None``: all).
+    :param seed: seed of a forked random stream (default ``None``: the global one).
+    :param vectorize: run the draws under ``torch.func.vmap`` (default True; a model vmap refuses falls back to a loop).
+    :returns: the stacked outputs ``[S, N, ...]`` (logits for a classifier), without gradients.
     """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
@@ -76,9 +91,15 @@ def _draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: int | No
 
 @dataclass(frozen=True)
 class ClassificationSummary:
-    """Monte Carlo predictive of a classifier, per example (entropies in nats).
+    """Monte Carlo predictive of a classifier, per example (entropies in nats), from S draws of softmax
+    probabilities ``p_s = softmax(f_s(x))``.
 
     ``predictive_entropy = expected_entropy (aleatoric) + mutual_information (epistemic)``.
+
+    :ivar probs: ``[N, C]`` mean probabilities ``p = (1/S) sum_s p_s``.
+    :ivar predictive_entropy: ``[N]`` entropy of the mean, ``H[p] = -sum_c p_c log p_c``.
+    :ivar expected_entropy: ``[N]`` mean entropy of the draws, ``(1/S) sum_s H[p_s]`` (aleatoric).
+    :ivar mutual_information: ``[N]`` ``H[p] - (1/S) sum_s H[p_s]`` >= 0 (epistemic; the BALD score), clamped at 0.
     """
 
     probs: torch.Tensor
@@ -92,7 +113,9 @@ def _entropy(probs: torch.Tensor) -> torch.Tensor:
 
 
 def classification_summary(logits: torch.Tensor) -> ClassificationSummary:
-    """Summarise ``logits`` of shape ``[samples, batch, classes]`` (as returned by :func:`predict`)."""
+    """The :class:`ClassificationSummary` of ``logits`` of shape ``[samples, batch, classes]`` (as returned by
+    :func:`predict`): mean softmax probabilities, predictive and expected entropies and their difference, the
+    mutual information between the label and the weights."""
     if logits.dim() < 3:
         raise ValueError(f"logits must be [samples, batch, classes], got shape {tuple(logits.shape)}")
     per_sample = torch.softmax(logits, dim=-1)
@@ -104,7 +127,13 @@ def classification_summary(logits: torch.Tensor) -> ClassificationSummary:
 
 @dataclass(frozen=True)
 class RegressionSummary:
-    """Predictive of a Gaussian regressor: mean, and variance = aleatoric + epistemic."""
+    """Predictive of a Gaussian regressor: mean, and variance = aleatoric + epistemic (the law of total variance
+    over the S draws of the mean ``f_s(x)``).
+
+    :ivar mean: ``[N, ...]`` predictive mean ``(1/S) sum_s f_s(x)``.
+    :ivar aleatoric_variance: ``[N, ...]`` the likelihood's noise variance, averaged over the draws.
+    :ivar epistemic_variance: ``[N, ...]`` the variance of the draws' means, ``(1/S) sum_s (f_s(x) - mean)^2``.
+    """
 
     mean: torch.Tensor
     aleatoric_variance: torch.Tensor
@@ -112,12 +141,15 @@ class RegressionSummary:
 
     @property
     def variance(self) -> torch.Tensor:
+        """The total predictive variance ``aleatoric_variance + epistemic_variance``."""
         return self.aleatoric_variance + self.epistemic_variance
 
 
 def regression_summary(means: torch.Tensor, noise_variance: float | torch.Tensor) -> RegressionSummary:
-    """``means``: ``[samples, batch, ...]`` predicted means; ``noise_variance``: the likelihood's variance
-    (a number, or a tensor broadcastable to ``means`` for heteroscedastic models, averaged over samples)."""
+    """The :class:`RegressionSummary` of ``means``, ``[samples, batch, ...]`` predicted means, under a Gaussian
+    likelihood of variance ``noise_variance`` (a number, or a tensor broadcastable to ``means`` for heteroscedastic
+    models, averaged over the samples): mean ``mean_s f_s``, aleatoric variance the noise, epistemic variance
+    ``var_s f_s`` (population variance over the draws)."""
     if means.dim() < 2:
         raise ValueError(f"means must be [samples, batch, ...], got shape {tuple(means.shape)}")
     noise = torch.as_tensor(noise_variance, dtype=means.dtype, device=means.device)

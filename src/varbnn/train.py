@@ -1,4 +1,10 @@
-"""A small training loop: ELBO steps, adaptive-prior updates, progress bar, checkpoints, evaluation."""
+"""A small training loop: ELBO steps, adaptive-prior updates, progress bar, checkpoints, evaluation.
+
+The four calls of the user story are ``bayesianize`` -> :func:`fit` -> :func:`varbnn.predict.predict` ->
+:func:`evaluate`; :func:`fit` and :func:`evaluate` are also ``varbnn.fit`` and ``varbnn.evaluate``. Checkpoints are
+written by :func:`save_checkpoint` (format :data:`CHECKPOINT_FORMAT`, version :data:`CHECKPOINT_VERSION`) and read
+back by :func:`read_checkpoint` / :func:`load_checkpoint`.
+"""
 
 from __future__ import annotations
 
@@ -113,7 +119,10 @@ class CheckpointError(ValueError):
 
 
 CHECKPOINT_FORMAT = "varbnn-checkpoint"
+"""The ``"format"`` entry of every file :func:`save_checkpoint` writes (and the start of its checksum trailer)."""
 CHECKPOINT_VERSION = 1
+"""The ``"version"`` entry of the checkpoints this version writes; :func:`read_checkpoint` reads versions 1 to this one
+and refuses newer files."""
 _RESERVED_KEYS = ("format", "version", "model", "optimizer")
 
 
@@ -550,6 +559,12 @@ def fit(
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
+    The loss is the negative ELBO per training example (Graves 2011 eq. 18 divided by the batch size; see
+    :mod:`varbnn.divergence` for the convention): the batch-mean NLL of one weight draw plus the model's KL, SUMMED
+    over every weight, times ``beta / n_data``. Each step is one forward pass, ``loss.backward()`` and one optimizer
+    step, followed by :func:`varbnn.priors.update_adaptive_priors`. The sections below say what each argument does;
+    the list at the end sums them up.
+
     ``likelihood`` (a :class:`varbnn.likelihoods.Likelihood`, or the name of one without learned parameters:
     ``"categorical"``, ``"heteroscedastic"``) replaces ``nll``: its :meth:`~varbnn.likelihoods.Likelihood.nll` is
     the data term, its own parameters (e.g. a learned noise level) are trained with the model's (added to the default
@@ -624,6 +639,35 @@ def fit(
     the KL counts once per global step (see :mod:`varbnn.distributed`). Models with the Graves estimator are not
     wrapped: their gradients (per-example Fisher) are averaged with an all-reduce instead. Non-finite checks are
     agreed on by all ranks (every rank raises, or skips, together).
+
+    Every finished epoch is also logged at INFO level on the ``varbnn.train`` logger (loss, NLL, KL, beta).
+
+    :param model: the network to train (Bayesian layers from :func:`varbnn.convert.bayesianize` or
+        :mod:`varbnn.nn`; a plain network trains as maximum likelihood). Moved to ``device``; trained in place.
+    :param loader: an iterable of ``(x, y)`` batches, e.g. a ``torch.utils.data.DataLoader``; iterated once per epoch.
+    :param n_data: the training-set size N the KL is spread over (not the batch size).
+    :param epochs: the number of passes over ``loader`` (total, counting epochs restored by ``resume``).
+    :param optimizer: a ready optimizer over the model's parameters (default: Adam with learning rate ``lr``).
+    :param lr: the learning rate of the default optimizer (default 1e-3; not used with ``optimizer``).
+    :param nll: the data term ``nll(output, target)``, the batch-mean NLL (default ``F.cross_entropy``).
+    :param likelihood: a likelihood object or name, used instead of ``nll`` (see above).
+    :param beta: the KL weight: a number >= 0, a function of the global step, or ``None`` for the family default.
+    :param device: where to train (default ``"cpu"``; ``None`` or ``"auto"``: CUDA when available).
+    :param progress: show an epoch progress bar (default True; it turns itself off when stderr is not a terminal).
+    :param checkpoint: a file rewritten after each epoch (default ``None``: none).
+    :param resume: continue from ``checkpoint`` when it exists (default False).
+    :param on_epoch_end: ``callback(epoch, record)`` after each epoch (``epoch`` from 1; ``record`` as returned).
+    :param on_step_end: ``callback(step, terms)`` after each optimizer step (``terms`` an
+        :class:`~varbnn.objectives.ELBOTerms`).
+    :param distributed: data-parallel training across a process group (default ``None``: automatic).
+    :param mc_samples: weight draws S averaged per step, an int >= 1 (default 1).
+    :param skip_nonfinite: skip a batch with a non-finite loss or gradient instead of raising (default False).
+    :param checkpoint_extra: a function returning plain data stored in each checkpoint under ``"extra"``.
+    :param diagnose: warn (:class:`TrainingWarning`) about a run that went wrong in a way the library can see
+        (default True).
+    :returns: the history: one dict per epoch (restored ones included) with ``epoch``, the epoch's mean ``loss``,
+        ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` at the epoch's end, and ``skipped`` with
+        ``skip_nonfinite``.
     """
     from varbnn import distributed as vdist
 
@@ -1028,7 +1072,19 @@ def evaluate(
     the Gaussian likelihoods. The model is put in eval mode (a Bayesian layer still samples: see
     :mod:`varbnn.nn.base`); ``seed`` makes the draws reproducible without touching the global random state.
 
-    Cost: ``samples`` forward passes over ``x`` (vectorised by :func:`varbnn.predict`), ``batch_size`` examples at a time.
+    Cost: ``samples`` forward passes over ``x`` (vectorised by :func:`varbnn.predict.predict`), ``batch_size`` examples
+    at a time.
+
+    :param model: a trained network (Bayesian or plain: a plain one gives ``samples`` equal draws).
+    :param x: inputs ``[N, ...]``.
+    :param y: targets: class indices ``[N]`` or regression targets.
+    :param likelihood: a :class:`~varbnn.likelihoods.Likelihood` or the name of one without learned parameters
+        (default ``"categorical"``); pass the same object ``fit`` trained with when it has learned noise.
+    :param samples: Monte Carlo weight draws S, an int >= 1 (default 32).
+    :param batch_size: examples per vectorised pass (default 1000; memory only).
+    :param seed: seed of the draws (default 0), or ``None`` for the global random state.
+    :param device: where to evaluate (default ``"cpu"``).
+    :returns: ``{metric name: value}`` as Python floats (:meth:`varbnn.likelihoods.Likelihood.metrics`).
     """
     lik = as_likelihood(likelihood)
     batch_size = as_positive_int(batch_size, "batch_size", owner="evaluate")
@@ -1054,7 +1110,10 @@ def evaluate_classifier(
     batch_size: int = 1000,
     device: str | torch.device | None = "cpu",
 ) -> tuple[dict[str, float], torch.Tensor]:
-    """Monte Carlo predictive metrics (accuracy, NLL, ECE, Brier) and the mean probabilities ``[N, C]``."""
+    """Monte Carlo predictive metrics of a classifier (accuracy, NLL, ECE with 15 bins, Brier score; see
+    :mod:`varbnn.metrics`) of ``samples`` draws on ``(x, y)``, and the mean probabilities ``[N, C]``
+    (``mean_s softmax(f_s(x))``). Uses the global random state; :func:`evaluate` is the seeded, likelihood-aware
+    version."""
     dev = resolve_device(device)
     model.to(dev).eval()
     probs = []
