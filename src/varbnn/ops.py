@@ -23,23 +23,35 @@ __all__ = ["WeightOp", "LinearOp", "ConvOp", "Conv2dOp", "EmbeddingOp"]
 
 
 class WeightOp(Protocol):
-    """``op(x, weight, bias)``, linear in ``weight``."""
+    """``op(x, weight, bias)``, linear in ``weight``: the interface a layer hands to its weight family
+    (:meth:`varbnn.families.VariationalFamily.forward_op`). :class:`LinearOp`, :class:`ConvOp` and
+    :class:`EmbeddingOp` implement it."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """A short name for messages (``"linear"``, ``"conv2d"``, ``"embedding"``)."""
+        ...
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The layer's output for input ``x``, a weight tensor and an optional bias (``None``: no bias)."""
+        ...
 
     def squared_input(self, x: torch.Tensor) -> torch.Tensor:
         """The input of the variance path: ``op(squared_input(x), sigma^2, None)`` is the output variance under
         independent weights."""
         ...
 
-    def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor: ...
+    def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``out`` plus a bias drawn separately (broadcast over the positions of a convolution)."""
+        ...
 
-    def input_sign_shape(self, x: torch.Tensor) -> torch.Size: ...
+    def input_sign_shape(self, x: torch.Tensor) -> torch.Size:
+        """The shape of flipout's random input signs for input ``x``: one per example and input feature (channel)."""
+        ...
 
-    def output_sign_shape(self, out: torch.Tensor) -> torch.Size: ...
+    def output_sign_shape(self, out: torch.Tensor) -> torch.Size:
+        """The shape of flipout's random output signs: one per example and output feature (channel)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -52,15 +64,19 @@ class LinearOp:
         return F.linear(x, weight, bias)
 
     def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x^2`` elementwise: ``Var[x W^T] = x^2 (sigma^2)^T`` for independent weights."""
         return x * x
 
     def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``out + bias``."""
         return out + bias
 
     def input_sign_shape(self, x: torch.Tensor) -> torch.Size:
+        """``x.shape``: one sign per example and input feature."""
         return x.shape
 
     def output_sign_shape(self, out: torch.Tensor) -> torch.Size:
+        """``out.shape``: one sign per example and output unit."""
         return out.shape
 
 
@@ -71,10 +87,11 @@ _CONVOLUTIONS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 class ConvOp:
     """``F.conv{dim}d(x, W, b, stride, padding, dilation, groups)``: one op for 1-, 2- and 3-d convolutions.
 
-    Args:
-        dim: number of spatial dimensions (1, 2 or 3).
-        stride, padding, dilation, groups: as ``F.conv{dim}d`` (tuples of length ``dim``; padding may be
-            ``"same"`` or ``"valid"``).
+    :param dim: number of spatial dimensions (1, 2 or 3).
+    :param stride: as ``F.conv{dim}d``, a tuple of length ``dim`` (default ``(1, 1)``).
+    :param padding: as ``F.conv{dim}d``, a tuple of length ``dim`` or ``"same"`` / ``"valid"`` (default ``(0, 0)``).
+    :param dilation: as ``F.conv{dim}d``, a tuple of length ``dim`` (default ``(1, 1)``).
+    :param groups: as ``F.conv{dim}d`` (default 1).
     """
 
     dim: int = 2
@@ -89,6 +106,7 @@ class ConvOp:
 
     @property
     def name(self) -> str:
+        """``"conv1d"``, ``"conv2d"`` or ``"conv3d"``."""
         return f"conv{self.dim}d"
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -96,16 +114,21 @@ class ConvOp:
         return convolution(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)  # type: ignore[arg-type]
 
     def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x^2`` elementwise (the variance of a convolution of independent weights is the convolution of ``x^2``
+        with ``sigma^2``)."""
         return x * x
 
     def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``out`` plus the bias broadcast over the spatial positions."""
         return out + bias.view(-1, *(1,) * self.dim)
 
     def input_sign_shape(self, x: torch.Tensor) -> torch.Size:
+        """One sign per example and input channel, shared across positions: ``(N, C_in, 1, ...)``."""
         # One sign per example and input channel: the perturbation must be shared across positions.
         return x.shape[: -self.dim] + (1,) * self.dim
 
     def output_sign_shape(self, out: torch.Tensor) -> torch.Size:
+        """One sign per example and output channel, shared across positions: ``(N, C_out, 1, ...)``."""
         return out.shape[: -self.dim] + (1,) * self.dim
 
 
@@ -123,9 +146,8 @@ def Conv2dOp(  # noqa: N802 -- kept under its former class name
 class EmbeddingOp:
     """``F.embedding(indices, W)``: row ``W[i]`` for every index ``i``; linear in W (a one-hot row times W).
 
-    Args:
-        padding_idx: as ``F.embedding``: that row gets no gradient (``None``: every row does).
-        scale_grad_by_freq: as ``F.embedding``: scale each row's gradient by the inverse of its count in the batch.
+    :param padding_idx: as ``F.embedding``: that row gets no gradient (``None``: every row does).
+    :param scale_grad_by_freq: as ``F.embedding``: scale each row's gradient by the inverse of its count in the batch.
     """
 
     padding_idx: int | None = None
@@ -137,13 +159,17 @@ class EmbeddingOp:
         return out if bias is None else out + bias
 
     def squared_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The indices themselves: the one-hot row of an index is its own square."""
         return x  # the one-hot row of an index is its own square
 
     def add_bias(self, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``out + bias``."""
         return out + bias
 
     def input_sign_shape(self, x: torch.Tensor) -> torch.Size:
+        """Raises ``NotImplementedError``: an index has no input features to flip (no flipout)."""
         raise NotImplementedError("an embedding lookup has no input features to flip: flipout is not defined for it")
 
     def output_sign_shape(self, out: torch.Tensor) -> torch.Size:
+        """``out.shape``: one sign per looked-up element."""
         return out.shape

@@ -9,14 +9,12 @@ float64 on any device (internally float64, except on devices without it) and is 
 most 8 elements (a layer's one concentration) are evaluated with the same formulas in Python floats, which is ~10x
 faster than dispatching the tensor operations; the tests hold both paths to the same oracle.
 
-Methods
--------
-``bessel_ratio(nu, z, method=...)`` -- ``I_nu(z) / I_{nu-1}(z)``:
+**Methods.** ``bessel_ratio(nu, z, method=...)`` -- ``I_nu(z) / I_{nu-1}(z)``:
 
 * ``"accurate"`` (default): a power series for ``sqrt(nu^2 + z^2) < 26`` (positive terms only, no cancellation)
   and Debye's uniform asymptotic expansion with 14 terms elsewhere, written so that it stays finite as
   ``nu -> 0`` (it becomes Hankel's large-argument expansion). Relative error below 1e-12 in float64 on the
-  oracle grid (see ``tests/test_special.py`` and ``benchmarks/results/vmf.json``).
+  oracle grid (see ``tests/test_special.py`` and ``benchmarks/results/vmf/vmf.json``).
 * ``"bounds"``: Oh et al. (2020), supplementary eq. 33: the average of the two Ruiz-Antolin & Segura (2016,
   Theorem 5) bounds ``B_2 < ratio < B_0``. Purely algebraic and cheap; the baseline.
 * ``"bounds-amos"``: the average of the Amos-type bounds of Theorem 4 (supplementary eq. 32).
@@ -30,11 +28,9 @@ Methods
 
 ``bessel_ratio_bounds(nu, z, theorem=5)`` returns the (lower, upper) pair of either theorem.
 
-Arguments and limits
---------------------
-``nu`` and ``z`` are tensors or numbers of any numeric type (``int``, ``float``, NumPy scalars and arrays; not
-``bool``). Allowed: ``0 <= nu < inf`` and ``0 <= z <= inf``; NaN, negative values and an infinite order raise a
-``ValueError`` naming the argument (an infinite order is not a sphere's: vMF orders are ``d/2 - 1``, and at
+**Arguments and limits.** ``nu`` and ``z`` are tensors or numbers of any numeric type (``int``, ``float``, NumPy
+scalars and arrays; not ``bool``). Allowed: ``0 <= nu < inf`` and ``0 <= z <= inf``; NaN, negative values and an
+infinite order raise a ``ValueError`` naming the argument (an infinite order is not a sphere's: vMF orders are ``d/2 - 1``, and at
 ``nu = z = inf`` the ratio has no limit). The end points take their limits: ``I_nu(z) / I_{nu-1}(z)`` is 1 at
 ``z = inf`` and 0 at ``z = 0`` (+inf for ``nu = 0``); ``log I_nu`` is +inf at ``z = inf`` and at ``z = 0`` it is 0 for
 ``nu = 0``, -inf otherwise. Where the value is finite, so is the derivative (``dR/dz`` is ``1 / (2 nu)`` at 0 and 0 at
@@ -67,7 +63,9 @@ __all__ = [
 ]
 
 RATIO_METHODS = ("accurate", "bounds", "bounds-amos")
+"""The ``method`` values of :func:`bessel_ratio` (see the module docstring)."""
 LOG_IV_METHODS = ("accurate", "approx", "ratio-series")
+"""The ``method`` values of :func:`log_bessel_iv` (see the module docstring)."""
 
 RatioMethod = Literal["accurate", "bounds", "bounds-amos"]
 LogIvMethod = Literal["accurate", "approx", "ratio-series"]
@@ -562,15 +560,19 @@ class _LogNormalizerAndRatio(torch.autograd.Function):
 
 
 def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "accurate", validate: bool = True) -> Tensor:
-    """``I_nu(z) / I_{nu-1}(z)`` elementwise (broadcasting ``nu`` against ``z``), differentiable in ``z``.
+    """``R_nu(z) = I_nu(z) / I_{nu-1}(z)`` elementwise (broadcasting ``nu`` against ``z``), differentiable in ``z``
+    (twice too), with ``dR/dz = 1 - (2 nu - 1) R / z - R^2`` from the recurrences (no Bessel call in the backward).
 
-    Args:
-        nu: order(s), finite and >= 0 (``"bounds"`` needs >= 1/2); a number or a tensor; gets no gradient.
-        z: argument(s), in ``[0, inf]`` (1 at ``z = inf``); the output has ``z``'s dtype and device.
-        method: ``"accurate"`` (default; < 1e-12 relative error in float64), ``"bounds"`` (the paper's average
-            of the Theorem-5 bounds) or ``"bounds-amos"`` (average of the Theorem-4 bounds).
-        validate: check ``nu >= 0`` and ``z >= 0`` (a host synchronisation on GPUs); off inside
-            ``VonMisesFisher``, whose parameters are checked once at construction.
+    For a vMF on S^{d-1} the mean resultant length is ``A_d(kappa) = R_{d/2}(kappa)``. ``"bounds"`` is Oh et al.
+    (2020) supplementary eq. 33, ``(B_2 + B_0) / 2`` of :func:`bessel_ratio_bounds` (Theorem 5); ``"bounds-amos"``
+    is eq. 32, the average of the Theorem-4 bounds.
+
+    :param nu: order(s), finite and >= 0 (``"bounds"`` needs >= 1/2); a number or a tensor; gets no gradient.
+    :param z: argument(s), in ``[0, inf]`` (1 at ``z = inf``); the output has ``z``'s dtype and device.
+    :param method: ``"accurate"`` (default; < 1e-12 relative error in float64), ``"bounds"`` (the paper's average
+        of the Theorem-5 bounds) or ``"bounds-amos"`` (average of the Theorem-4 bounds).
+    :param validate: check ``nu >= 0`` and ``z >= 0`` (a host synchronisation on GPUs); off inside
+        ``VonMisesFisher``, whose parameters are checked once at construction.
     """
     nu_t, z_t, out_dtype = _prepare(nu, z, "bessel_ratio", validate)
     if method == "accurate":
@@ -586,7 +588,14 @@ def bessel_ratio(nu: Tensor | float, z: Tensor | float, method: RatioMethod = "a
 def bessel_ratio_bounds(nu: Tensor | float, z: Tensor | float, theorem: int = 5) -> tuple[Tensor, Tensor]:
     """(lower, upper) bounds on ``I_nu(z) / I_{nu-1}(z)`` from Ruiz-Antolin & Segura (2016), Theorem 4 (valid for
     nu >= 0) or 5 (nu >= 1/2); ``theorem`` is an integer, 4 or 5. Same ``nu`` and ``z`` as :func:`bessel_ratio`; both
-    bounds are 1 at ``z = inf``."""
+    bounds are 1 at ``z = inf``.
+
+    * Theorem 4 (Amos-type): ``z / (nu - 1/2 + sqrt((nu + 1/2)^2 + z^2)) < R_nu(z) < z / (nu - 1 + sqrt((nu + 1)^2 +
+      z^2))`` (the two terms of Oh et al. 2020, supplementary eq. 32).
+    * Theorem 5: ``B_2(nu, z) < R_nu(z) < B_0(nu, z)`` with ``B_a = z / (delta_a + sqrt(delta_a^2 + z^2))``,
+      ``delta_a = nu - 1/2 + lambda / (2 sqrt(lambda^2 + z^2))`` and ``lambda = nu + (a - 1) / 2`` (supplementary
+      eq. 33 averages the two).
+    """
     theorem = as_int(theorem, "theorem", owner="bessel_ratio_bounds")
     if theorem not in (4, 5):
         raise ValueError(f"bessel_ratio_bounds: theorem must be 4 or 5 (Ruiz-Antolin & Segura 2016), got {theorem!r}")
@@ -598,11 +607,15 @@ def bessel_ratio_bounds(nu: Tensor | float, z: Tensor | float, theorem: int = 5)
 def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "accurate", validate: bool = True) -> Tensor:
     """``log I_nu(z)`` elementwise, stable for nu up to 1e4+ and z from 1e-6 to 1e6+, differentiable in ``z``.
 
-    Args:
-        nu: order(s), finite and >= 0; a number or a tensor; gets no gradient.
-        z: argument(s), in ``[0, inf]`` (``log I_nu(0)`` is 0 for nu = 0 and -inf otherwise; ``log I_nu(inf) = inf``).
-        method: ``"accurate"`` (default), ``"approx"`` (the paper's eq. 44) or ``"ratio-series"`` (eq. 45).
-        validate: as for :func:`bessel_ratio`.
+    :param nu: order(s), finite and >= 0; a number or a tensor; gets no gradient.
+    :param z: argument(s), in ``[0, inf]`` (``log I_nu(0)`` is 0 for nu = 0 and -inf otherwise; ``log I_nu(inf) = inf``).
+    :param method: ``"accurate"`` (default), ``"approx"`` (the paper's eq. 44) or ``"ratio-series"`` (eq. 45).
+    :param validate: as for :func:`bessel_ratio`.
+
+    ``"approx"`` (Oh et al. 2020, supplementary eq. 41, 43-44): ``nu log z + eta z - (eta + nu) log 2 -
+    lgamma(nu + 1)`` with ``eta = (nu + 1/2) / (2 (nu + 1))`` for ``z < nu`` (the averaged Ifantis-Siafarikas bounds),
+    ``z - log(z) / 2 - log(2 pi) / 2`` otherwise (Hankel's leading term). ``"ratio-series"`` (eq. 45):
+    ``log I_{nu - n}(z) + sum_{j < n} log B(nu - j, z)`` with ``n = floor(nu)`` and B the Theorem-5 average.
     """
     nu_t, z_t, out_dtype = _prepare(nu, z, "log_bessel_iv", validate)
     if method == "accurate":
@@ -616,6 +629,7 @@ def log_bessel_iv(nu: Tensor | float, z: Tensor | float, method: LogIvMethod = "
 
 def log_bessel_iv_over_power(nu: Tensor | float, z: Tensor | float, validate: bool = True) -> Tensor:
     """``log(I_nu(z) / z^nu)``, analytic at ``z = 0`` (value ``-nu log 2 - lgamma(nu + 1)``), derivative ``R_{nu+1}(z)``.
+    Accurate method; arguments as :func:`log_bessel_iv` (``nu`` >= 0, ``z`` in ``[0, inf]``).
 
     This is the part of a von Mises-Fisher log-normaliser that depends on the concentration. Computing it as
     ``log_bessel_iv(nu, z) - nu * log(z)`` would cancel catastrophically for small ``z`` at large ``nu`` (both

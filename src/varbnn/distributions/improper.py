@@ -13,6 +13,10 @@ class ImproperUniform(Distribution):
 
     It cannot be sampled. Against it the KL of any posterior is ``-entropy(q)`` up to an infinite constant
     (and exactly 0 for a delta posterior), which is what turns variational training into maximum likelihood.
+
+    :param shape: the tensor's shape (the event shape).
+    :param dtype: the dtype the prior stands for (default float32; ``log_prob`` follows its input's dtype).
+    :param device: the device the prior stands for (default: the CPU).
     """
 
     arg_constraints: dict[str, constraints.Constraint] = {}

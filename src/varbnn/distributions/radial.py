@@ -82,17 +82,16 @@ def _log_normaliser(dim: int) -> float:
 class Radial(Distribution):
     """Radial distribution over a tensor of ``loc.shape`` (the whole tensor is one event).
 
-    Args:
-        loc: the mode (and mean), any shape with at least one element.
-        scale: per-element scale, broadcastable to ``loc``; must be > 0. Note that the per-element variance is
-            ``scale^2 / D`` (D = number of elements): the scale sets the shape of the distribution, the radius
-            ``||(w - loc) / scale||`` is half-normal.
-
     ``event_shape`` is ``loc.shape`` and ``support`` is ``constraints.independent(constraints.real, loc.dim())`` (its
     ``event_dim`` is the event's number of dimensions). :meth:`expand` adds batch dimensions. ``rsample`` is
     reparameterised (and takes an optional ``generator``); ``log_prob`` and ``entropy`` are analytic. ``log_prob`` is
     +inf at ``loc`` itself (the density has an integrable singularity there for D > 1). KL divergences to other
     distributions are Monte Carlo estimates (see :func:`radial_kl`).
+
+    :param loc: the mode (and mean), any shape with at least one element.
+    :param scale: per-element scale, broadcastable to ``loc``; must be > 0. Note that the per-element variance is
+        ``scale^2 / D`` (D = number of elements): the scale sets the shape of the distribution, the radius
+        ``||(w - loc) / scale||`` is half-normal.
     """
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
@@ -124,10 +123,12 @@ class Radial(Distribution):
 
     @property
     def mean(self) -> Tensor:
+        """``loc`` (the radius ``r`` has mean 0)."""
         return self.loc
 
     @property
     def mode(self) -> Tensor:
+        """``loc`` (where the density is largest: +inf for D > 1)."""
         return self.loc
 
     @property
@@ -166,6 +167,9 @@ class Radial(Distribution):
         return torch.linalg.vector_norm(z.reshape(*z.shape[: z.dim() - n], -1), dim=-1)
 
     def log_prob(self, value: Tensor) -> Tensor:
+        """``log q(w) = log 2 - log(2 pi)/2 - rho^2/2 - (D - 1) log rho - log A_{D-1} - sum_i log scale_i`` with
+        ``rho = ||(w - loc) / scale||`` and ``A_{D-1} = 2 pi^{D/2} / Gamma(D/2)`` (the density of the module docstring;
+        Farquhar et al. 2020, Appendix A), summed over the event: one value per draw and batch element."""
         if self._validate_args:
             self._validate_sample(value)
         rho = self.radius(value)
@@ -173,6 +177,8 @@ class Radial(Distribution):
         return _log_normaliser(self.dim) - 0.5 * rho.square() - (self.dim - 1) * rho.log() - log_scale
 
     def entropy(self) -> Tensor:
+        """``H[q] = sum_i log scale_i + radial_entropy_constant(D)`` in nats (Farquhar et al. 2020, eq. 5 and Appendix
+        A, eq. 27-37, with the constants kept), one value per batch element."""
         return _sum_rightmost(self.scale.log(), len(self.event_shape)) + radial_entropy_constant(self.dim)
 
     def __repr__(self) -> str:
@@ -208,11 +214,10 @@ def radial_kl(q: Radial, p: Distribution, samples: int = 1, generator: torch.Gen
     ``generator`` (a ``torch.Generator`` on q's device) makes it repeatable: the same seed gives the same value; without
     it the draws come from torch's global generator. Reparameterised, so it is differentiable in q's parameters.
 
-    Args:
-        q: the radial posterior.
-        p: any distribution with q's event shape and a ``log_prob``.
-        samples: number of draws, an int >= 1 (default 1, as the paper's training loss).
-        generator: optional random stream of the draws.
+    :param q: the radial posterior.
+    :param p: any distribution with q's event shape and a ``log_prob``.
+    :param samples: number of draws, an int >= 1 (default 1, as the paper's training loss).
+    :param generator: optional random stream of the draws.
     """
     samples = as_positive_int(samples, "samples", owner="radial_kl")
     if p.event_shape != q.event_shape:

@@ -1,4 +1,4 @@
-"""Blundell et al. (2015) scale-mixture prior pi*N(0, s1^2) + (1-pi)*N(0, s2^2)."""
+"""Blundell et al. (2015) scale-mixture prior ``pi N(0, s1^2) + (1 - pi) N(0, s2^2)``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ class ScaleMixtureNormal(Distribution):
     """Zero-mean two-component scale mixture of Normals, i.i.d. over a tensor of shape ``shape``.
 
     ``log_prob`` uses ``logsumexp`` of the two component log-densities; it never takes the log of a sum of
-    densities, which underflows to ``log 0 = -inf`` far in the tails.
+    densities, which underflows to ``log 0 = -inf`` far in the tails:
+    ``log p(w) = sum_i logsumexp(log pi + log N(w_i | 0, s1^2), log(1 - pi) + log N(w_i | 0, s2^2))``.
+
+    :param mixture: pi, the first component's weight, in [0, 1] (a 0-d tensor).
+    :param scale1: s1 > 0, the first component's standard deviation.
+    :param scale2: s2 > 0, the second component's standard deviation.
+    :param shape: the tensor's shape (the event shape).
+    :param validate_args: as in ``torch.distributions``.
     """
 
     arg_constraints = {

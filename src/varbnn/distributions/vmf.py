@@ -378,17 +378,16 @@ def householder_sample(
 class VonMisesFisher(Distribution):
     """von Mises-Fisher distribution on the unit sphere in R^d.
 
-    Args:
-        loc: mean direction(s), shape ``[..., d]`` with d >= 2, unit norm along the last dimension.
-        concentration: kappa > 0, shape broadcastable to ``loc.shape[:-1]``.
-        ratio_method: how ``A_d(kappa) = I_{d/2}(kappa) / I_{d/2-1}(kappa)`` is computed for ``mean``,
-            ``entropy``, KLs and gradients: ``"accurate"`` (default) or the paper's ``"bounds"`` (see
-            :func:`varbnn.special.bessel_ratio`).
-        max_rejection_rounds: rounds of Wood's sampler (8 proposals per element, then 4 per pending element) before
-            :class:`RejectionSamplingError` (default 1000; the acceptance rate is above 0.5 for every d and kappa, so
-            more than ~15 rounds never happens in practice).
-        validate_args: as in ``torch.distributions``; when on (the default), a non-unit ``loc`` or a
-            non-positive / non-finite ``concentration`` raises ``ValueError`` naming the argument.
+    :param loc: mean direction(s), shape ``[..., d]`` with d >= 2, unit norm along the last dimension.
+    :param concentration: kappa > 0, shape broadcastable to ``loc.shape[:-1]``.
+    :param ratio_method: how ``A_d(kappa) = I_{d/2}(kappa) / I_{d/2-1}(kappa)`` is computed for ``mean``,
+        ``entropy``, KLs and gradients: ``"accurate"`` (default) or the paper's ``"bounds"`` (see
+        :func:`varbnn.special.bessel_ratio`).
+    :param max_rejection_rounds: rounds of Wood's sampler (8 proposals per element, then 4 per pending element) before
+        :class:`RejectionSamplingError` (default 1000; the acceptance rate is above 0.5 for every d and kappa, so
+        more than ~15 rounds never happens in practice).
+    :param validate_args: as in ``torch.distributions``; when on (the default), a non-unit ``loc`` or a
+        non-positive / non-finite ``concentration`` raises ``ValueError`` naming the argument.
     """
 
     arg_constraints = {"loc": unit_sphere, "concentration": constraints.positive}
@@ -469,10 +468,12 @@ class VonMisesFisher(Distribution):
 
     @property
     def mean(self) -> Tensor:
+        """``E[x] = A_d(kappa) loc`` (shorter than a unit vector: the directions spread around ``loc``)."""
         return self.mean_resultant_length.unsqueeze(-1) * self.loc
 
     @property
     def mode(self) -> Tensor:
+        """``loc``, where the density is largest."""
         return self.loc
 
     def expand(self, batch_shape: _size, _instance: VonMisesFisher | None = None) -> VonMisesFisher:
@@ -487,11 +488,14 @@ class VonMisesFisher(Distribution):
         return new
 
     def log_prob(self, value: Tensor) -> Tensor:
+        """``log q(x) = kappa loc . x + log C_d(kappa)`` for unit vectors ``x`` ``[..., d]`` (Oh et al. 2020, eq. 4;
+        w.r.t. the surface measure of S^{d-1})."""
         if self._validate_args:
             self._validate_sample(value)
         return self.concentration * (value * self.loc).sum(-1) + self.log_normalizer()
 
     def entropy(self) -> Tensor:
+        """``H[q] = -kappa A_d(kappa) - log C_d(kappa)`` (nats; from ``E[loc . x] = A_d(kappa)``)."""
         kappa = self._kappa_work()
         log_c, a = log_normalizer_and_resultant(self.dim, kappa, self.ratio_method)
         return (-kappa * a - log_c).to(self.loc.dtype)
@@ -526,10 +530,11 @@ class VonMisesFisher(Distribution):
 class HypersphericalUniform(Distribution):
     """The uniform distribution on the unit sphere S^{dim-1} in R^dim (a vMF with kappa -> 0).
 
-    Args:
-        dim: d >= 2.
-        batch_shape: optional batch shape.
-        device, dtype: of samples and log-densities.
+    :param dim: d >= 2.
+    :param batch_shape: optional batch shape.
+    :param device: device of samples and log-densities (default: the CPU).
+    :param dtype: dtype of samples and log-densities (default: torch's default dtype).
+    :param validate_args: as in ``torch.distributions``.
     """
 
     arg_constraints: dict[str, constraints.Constraint] = {}
@@ -552,9 +557,11 @@ class HypersphericalUniform(Distribution):
 
     @property
     def dim(self) -> int:
+        """d, the dimension of the ambient space (the sphere is S^{d-1})."""
         return self._dim
 
     def log_surface_area(self) -> float:
+        """``log |S^{d-1}| = log(2 pi^{d/2} / Gamma(d/2))``."""
         return _log_sphere_area(self._dim)
 
     def expand(self, batch_shape: _size, _instance: HypersphericalUniform | None = None) -> HypersphericalUniform:
@@ -569,11 +576,13 @@ class HypersphericalUniform(Distribution):
         return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
 
     def log_prob(self, value: Tensor) -> Tensor:
+        """``-log |S^{d-1}|`` for every unit vector ``value`` ``[..., d]``."""
         if self._validate_args:
             self._validate_sample(value)
         return torch.full(value.shape[:-1], -self.log_surface_area(), device=value.device, dtype=value.dtype)
 
     def entropy(self) -> Tensor:
+        """``log |S^{d-1}|``, the largest entropy on the sphere."""
         return torch.full(self.batch_shape, self.log_surface_area(), device=self._device, dtype=self._dtype)
 
     def __repr__(self) -> str:

@@ -65,15 +65,24 @@ class _WeightOpLayer(BayesianModule):
 
 
 class BayesLinear(_WeightOpLayer):
-    """y = x W^T + b with W, b random.
+    """``y = x W^T + b`` with W, b random: a Bayesian ``nn.Linear``.
 
-    Args:
-        in_features, out_features: as ``nn.Linear``.
-        bias: whether to learn a bias.
-        family: posterior spec of the weight (default ``MeanField()``); built once per tensor.
-        prior: prior of the weight (default ``Normal(0, 1)``): a shared ``Prior`` or a callable name -> Prior.
-        bias_family, bias_prior: for the bias; default to ``family`` and ``prior``.
-        init_weight, init_bias: initial posterior means (default He-normal weight, zero bias).
+    Every forward pass takes the weights from the families (:meth:`~varbnn.families.VariationalFamily.forward_op`):
+    one draw per pass with ``"reparam"``, per-example outputs with the Gaussian families' ``"local"`` and
+    ``"flipout"`` estimators, or the mean / mode under :func:`~varbnn.nn.base.sample_mode`. The KL of its two
+    tensors is :meth:`~varbnn.nn.base.BayesianModule.kl`.
+
+    :param in_features: size of each input sample, as ``nn.Linear``.
+    :param out_features: size of each output sample, as ``nn.Linear``.
+    :param bias: whether to learn a (random) bias (default True).
+    :param family: posterior spec of the weight (default ``MeanField()``); built once per tensor.
+    :param prior: prior of the weight (default ``Normal(0, 1)``): a shared ``Prior`` or a callable name -> Prior
+        (:data:`~varbnn.priors.PriorSpec`).
+    :param bias_family: posterior spec of the bias (default: ``family``).
+    :param bias_prior: prior of the bias (default: ``prior``).
+    :param init_weight: initial posterior mean of the weight, shape ``(out_features, in_features)`` (default
+        He-normal).
+    :param init_bias: initial posterior mean of the bias (default zeros).
     """
 
     layer_kind = "linear"
@@ -207,18 +216,19 @@ class BayesEmbedding(_WeightOpLayer):
     from ``N(mu[x], sigma^2[x])`` independently -- exact here, since each output element depends on one weight.
     Flipout is refused (its random signs flip input features; an index has none).
 
-    Args:
-        num_embeddings, embedding_dim: as ``nn.Embedding``.
-        padding_idx: as ``nn.Embedding``: positions holding this index output the padding row, which is fixed
-            (a buffer ``padding_row``: the initial row, zeros by default) and gets no gradient; the posterior of that
-            row is unused by the forward pass but stays in the KL, which alone moves it (towards the prior).
-        scale_grad_by_freq: as ``nn.Embedding``.
-        family, prior: posterior spec and prior of the weight (defaults ``MeanField()``, ``Normal(0, 1)``).
-        init_weight: initial posterior mean, shape ``(num_embeddings, embedding_dim)`` (default ``N(0, 1)`` entries
-            as ``nn.Embedding``, the padding row zero).
-
     ``max_norm`` (an in-place renormalisation of the table) and ``sparse`` gradients have no Bayesian form and are
     not offered.
+
+    :param num_embeddings: as ``nn.Embedding``.
+    :param embedding_dim: as ``nn.Embedding``.
+    :param padding_idx: as ``nn.Embedding``: positions holding this index output the padding row, which is fixed
+        (a buffer ``padding_row``: the initial row, zeros by default) and gets no gradient; the posterior of that
+        row is unused by the forward pass but stays in the KL, which alone moves it (towards the prior).
+    :param scale_grad_by_freq: as ``nn.Embedding``.
+    :param family: posterior spec of the weight (default ``MeanField()``).
+    :param prior: prior of the weight (default ``Normal(0, 1)``).
+    :param init_weight: initial posterior mean, shape ``(num_embeddings, embedding_dim)`` (default ``N(0, 1)`` entries
+        as ``nn.Embedding``, the padding row zero).
     """
 
     layer_kind = "embedding"
@@ -362,6 +372,20 @@ class BayesLSTM(_BayesRNN):
     replacement (but ``batch_first`` defaults to True); unidirectional, no projections. Only estimators that draw
     whole weights (``reparam``, ``graves``) are allowed, since local reparameterization or flipout would draw new
     weights at every step.
+
+    :param input_size: features of the input ``x_t``, as ``nn.LSTM``.
+    :param hidden_size: features of the hidden state, as ``nn.LSTM``.
+    :param num_layers: stacked recurrent layers (default 1), as ``nn.LSTM``.
+    :param bias: whether the layers have the biases ``bias_ih_l{k}`` and ``bias_hh_l{k}`` (default True).
+    :param batch_first: inputs and outputs are ``(batch, time, feature)`` (default True; ``nn.LSTM``'s default is
+        False).
+    :param dropout: dropout on the outputs of every layer but the last, in training mode (default 0), as ``nn.LSTM``.
+    :param family: posterior spec of the weights (default ``MeanField()``), as :class:`BayesLinear`.
+    :param prior: prior of the weights (default ``Normal(0, 1)``), as :class:`BayesLinear`.
+    :param bias_family: posterior spec of the biases (default: ``family``).
+    :param bias_prior: prior of the biases (default: ``prior``).
+    :param init: initial posterior means by parameter name (default: ``nn.LSTM``'s uniform(-1/sqrt(hidden),
+        1/sqrt(hidden))).
     """
 
     layer_kind = "lstm"
@@ -390,10 +414,19 @@ class BayesGRU(_BayesRNN):
     draw whole weights (``reparam``, ``graves``) are allowed, since local reparameterization or flipout would draw new
     weights at every step.
 
-    Args:
-        input_size, hidden_size, num_layers, bias, batch_first, dropout: as ``nn.GRU``.
-        family, prior, bias_family, bias_prior: as :class:`BayesLinear`.
-        init: initial posterior means by parameter name (default: ``nn.GRU``'s uniform(-1/sqrt(hidden), 1/sqrt(hidden))).
+    :param input_size: features of the input ``x_t``, as ``nn.GRU``.
+    :param hidden_size: features of the hidden state, as ``nn.GRU``.
+    :param num_layers: stacked recurrent layers (default 1), as ``nn.GRU``.
+    :param bias: whether the layers have the biases ``bias_ih_l{k}`` and ``bias_hh_l{k}`` (default True).
+    :param batch_first: inputs and outputs are ``(batch, time, feature)`` (default True; ``nn.GRU``'s default is
+        False).
+    :param dropout: dropout on the outputs of every layer but the last, in training mode (default 0), as ``nn.GRU``.
+    :param family: posterior spec of the weights (default ``MeanField()``), as :class:`BayesLinear`.
+    :param prior: prior of the weights (default ``Normal(0, 1)``), as :class:`BayesLinear`.
+    :param bias_family: posterior spec of the biases (default: ``family``).
+    :param bias_prior: prior of the biases (default: ``prior``).
+    :param init: initial posterior means by parameter name (default: ``nn.GRU``'s uniform(-1/sqrt(hidden),
+        1/sqrt(hidden))).
     """
 
     layer_kind = "gru"
