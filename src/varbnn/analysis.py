@@ -7,7 +7,7 @@ deviations, rank-k replacement, and the gradient signal-to-noise ratio.
 * :func:`low_rank` -- the best rank-k approximation (truncated SVD), clamped to stay positive.
 * :func:`replace_stds_with_rank_k` -- a copy of a model whose every mean-field std matrix is replaced by its rank-k
   approximation (the paper's Table 2, evaluated with the usual metrics).
-* :class:`GradientSNR` -- E[g]^2 / Var[g] per parameter over a window of the last batches (paper footnote 3),
+* :class:`GradientSNR` -- ``E[g]^2 / Var[g]`` per parameter over a window of the last batches (paper footnote 3),
   averaged over a parameter group.
 """
 
@@ -91,9 +91,8 @@ class GradientSNR:
     Call :meth:`update` after each ``backward()`` (it reads ``.grad``); :meth:`snr` returns, per group, the mean
     over the group's elements. Var is the unbiased sample variance over the window.
 
-    Args:
-        groups: ``{name: parameters}`` (a parameter or an iterable of them per group).
-        window: number of most recent gradients kept (paper: 10).
+    :param groups: ``{name: parameters}`` (a parameter or an iterable of them per group).
+    :param window: number of most recent gradients kept (paper: 10).
     """
 
     def __init__(self, groups: Mapping[str, torch.Tensor | Iterable[torch.Tensor]], window: int = 10) -> None:
@@ -108,6 +107,8 @@ class GradientSNR:
         self._history: dict[str, deque[torch.Tensor]] = {name: deque(maxlen=window) for name in self.groups}
 
     def update(self) -> None:
+        """Append every group's current ``.grad`` (zeros for a parameter without one) to its window, dropping the
+        oldest beyond ``window``."""
         for name, params in self.groups.items():
             grads = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1) for p in params]
             self._history[name].append(torch.cat(grads).double().clone())

@@ -39,7 +39,14 @@ BACKENDS = ("gloo", "nccl")
 @dataclass(frozen=True)
 class DistributedContext:
     """Where this process stands: ``rank`` of ``world_size`` processes, its ``device`` and the ``backend``
-    (``None`` when running as a single plain process)."""
+    (``None`` when running as a single plain process); what :func:`setup` returns.
+
+    :ivar rank: the process's global rank (0 in a single process).
+    :ivar world_size: the number of processes (1 in a single process).
+    :ivar local_rank: the rank on this machine (``LOCAL_RANK``), which picks ``cuda:LOCAL_RANK``.
+    :ivar device: the device this process trains on.
+    :ivar backend: ``"gloo"``, ``"nccl"`` or ``None``.
+    """
 
     rank: int
     world_size: int
@@ -49,6 +56,7 @@ class DistributedContext:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, the process that writes checkpoints and results."""
         return self.rank == 0
 
 
@@ -108,10 +116,12 @@ def is_distributed() -> bool:
 
 
 def rank() -> int:
+    """This process's rank in the default process group (0 when none is initialised)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def world_size() -> int:
+    """The number of processes in the default process group (1 when none is initialised)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 

@@ -124,10 +124,12 @@ def resnet18(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> Re
 
 
 MODELS = {"mlp": mlp, "lenet5": lenet5, "row_lstm": row_lstm, "resnet18": resnet18}
+"""Every model builder by the name experiment configs use (:func:`make_model`)."""
 
 
 def make_model(name: str, **kwargs: object) -> nn.Module:
-    """Build a plain model by name; allowed names: the keys of :data:`MODELS`."""
+    """``MODELS[name](**kwargs)``: a plain model by name; allowed names: the keys of :data:`MODELS` (another name
+    raises a ``ValueError`` listing them)."""
     try:
         return MODELS[name](**kwargs)  # type: ignore[operator]
     except KeyError:

@@ -42,6 +42,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def sha256_of(path: Path) -> str:
+    """The sha256 of a file's bytes as a hex string (read in 1 MiB blocks)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -116,15 +117,14 @@ def fetch(
     (path, device, inode, size, mtime, ctime): any write changes the ctime, which cannot be set back, so an edited file is
     hashed again even with its size and mtime restored; ``reverify=True`` hashes it regardless.
 
-    Args:
-        relative_path: the file's path inside the data directory, as in ``manifest.json``
-            (e.g. ``"mnist/train-images-idx3-ubyte.gz"``).
-        data_dir: see :func:`resolve_data_dir`.
-        download: download a missing file (otherwise raise ``FileNotFoundError``).
-        mirrors: base URLs tried instead of the upstream ones (default: the comma-separated
-            ``$VARBNN_MIRROR`` if set); the file is fetched from ``mirror + "/" + relative_path``.
-        timeout: seconds per download attempt.
-        reverify: hash the file even if it was verified before in this process and looks unchanged.
+    :param relative_path: the file's path inside the data directory, as in ``manifest.json``
+        (e.g. ``"mnist/train-images-idx3-ubyte.gz"``).
+    :param data_dir: see :func:`resolve_data_dir`.
+    :param download: download a missing file (otherwise raise ``FileNotFoundError``).
+    :param mirrors: base URLs tried instead of the upstream ones (default: the comma-separated
+        ``$VARBNN_MIRROR`` if set); the file is fetched from ``mirror + "/" + relative_path``.
+    :param timeout: seconds per download attempt.
+    :param reverify: hash the file even if it was verified before in this process and looks unchanged.
     """
     entries = manifest()
     if relative_path not in entries:

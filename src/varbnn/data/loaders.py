@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 SPLITS = ("train", "test")
+"""The ``split`` values of the image loaders."""
 UCI_DATASETS = (
     "bostonHousing",
     "concrete",
@@ -34,6 +35,7 @@ UCI_DATASETS = (
     "wine-quality-red",
     "yacht",
 )
+"""The UCI regression sets :func:`load_uci` reads, by the names of Hernandez-Lobato & Adams' (2015) split files."""
 
 PathLike = str | os.PathLike[str] | None
 
@@ -112,6 +114,16 @@ class UCISplit:
 
     ``x_*`` and ``y_*`` are normalised with the TRAINING mean/std when ``normalized``; predictions ``p`` in
     normalised units map back as ``p * y_std + y_mean``.
+
+    :ivar x_train: training inputs ``[N_train, D]``.
+    :ivar y_train: training targets ``[N_train]``.
+    :ivar x_test: test inputs ``[N_test, D]``.
+    :ivar y_test: test targets ``[N_test]``.
+    :ivar x_mean: per-feature mean of the raw training inputs.
+    :ivar x_std: per-feature standard deviation of the raw training inputs.
+    :ivar y_mean: mean of the raw training targets.
+    :ivar y_std: standard deviation of the raw training targets.
+    :ivar normalized: whether the tensors above are normalised.
     """
 
     x_train: torch.Tensor

@@ -86,6 +86,9 @@ from varbnn.prune.thresholds import (
 )
 
 __all__ = [
+    "GroupKey",
+    "ThresholdSpec",
+    "LR_SCHEDULES",
     "unit_scores",
     "gap_threshold",
     "select_units",

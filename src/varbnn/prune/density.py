@@ -14,6 +14,16 @@ from torch import nn
 from varbnn.families.gaussian import MeanField
 from varbnn.nn.base import BayesianModule
 
+__all__ = [
+    "SAFE_LAMBDA",
+    "lambda_from_gamma",
+    "relative_density_at_zero",
+    "density_ratio_masks",
+    "prune_by_density_ratio",
+    "count_nonzero_weights",
+    "export_sparse",
+]
+
 SAFE_LAMBDA = math.sqrt(math.log(2))
 """Graves' (2011, eq. 20) rule of thumb: prune up to the point where a pruned weight is less probable than an average
 draw, ``lambda = sqrt(ln 2) ~= 0.8326`` (relative density 1/sqrt(2); the paper's printed ``sqrt(2 ln 2)`` is a typo for

@@ -10,6 +10,7 @@ from torch import nn
 
 from varbnn.prune.scores import GroupKey, ThresholdSpec, select_units
 
+__all__ = ["export", "masked_model", "count_parameters_and_flops", "SelectFeatures"]
 
 class SelectFeatures(nn.Module):
     """Keeps the features (``dim=1``: channels of an image batch, or units of a flat batch) listed in ``index``."""

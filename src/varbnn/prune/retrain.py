@@ -16,7 +16,10 @@ from varbnn.prune.export import _export_plain
 from varbnn.prune.scores import ThresholdSpec
 from varbnn.prune.thresholds import _budget_search, _check_budget, _check_xy, _RankedGroups, classification_error
 
+__all__ = ["LR_SCHEDULES", "finetune", "reinitialize", "predictive_targets", "iterative_budget"]
+
 LR_SCHEDULES = ("constant", "cosine")
+"""The learning-rate schedules of :func:`finetune`: constant, or a cosine decay to 0 over the retraining."""
 
 
 def _check_retraining(

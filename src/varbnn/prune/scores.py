@@ -14,13 +14,20 @@ from torch import nn
 from varbnn.families.rdp import RadialDirectional
 from varbnn.nn.base import BayesianModule
 
+__all__ = ["GroupKey", "ThresholdSpec", "unit_scores", "gap_threshold", "select_units", "score_histograms"]
+
 GroupKey = tuple[str, str]
+"""A group of scores: ``(qualified layer name, "row" | "column")``."""
 ThresholdSpec = float | str | Mapping[GroupKey, float]
+"""A pruning threshold on the scores: ``"gap"`` (the per-layer gap rule), one number for every layer and grouping, or
+``{(layer, grouping): number}`` one by one."""
 
 
 @torch.no_grad()
 def unit_scores(model: nn.Module) -> dict[GroupKey, torch.Tensor]:
-    """``{(layer name, "row" | "column"): log radius mode of each group}`` for every RadialDirectional weight."""
+    """``{(layer name, "row" | "column"): score of each group}`` for every RadialDirectional weight: the log of the mode
+    of the group's LOCAL radius log-normal, ``log mode(z_g) = m - v`` with ``log z_g ~ N(m, v)`` (Oh et al. 2020, section
+    3.3; :meth:`~varbnn.families.RadialDirectional.log_radius_mode`). Raises ``ValueError`` when there is none."""
     scores: dict[GroupKey, torch.Tensor] = {}
     for name, module in model.named_modules():
         if not isinstance(module, BayesianModule) or "weight" not in module.posteriors:

@@ -14,6 +14,7 @@ from torch import nn
 from varbnn.prune.export import _chain, _export_plain, _trace_shapes
 from varbnn.prune.scores import GroupKey, ThresholdSpec, _thresholds, unit_scores
 
+__all__ = ["classification_error", "validation_thresholds", "budget_units"]
 
 @torch.no_grad()
 def classification_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
