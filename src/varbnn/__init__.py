@@ -1,9 +1,39 @@
 """varbnn: variational Bayesian neural networks for PyTorch.
 
+The user story is four calls: :func:`bayesianize` a plain model (or build one from :mod:`varbnn.nn` layers),
+:func:`fit` it, draw Monte Carlo predictions with ``varbnn.predict(model, x, samples=S)`` (the function
+:func:`varbnn.predict.predict`; ``import varbnn`` binds the name ``varbnn.predict`` to it) and :func:`evaluate` them.
 The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the batch + beta * KL_total / N_train``.
+
+After ``import varbnn`` every public module is an attribute: ``varbnn.families``, ``varbnn.priors``, ``varbnn.nn``,
+``varbnn.convert``, ``varbnn.divergence``, ``varbnn.objectives``, ``varbnn.likelihoods``, ``varbnn.train``,
+``varbnn.metrics``, ``varbnn.calibration``, ``varbnn.baselines``, ``varbnn.laplace``, ``varbnn.continual``,
+``varbnn.prune``, ``varbnn.distributions``, ``varbnn.special``, ``varbnn.data``, ``varbnn.models``,
+``varbnn.analysis``, ``varbnn.distributed``, ``varbnn.ops``, ``varbnn.plots`` (matplotlib) and
+``varbnn.experiments``; those the training path does not need (``analysis``, ``continual``, ``data``,
+``distributed``, ``laplace``, ``models``, ``prune``, ``plots``, ``experiments``) are imported on first access, so
+``import varbnn`` stays cheap. ``__version__`` is the package version.
 """
 
-from varbnn import baselines, calibration, distributions, families, likelihoods, metrics, nn, priors, train
+import importlib as _importlib
+from typing import Any as _Any
+
+from varbnn import (
+    baselines,
+    calibration,
+    convert,
+    distributions,
+    divergence,
+    families,
+    likelihoods,
+    metrics,
+    nn,
+    objectives,
+    ops,
+    priors,
+    special,
+    train,
+)
 from varbnn.convert import (
     ConversionReport,
     ConversionWarning,
@@ -36,9 +66,21 @@ from varbnn.train import evaluate, fit
 __version__ = "0.2.0"
 
 __all__ = [
+    "analysis",
     "baselines",
     "calibration",
+    "continual",
+    "convert",
+    "data",
+    "distributed",
+    "divergence",
+    "laplace",
     "likelihoods",
+    "models",
+    "objectives",
+    "ops",
+    "prune",
+    "special",
     "train",
     "fit",
     "evaluate",
@@ -84,3 +126,18 @@ __all__ = [
     "update_adaptive_priors",
     "__version__",
 ]
+
+# Imported on first use (PEP 562), so that ``import varbnn`` costs no more than the modules above: the figures
+# (matplotlib), the experiment runner and the command line, and the modules the training path does not need.
+_LAZY_MODULES = ("analysis", "continual", "data", "distributed", "laplace", "models", "prune", "plots", "experiments", "cli")
+
+
+def __getattr__(name: str) -> _Any:
+    """The modules of ``_LAZY_MODULES`` (``varbnn.prune``, ``varbnn.plots``, ...): imported on first access."""
+    if name in _LAZY_MODULES:
+        return _importlib.import_module(f"varbnn.{name}")
+    raise AttributeError(f"module 'varbnn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_MODULES))
