@@ -562,8 +562,8 @@ def fit(
     The loss is the negative ELBO per training example (Graves 2011 eq. 18 divided by the batch size; see
     :mod:`varbnn.divergence` for the convention): the batch-mean NLL of one weight draw plus the model's KL, SUMMED
     over every weight, times ``beta / n_data``. Each step is one forward pass, ``loss.backward()`` and one optimizer
-    step, followed by :func:`varbnn.priors.update_adaptive_priors`. The sections below say what each argument does;
-    the list at the end sums them up.
+    step, followed by :func:`varbnn.priors.update_adaptive_priors`. The paragraphs below say what each argument does;
+    the parameter list at the end sums them up.
 
     ``likelihood`` (a :class:`varbnn.likelihoods.Likelihood`, or the name of one without learned parameters:
     ``"categorical"``, ``"heteroscedastic"``) replaces ``nll``: its :meth:`~varbnn.likelihoods.Likelihood.nll` is
