@@ -11,7 +11,9 @@ __all__ = ["mlp", "lenet5", "RowLSTM", "row_lstm", "BasicBlock", "ResNet", "resn
 
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int, activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
-    """Flatten -> [Linear -> activation] * len(hidden) -> Linear."""
+    """``Flatten -> [Linear -> activation] * len(hidden) -> Linear``: ``in_features`` inputs (after flattening), one
+    hidden layer per entry of ``hidden`` (its width), ``out_features`` outputs, ``activation`` a module class (default
+    ``nn.ReLU``)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_features
     for h in hidden:
@@ -65,7 +67,8 @@ class RowLSTM(nn.Module):
 
 
 def row_lstm(rows: int = 28, features: int = 28, hidden: int = 128, num_classes: int = 10, num_layers: int = 1) -> RowLSTM:
-    """:class:`RowLSTM` (defaults: MNIST rows, 128 hidden units, 10 classes)."""
+    """:class:`RowLSTM` (defaults: MNIST rows, 128 hidden units, 10 classes): ``rows`` time steps of ``features``
+    inputs, an LSTM of ``num_layers`` layers of ``hidden`` units, a Linear head to ``num_classes`` logits."""
     return RowLSTM(rows, features, hidden, num_classes, num_layers)
 
 
@@ -91,7 +94,12 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """ResNet for 32x32 inputs (He et al. 2016, CIFAR variant: 3x3 stem, no max-pool), global average pool, Linear."""
+    """ResNet for 32x32 inputs (He et al. 2016, CIFAR variant: 3x3 stem, no max-pool), global average pool, Linear.
+
+    ``blocks``: basic blocks in each of the 4 stages (default ``(2, 2, 2, 2)``: ResNet-18); the stages have ``width``,
+    2, 4 and 8 times ``width`` channels (default 64), the last three starting with a stride of 2; ``in_channels``
+    image channels (default 3), ``num_classes`` logits (default 10).
+    """
 
     def __init__(
         self, blocks: Sequence[int] = (2, 2, 2, 2), num_classes: int = 10, in_channels: int = 3, width: int = 64

@@ -1,4 +1,10 @@
-"""matplotlib figures (written to files; the Agg backend needs no screen)."""
+"""matplotlib figures (written to files; the Agg backend needs no screen).
+
+Every function writes one figure to ``path`` (format from the extension, e.g. ``.png``) and returns that path as a
+``Path``, except :func:`soap_bubble_figures`, which writes several into ``out_dir`` and returns their file names.
+This module imports matplotlib, so ``import varbnn`` does not import it: it is loaded on first use of
+``varbnn.plots``.
+"""
 
 from __future__ import annotations
 

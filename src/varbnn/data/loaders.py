@@ -1,4 +1,8 @@
-"""Dataset loaders returning float32 inputs and int64 (classification) or float32 (regression) targets."""
+"""Dataset loaders returning float32 inputs and int64 (classification) or float32 (regression) targets.
+
+The file-backed loaders share three arguments: ``split`` (``"train"`` or ``"test"``; RetinaMNIST also has ``"val"``),
+``data_dir`` (where the files live; see :func:`varbnn.data.resolve_data_dir`) and ``download`` (fetch a missing file
+from its upstream URL, checked against ``manifest.json``; default True). Each returns ``(inputs, labels)`` tensors."""
 
 from __future__ import annotations
 

@@ -166,7 +166,13 @@ class VariationalFamily(nn.Module):
         bias: VariationalFamily | None,
         mode: SampleMode = "sample",
     ) -> torch.Tensor:
-        """``op(x, W, b)`` with W (and b) drawn from the posteriors; families override for fast estimators."""
+        """``op(x, W, b)`` with W (and b) drawn from the posteriors; families override for fast estimators.
+
+        The layer's output for input ``x``: ``op`` is the layer's weight-linear operation
+        (:class:`~varbnn.ops.WeightOp`), ``bias`` the bias's family (or ``None``), ``mode`` the :data:`SampleMode`.
+        Here one weight (and bias) per call, ``op(x, self.weight(mode), bias.weight(mode))``; the Gaussian families
+        draw the outputs instead with ``estimator="local"`` or ``"flipout"`` (see :class:`~varbnn.families.MeanField`).
+        """
         return op(x, self.weight(mode), bias.weight(mode) if bias is not None else None)
 
     def extra_repr(self) -> str:

@@ -72,7 +72,9 @@ def _thresholds(scores: Mapping[GroupKey, torch.Tensor], threshold: ThresholdSpe
 
 
 def select_units(model: nn.Module, threshold: ThresholdSpec = "gap", min_gap: float = 1.0) -> dict[GroupKey, torch.Tensor]:
-    """Boolean masks of the groups to KEEP, ``{(layer, grouping): mask}`` (score >= threshold)."""
+    """Boolean masks of the groups to KEEP, ``{(layer, grouping): mask}`` (score >= threshold), for the
+    :func:`unit_scores` of ``model``. ``threshold``: a :data:`ThresholdSpec` (default ``"gap"``, the per-layer
+    :func:`gap_threshold` with ``min_gap`` nats)."""
     scores = unit_scores(model)
     cut = _thresholds(scores, threshold, min_gap)
     return {key: value >= cut[key] for key, value in scores.items()}
