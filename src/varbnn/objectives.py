@@ -4,7 +4,8 @@
 
 Multiplied by ``N_train`` this is the negative ELBO, Graves' variational free energy (eq. 2-3) read as the MDL
 loss ``L(alpha, beta, D) = L^E + L^C`` (eq. 6): the error loss L^E (expected NLL of the training targets, eq. 4)
-plus the complexity loss L^C (the KL, eq. 5, i.e. the bits-back cost of the weights). See :mod:`varbnn.divergence` for how the KL is summed.
+plus the complexity loss L^C (the KL, eq. 5, i.e. the bits-back cost of the weights). See :mod:`varbnn.divergence`
+for how the KL is summed.
 """
 
 from __future__ import annotations
