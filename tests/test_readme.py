@@ -58,9 +58,7 @@ def test_the_readme_stays_a_users_page() -> None:
     assert len((ROOT / "README.md").read_text()) <= 10_000
 
 
-@pytest.mark.parametrize(
-    "page, first, last, source", CHAINS, ids=[_chain_id(p, f, last) for p, f, last, _ in CHAINS]
-)
+@pytest.mark.parametrize("page, first, last, source", CHAINS, ids=[_chain_id(p, f, last) for p, f, last, _ in CHAINS])
 def test_python_block_runs(page: str, first: int, last: int, source: str, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     exec(compile(source, f"{page} python blocks {first}-{last}", "exec"), {"__name__": "__docs__"})
