@@ -14,6 +14,13 @@ import mkdocs_gen_files
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# Names that griffe cannot show on their module's page because a submodule of the same name shadows them
+# (``varbnn.predict`` the function vs ``varbnn.predict`` the module): rendered from their defining module.
+SHADOWED: dict[str, list[str]] = {
+    "varbnn": ["varbnn.predict.predict"],
+    "varbnn.prune": ["varbnn.prune.export.export"],
+}
+
 # (module, title, one line): the public modules, in the order a reader meets them.
 REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn", "varbnn", "The top-level names: bayesianize, fit, predict, evaluate, the families and layers."),
@@ -49,8 +56,12 @@ def write_reference() -> None:
              "| module | what it holds |", "|---|---|"]
     for module, title, what in REFERENCE:
         lines.append(f"| [`{module}`]({title}.md) | {what} |")
+        extra = "".join(
+            f"\n::: {name}\n    options:\n      heading_level: 2\n      show_root_full_path: false\n"
+            for name in SHADOWED.get(module, [])
+        )
         with mkdocs_gen_files.open(f"reference/{title}.md", "w") as fh:
-            fh.write(f"# `{module}`\n\n{what}\n\n::: {module}\n    options:\n      show_root_heading: false\n")
+            fh.write(f"# `{module}`\n\n{what}\n\n::: {module}\n    options:\n      show_root_heading: false\n{extra}")
         mkdocs_gen_files.set_edit_path(f"reference/{title}.md", Path("src", *module.split(".")).as_posix())
     with mkdocs_gen_files.open("reference/index.md", "w") as fh:
         fh.write("\n".join(lines) + "\n")

@@ -54,11 +54,7 @@ PUBLIC = [
 # Names in cli.py / experiments/** that are known to fail and belong to whoever owns those files: (module, name) for the
 # __all__ check, (module, class qualname) for the member check, (module, target) for the reference check. They are
 # strict xfails: once fixed, the test passes unexpectedly and fails, so that the entry is removed. Empty when all is well.
-KNOWN_BROKEN: dict[tuple[str, str], str] = {
-    ("varbnn.experiments", "CONFIGS"): "experiments/registry.py: CONFIGS needs an attribute docstring",
-    ("varbnn.experiments", "register_config"): "experiments/registry.py: register_config has no docstring",
-    ("varbnn.experiments.config", "ExperimentConfig"): "experiments/config.py: ExperimentConfig.to_dict has no docstring",
-}
+KNOWN_BROKEN: dict[tuple[str, str], str] = {}
 
 
 def _params(cases: list[Any], key: Any, ids: list[str]) -> list[Any]:

@@ -77,6 +77,8 @@ def _cell(value: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``varbnn`` command (``list``, ``demo``, ``reproduce``, ``render``): parse ``argv`` (default ``sys.argv``) and
+    run it; returns the exit status (0 on success, 2 for a usage error)."""
     parser = argparse.ArgumentParser(prog="varbnn", description="Variational Bayesian neural networks for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
 

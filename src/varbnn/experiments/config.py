@@ -217,6 +217,8 @@ class ExperimentConfig:
         return dataclasses.replace(self, **self.quick)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain data for the results JSON: every field except ``quick``, with the fields added after
+        the first protocols left out while they hold their defaults (so older runs keep their protocol hashes)."""
         data = dataclasses.asdict(self)
         data.pop("quick")
         for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", "")):

@@ -9,9 +9,11 @@ from varbnn.experiments.config import ExperimentConfig, Variant
 __all__ = ["CONFIGS", "get_config", "register_config"]
 
 CONFIGS: dict[str, ExperimentConfig] = {}
+"""Every registered experiment by name (what ``varbnn list`` prints and ``varbnn reproduce NAME`` runs)."""
 
 
 def register_config(config: ExperimentConfig) -> ExperimentConfig:
+    """Add ``config`` to :data:`CONFIGS` under its ``name`` and return it; a name registered twice is a ``ValueError``."""
     if config.name in CONFIGS:
         raise ValueError(f"experiment {config.name!r} is already registered")
     CONFIGS[config.name] = config
