@@ -155,3 +155,15 @@ def test_heteroscedastic_toy_problem_recovers_the_noise_function() -> None:
     predicted, true = summary.aleatoric_variance.sqrt(), (0.1 + 0.4 * grid.square()).squeeze(-1)
     assert ((predicted - true).abs() / true).max() < 0.2, (predicted, true)
     torch.testing.assert_close(summary.mean, torch.sin(3 * grid).squeeze(-1), atol=0.08, rtol=0)
+
+
+def test_printing_a_likelihood_with_learned_parameters_warns_nothing() -> None:
+    import warnings
+
+    from varbnn.likelihoods import GammaPrecisionGaussian, Gaussian
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float() of a requires_grad tensor used to warn here
+        assert repr(Gaussian(init_noise_std=0.5)) == "Gaussian(noise_std=0.5, learned=True)"
+        assert repr(Gaussian(noise_std=2.0)) == "Gaussian(noise_std=2, learned=False)"
+        assert "Gamma(6, 6)" in repr(GammaPrecisionGaussian())

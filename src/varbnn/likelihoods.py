@@ -190,7 +190,7 @@ class Gaussian(Likelihood):
         return _regression_metrics(summary, self.log_predictive(outputs, target), target)
 
     def extra_repr(self) -> str:
-        return f"noise_std={float(self.noise_std):.4g}, learned={self.learn_noise}"
+        return f"noise_std={float(self.noise_std.detach()):.4g}, learned={self.learn_noise}"
 
 
 class HeteroscedasticGaussian(Likelihood):
@@ -375,7 +375,7 @@ class GammaPrecisionGaussian(Likelihood):
             return self.posterior().sample((n,))
 
     def extra_repr(self) -> str:
-        return f"prior=Gamma({float(self.prior_shape):g}, {float(self.prior_rate):g})"
+        return f"prior=Gamma({float(torch.as_tensor(self.prior_shape).detach()):g}, {float(torch.as_tensor(self.prior_rate).detach()):g})"
 
 
 def as_likelihood(value: Likelihood | str) -> Likelihood:
