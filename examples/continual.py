@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
                 # Pass the TASK model, not the whole MultiHeadNet: heads of tasks not yet seen must keep their
                 # N(0, 1) prior rather than get their untrained initial posterior as one.
                 set_posterior_as_prior(task_model)
-                kl_after_update.append(float(varbnn.kl(task_model)))  # KL(q || q) = 0: the prior is the posterior
+                kl_after_update.append(varbnn.kl(task_model).item())  # KL(q || q) = 0: the prior is the posterior
             accuracy[name].append([
                 varbnn.evaluate(model.task_model(j), x_j, y_j, samples=samples if bayesian else 1, seed=args.seed,
                                 device=device)["accuracy"]
