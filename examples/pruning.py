@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     # Figure 2: accuracy against the fraction of weights kept.
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.plot([s["fraction"] for s in sweep], [s["accuracy"] for s in sweep], marker="o")
     for s in sweep:
         ax.annotate(f"{s['lambda']:.2g}", (s["fraction"], s["accuracy"]), textcoords="offset points", xytext=(4, -10), fontsize=7)
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
         xscale="log",
         xlabel="fraction of weights kept (log scale)",
         ylabel="test accuracy",
-        title="Graves' pruning |mu|/sigma >= lambda (labels: lambda)",
+        title="Graves: keep |mu| / sigma >= lambda (points labelled by lambda)",
     )
     ax.grid(alpha=0.3)
     fig.tight_layout()
