@@ -482,9 +482,9 @@ def bayesianize(
     :param exclude: qualified module names (as in ``named_modules``) or module types to leave unchanged (deliberately:
         they are reported, not warned about).
     :param pretrained: copy the plain weights into the posterior means (default True: a trained network keeps what it
-        learned, and an untrained one starts from torch's own initialisation; the defaults study found the two
-        starts level on fresh networks -- better for MeanField and RDP, worse for KTied and Delta, equal for
-        Radial, one seed each -- see ``benchmarks/results/defaults/``). ``False``: each layer's own initialisation
+        learned, and an untrained one starts from torch's own initialisation; on fresh networks the
+        defaults study (two seeds) found each layer's own initialisation the better start for 4 of 5 families,
+        MeanField the exception -- see ``benchmarks/results/defaults/``). ``False``: each layer's own initialisation
         (He-normal means; torch's default for embeddings and recurrent layers), as the paper reproductions use.
     :param report: also return a :class:`ConversionReport` (``(model, report)``): every module converted and every
         parameter-owning module left deterministic, with the reason.

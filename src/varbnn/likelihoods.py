@@ -315,7 +315,7 @@ class GammaPrecisionGaussian(Likelihood):
 
     def summary(self, outputs: torch.Tensor) -> RegressionSummary:
         means = outputs.squeeze(-1) if outputs.shape[-1] == 1 and outputs.dim() > 2 else outputs
-        a, b = float(self.shape), float(self.rate)
+        a, b = float(self.shape.detach()), float(self.rate.detach())
         noise = b / (a - 1) if a > 1 else float("inf")  # E_q[1/tau]
         aleatoric = torch.full_like(means[0], noise)
         return RegressionSummary(means.mean(0), aleatoric, means.var(0, unbiased=False))

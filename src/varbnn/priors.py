@@ -177,7 +177,7 @@ class Laplace(_LocScalePrior):
 
     With a delta posterior the complexity cost is ``sum_i |w_i - loc| / scale + W log(2 scale)``, L1 regularisation
     (Graves 2011 eq. 7); with other posteriors the KL has no registered closed form except Normal-vs-Laplace
-    (``torch.distributions``) and otherwise falls back to a Monte Carlo estimate.
+    (registered by :mod:`varbnn.divergence`) and otherwise falls back to a Monte Carlo estimate.
 
     Adaptive (delta posteriors only, Graves 2011 eq. 7): ``loc`` = median weight (the lower median for an even
     count, which minimises the same L1 cost), ``scale`` = mean absolute deviation from ``loc``.

@@ -95,7 +95,7 @@ class KTied(MeanField):
         ``sqrt(init_std / k)`` times independent log-normal jitter (``exp(0.1 * N(0, 1))``, which breaks the
         symmetry between the k columns; without it they would get identical gradients and stay a rank-1 matrix),
         rescaled so that the mean of U V^T is ``init_std``.
-    :param estimator: ``"reparam"``, ``"local"`` or ``"flipout"``, as for :class:`MeanField`.
+    :param estimator: ``"reparam"``, ``"local"``, ``"flipout"`` or ``"graves"``, as for :class:`MeanField`.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
 

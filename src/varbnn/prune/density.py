@@ -26,8 +26,7 @@ __all__ = [
 
 SAFE_LAMBDA = math.sqrt(math.log(2))
 """Graves' (2011, eq. 20) rule of thumb: prune up to the point where a pruned weight is less probable than an average
-draw, ``lambda = sqrt(ln 2) ~= 0.8326`` (relative density 1/sqrt(2); the paper's printed ``sqrt(2 ln 2)`` is a typo for
-the value 0.83 it uses, see the module docstring)."""
+draw, ``lambda = sqrt(2 ln sqrt(2)) = sqrt(ln 2) ~= 0.8326`` (relative density 1/sqrt(2); see the module docstring)."""
 
 
 def lambda_from_gamma(gamma: float) -> float:
