@@ -1,0 +1,238 @@
+"""The experiment engine: what every ``varbnn reproduce NAME`` shares, written once.
+
+An experiment declares its runs (each a frozen key of plain values, e.g. ``(variant, seed)`` or ``(dataset, variant,
+split)``, expanded from its config's factors by :func:`expand`) and a function that trains and evaluates one run and
+returns its record (a JSON-able dict). The engine
+
+- keeps the records in ``OUT/NAME_runs.jsonl`` (:class:`RunStore`): one JSON line per finished run, tagged with the
+  protocol hash of the config's training fields, so a rerun of the same command skips what is done and a killed
+  invocation loses at most the run in progress (inside a run, per-epoch checkpoints stay :func:`varbnn.train.fit`'s);
+  shard files ``NAME_runs.shardK.jsonl`` are merged on read;
+- runs the pending runs in this process, in ``workers`` spawned processes of one thread each, or only the ``shard``
+  ``(K, N)`` share of them (every N-th run from the K-th of the fixed order: the shards partition the runs) for N
+  processes or machines (:func:`execute`, :func:`select_shard`);
+- writes the same provenance (command, commit, device, seconds) on every page (:func:`provenance`).
+
+The experiment module keeps only its protocol: its config, its run function and its paper-specific evaluation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import re
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "RunKey",
+    "RunStore",
+    "expand",
+    "select_shard",
+    "parse_shard",
+    "check_workers",
+    "execute",
+    "provenance",
+    "default_command",
+]
+
+RunKey = tuple[Any, ...]
+"""One run: a tuple of plain values (str, int, float) naming it within its experiment, e.g. ``("yacht", "radial", 3)``."""
+
+
+def expand(**factors: Iterable[Any]) -> list[RunKey]:
+    """Every combination of the factors' values, in a fixed order (the first factor varies slowest): the runs of an
+    experiment whose config varies, e.g., ``variant=labels, seed=seeds``. Order matters: it fixes the shards."""
+    return [tuple(values) for values in itertools.product(*(list(v) for v in factors.values()))]
+
+
+def select_shard(runs: Sequence[Any], shard: tuple[int, int] | None) -> list[Any]:
+    """The ``shard = (k, n)`` share of ``runs``: every n-th run from the k-th (0-based); all of them for ``None``. Over
+    k = 0..n-1 the shares partition the runs (each exactly once), whatever is already done."""
+    if shard is None:
+        return list(runs)
+    if not (
+        isinstance(shard, tuple)
+        and len(shard) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in shard)
+        and 0 <= shard[0] < shard[1]
+    ):
+        raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard!r}")
+    return list(runs)[shard[0] :: shard[1]]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` (the ``--shard`` option) as ``(K, N)``; a clear error for anything but integers 0 <= K < N."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except (ValueError, AttributeError):
+        raise ValueError(f"--shard must be K/N with integers 0 <= K < N, got {text!r}") from None
+    return k, n
+
+
+def check_workers(workers: int, device: torch.device) -> None:
+    """``workers`` must be a positive integer, and more than one only on the CPU (they are CPU processes)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    if workers > 1 and device.type != "cpu":
+        raise ValueError(f"workers > 1 runs CPU processes; got device {device} (use workers=1 on an accelerator)")
+
+
+_SHARD_FILE = re.compile(r"_runs(\.shard\d+)?\.jsonl$")
+
+
+@dataclass(frozen=True)
+class RunStore:
+    """The finished runs of experiment ``name`` in folder ``out``.
+
+    ``key(record)`` names a record's run; ``protocol(key)`` is the protocol hash a record of that run must carry to
+    count (``None``: a run this config does not know). Records whose hash differs were trained under another protocol
+    and are ignored (kept in the file). Writes go to ``NAME_runs.jsonl``, or ``NAME_runs.shardK.jsonl`` for shard K, so
+    that shards on one shared folder never write to one file; reads merge every such file (sorted by name; for a run
+    found twice, the last record read wins)."""
+
+    out: Path
+    name: str
+    key: Callable[[Mapping[str, Any]], RunKey]
+    protocol: Callable[[RunKey], str | None]
+    shard: tuple[int, int] | None = None
+
+    @property
+    def path(self) -> Path:
+        """The file this store appends to."""
+        suffix = "" if self.shard is None else f".shard{self.shard[0]}"
+        return Path(self.out) / f"{self.name}_runs{suffix}.jsonl"
+
+    def files(self) -> list[Path]:
+        """Every runs file of this experiment in ``out`` (the plain one and the shards), sorted by name."""
+        prefix = f"{self.name}_runs"
+        return sorted(
+            p for p in Path(self.out).glob(f"{_glob_escape(prefix)}*.jsonl") if _SHARD_FILE.fullmatch(p.name[len(self.name) :])
+        )
+
+    def load(self) -> dict[RunKey, dict[str, Any]]:
+        """The records of this protocol by run key. A last line cut short by a killed write is skipped (with a
+        warning); a malformed line elsewhere is an error naming the file and line."""
+        done: dict[RunKey, dict[str, Any]] = {}
+        for path in self.files():
+            lines = path.read_text().splitlines()
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    if number == len(lines):
+                        warnings.warn(f"{path}: skipping a last line cut short ({error})", stacklevel=2)
+                        continue
+                    raise ValueError(f"{path}, line {number}: not a JSON record ({error})") from error
+                key = self.key(record)
+                expected = self.protocol(key)
+                if expected is not None and record.get("protocol") == expected:
+                    done[key] = record
+        return done
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one finished run's record as one line. A last line cut short by a killed write (no newline at the end
+        of the file) is removed first, so that it never ends up between two records."""
+        path = self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > 0:
+            data = path.read_bytes()
+            if not data.endswith(b"\n"):
+                with path.open("r+b") as handle:
+                    handle.truncate(data.rfind(b"\n") + 1)
+        with path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` with the glob wildcards ``*?[`` escaped."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_in_worker(
+    run: Callable[[RunKey], dict[str, Any]], key: RunKey, device: torch.device
+) -> tuple[RunKey, dict[str, Any], str]:
+    from varbnn.experiments.runner import describe_device
+
+    return key, run(key), describe_device(device) + " (worker process)"
+
+
+def execute(
+    runs: Sequence[RunKey],
+    run: Callable[[RunKey], dict[str, Any]],
+    store: RunStore,
+    *,
+    device: torch.device,
+    workers: int = 1,
+    commit: str | None = None,
+    on_record: Callable[[RunKey, dict[str, Any]], None] | None = None,
+) -> dict[RunKey, dict[str, Any]]:
+    """Run every run of ``runs`` that ``store`` does not hold yet and append its record as soon as it finishes; returns
+    every record of ``store`` (the runs found and the runs done now) by key.
+
+    ``run(key)`` trains and evaluates one run and returns its record; the engine adds ``protocol``, ``commit`` and
+    ``device``. It must seed everything it draws from (each run is then independent of the order and of the process it
+    runs in). ``workers`` > 1 (CPU only) runs them in that many spawned processes of one thread each (``run`` must then
+    be picklable: a module-level function or a ``functools.partial`` of one); this process appends each record as it
+    arrives, so a killed invocation keeps every finished run. ``on_record(key, record)`` is called after each append
+    (progress lines)."""
+    from varbnn.experiments.runner import describe_device, git_commit
+
+    check_workers(workers, device)
+    done = store.load()
+    pending = [key for key in runs if key not in done]
+    commit = git_commit() if commit is None else commit
+
+    def save(key: RunKey, record: dict[str, Any], device_text: str) -> None:
+        record.update(protocol=store.protocol(key), commit=commit, device=device_text)
+        store.append(record)
+        done[key] = record
+        if on_record is not None:
+            on_record(key, record)
+
+    if workers > 1 and len(pending) > 1:
+        context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+        with ProcessPoolExecutor(min(workers, len(pending)), mp_context=context, initializer=_one_thread) as pool:
+            futures = [pool.submit(_run_in_worker, run, key, device) for key in pending]
+            for future in as_completed(futures):
+                save(*future.result())
+    else:
+        text = describe_device(device)
+        for key in pending:
+            save(key, run(key), text)
+    return done
+
+
+def default_command() -> str:
+    """The command line of this process as ``varbnn ARGS`` (what a page shows when the caller gives none)."""
+    return "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def provenance(command: str | None, commit: str, device: str, start: float) -> dict[str, Any]:
+    """The provenance every page carries, the same way: ``command`` (default :func:`default_command`), ``commit``,
+    ``device`` and the ``seconds`` since ``start`` (a ``time.perf_counter()`` value)."""
+    return {
+        "command": command or default_command(),
+        "commit": commit,
+        "device": device,
+        "seconds": round(time.perf_counter() - start, 2),
+    }

@@ -1,0 +1,153 @@
+"""The experiment engine on a toy experiment: expansion, shards, workers, the record store, kill and resume."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from varbnn.experiments.engine import check_workers, execute, expand, parse_shard, provenance, select_shard
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_toy import PROTOCOL, toy_run, toy_runs, toy_store  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def _records(out: Path, name: str = "toy_runs.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (out / name).read_text().splitlines()]
+
+
+def _strip(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in ("commit", "device")}
+
+
+def test_expand_varies_the_first_factor_slowest():
+    assert expand(variant=("a", "b"), seed=(0, 1, 2)) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    assert expand(variant=("a",), split=range(2), task=("x",)) == [("a", 0, "x"), ("a", 1, "x")]
+
+
+def test_shards_partition_the_runs():
+    runs = expand(variant=("a", "b", "c"), seed=range(7))
+    for n in (1, 2, 3, 5, 21, 30):
+        shares = [select_shard(runs, (k, n)) for k in range(n)]
+        assert sorted(r for share in shares for r in share) == sorted(runs)  # every run exactly once
+    assert select_shard(runs, None) == runs
+    for bad in ((2, 2), (-1, 2), (0, 0), (1,), (True, 2)):
+        with pytest.raises(ValueError, match="shard must be"):
+            select_shard(runs, bad)  # type: ignore[arg-type]
+    assert parse_shard("1/4") == (1, 4)
+    for text in ("3/2", "a/b", "1", "1/2/3", "-1/2"):
+        with pytest.raises(ValueError, match=r"--shard must be K/N"):
+            parse_shard(text)
+
+
+def test_check_workers_names_the_argument():
+    check_workers(1, CPU)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be a positive integer"):
+            check_workers(bad, CPU)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="workers > 1 runs CPU processes"):
+        check_workers(2, torch.device("meta"))
+
+
+def test_execute_records_each_run_once_and_skips_what_is_done(tmp_path):
+    calls = tmp_path / "calls"
+    run = functools.partial(toy_run, str(calls), 0.0)
+    done = execute(toy_runs()[:3], run, toy_store(tmp_path), device=CPU, commit="c1")
+    assert sorted(done) == sorted(toy_runs()[:3])
+    done = execute(toy_runs(), run, toy_store(tmp_path), device=CPU, commit="c2")
+    assert sorted(done) == sorted(toy_runs())
+    assert len(calls.read_text().splitlines()) == len(toy_runs())  # nothing redone
+    records = _records(tmp_path)
+    assert [r["commit"] for r in records] == ["c1"] * 3 + ["c2"] * 3
+    assert all(r["protocol"] == PROTOCOL for r in records)
+    # a record of another protocol is kept in the file but does not count
+    with (tmp_path / "toy_runs.jsonl").open("a") as handle:
+        handle.write(json.dumps({"variant": "zz", "seed": 0, "protocol": "other"}) + "\n")
+    assert ("zz", 0) not in toy_store(tmp_path).load()
+
+
+def test_shard_files_are_merged_on_read_and_equal_one_process(tmp_path):
+    run = functools.partial(toy_run, None, 0.0)
+    whole = execute(toy_runs(), run, toy_store(tmp_path / "one"), device=CPU, commit="c")
+    for k in range(4):
+        store = toy_store(tmp_path / "shared", (k, 4))
+        execute(select_shard(toy_runs(), (k, 4)), run, store, device=CPU, commit="c")
+        assert store.path.name == f"toy_runs.shard{k}.jsonl"
+    merged = toy_store(tmp_path / "shared").load()
+    assert {k: _strip(v) for k, v in merged.items()} == {k: _strip(v) for k, v in whole.items()}
+
+
+def test_workers_give_the_records_of_one_process(tmp_path):
+    run = functools.partial(toy_run, None, 0.0)
+    one = execute(toy_runs(), run, toy_store(tmp_path / "one"), device=CPU, commit="c")
+    two = execute(toy_runs(), run, toy_store(tmp_path / "two"), device=CPU, workers=2, commit="c")
+    assert {k: _strip(v) for k, v in two.items()} == {k: _strip(v) for k, v in one.items()}
+    assert all(r["device"].endswith("(worker process)") for r in two.values())
+
+
+def test_a_cut_short_last_line_is_skipped_then_removed_before_the_next_record(tmp_path):
+    store = toy_store(tmp_path)
+    run = functools.partial(toy_run, None, 0.0)
+    execute(toy_runs()[:1], run, store, device=CPU, commit="c")
+    with store.path.open("a") as handle:
+        handle.write('{"variant": "bb", "se')  # a write killed half-way
+    with pytest.warns(UserWarning, match="cut short"):
+        execute(toy_runs()[:2], run, store, device=CPU, commit="c")
+    lines = store.path.read_text().splitlines()  # the torn line is gone
+    assert [(json.loads(line)["variant"], json.loads(line)["seed"]) for line in lines] == [("a", 0), ("a", 1)]
+    with open(store.path, "a") as handle:
+        handle.write("not json\n")
+    with pytest.warns(UserWarning, match="cut short"):
+        execute(toy_runs()[:3], run, store, device=CPU, commit="c")  # a bad line in the middle: an error on the next read
+    with pytest.raises(ValueError, match="line 3: not a JSON record"):
+        store.load()
+
+
+def test_kill_and_resume_loses_only_the_run_in_progress(tmp_path):
+    """Kill the toy experiment's process (SIGKILL) after two runs have finished; a rerun redoes none of them and ends
+    with the records of an uninterrupted run."""
+    script = Path(__file__).parent / "engine_toy.py"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    killed, calls = tmp_path / "killed", tmp_path / "calls"
+    process = subprocess.Popen([sys.executable, str(script), str(killed), str(calls), "0.5"], env=env)
+    runs_file = killed / "toy_runs.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if runs_file.exists() and len(runs_file.read_text().splitlines()) >= 2:
+            break
+        if process.poll() is not None:
+            pytest.fail("the toy experiment ended before it could be killed")
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = {(r["variant"], r["seed"]) for r in _records(killed)}
+    assert 2 <= len(finished) < len(toy_runs())
+    before = len(calls.read_text().splitlines())
+    subprocess.run([sys.executable, str(script), str(killed), str(calls), "0"], env=env, check=True)
+    again = [tuple(json.loads(line)) for line in calls.read_text().splitlines()[before:]]
+    assert not finished & set(again)  # no finished run was redone
+    assert len(again) == len(toy_runs()) - len(finished)
+    whole = tmp_path / "whole"
+    subprocess.run([sys.executable, str(script), str(whole), str(tmp_path / "calls2"), "0"], env=env, check=True)
+    key = lambda r: (r["variant"], r["seed"])  # noqa: E731
+    assert sorted(map(_strip, _records(killed)), key=key) == sorted(map(_strip, _records(whole)), key=key)
+
+
+def test_provenance_is_the_same_for_every_page():
+    start = time.perf_counter()
+    info = provenance("varbnn reproduce x", "abc", "cpu: test", start)
+    assert list(info) == ["command", "commit", "device", "seconds"] and info["seconds"] >= 0
+    assert provenance(None, "abc", "cpu", start)["command"].startswith("varbnn")
