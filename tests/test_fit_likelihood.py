@@ -152,3 +152,31 @@ def test_fit_refuses_what_it_would_train_wrongly(tmp_path) -> None:
     fit(nn.Linear(3, 1), loader, n_data=64, epochs=1, nll=nn.functional.mse_loss, checkpoint=path, progress=False)
     with pytest.raises(CheckpointError, match="no 'likelihood' entry"):
         fit(nn.Linear(3, 1), loader, n_data=64, epochs=2, likelihood=Gaussian(), checkpoint=path, resume=True, progress=False)
+
+
+def test_the_prior_diagnosis_needs_an_nll_near_the_label_marginal(monkeypatch) -> None:
+    """A converted trained network fits from its first epoch: a low, flat NLL with a posterior near the prior is no
+    collapse (the examples' pretrained CNN was flagged before). The same flat history at the marginal NLL is."""
+    import math
+
+    from varbnn.train import _diagnose, _label_entropy
+
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=0.5))
+    fitting = [{"loss": 0.05, "nll": 0.05, "kl": 1.0, "beta": 1.0}] * 5
+    collapsed = [{"loss": 0.69, "nll": 0.69, "kl": 1.0, "beta": 1.0}] * 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrainingWarning)
+        _diagnose(model, fitting, 64, label_entropy=math.log(2))
+    with pytest.warns(TrainingWarning, match="posterior sits on the prior"):
+        _diagnose(model, collapsed, 64, label_entropy=math.log(2))
+    with pytest.warns(TrainingWarning, match="posterior sits on the prior"):  # no labels seen: the old rule
+        _diagnose(model, fitting, 64, label_entropy=None)
+    assert _label_entropy([torch.tensor([0, 1]), torch.tensor([1, 0])]) == pytest.approx(math.log(2))
+    assert _label_entropy([torch.tensor([3, 3, 3])]) == pytest.approx(0.0)
+    assert _label_entropy([]) is None and _label_entropy([torch.tensor([-1, 0])]) is None
+
+    seen = {}
+    monkeypatch.setattr("varbnn.train._diagnose", lambda m, h, n, entropy: seen.setdefault("entropy", entropy))
+    x, y = torch.randn(64, 4), torch.tensor([0, 1, 2, 3] * 16)
+    fit(nn.Linear(4, 4), DataLoader(TensorDataset(x, y), batch_size=16), n_data=64, epochs=1, progress=False)
+    assert seen["entropy"] == pytest.approx(math.log(4))

@@ -578,8 +578,10 @@ def fit(
 
     ``diagnose`` (default True): after training, one :class:`TrainingWarning` if the run shows a problem the library
     can see -- a posterior within 0.25 nats per weight of its prior while the training NLL stayed at its first-epoch
-    level (the KL pulled the weights back to the prior), or a posterior whose standard deviations are below 1e-3 of
-    its means' magnitude (predictions practically deterministic).
+    level (runs of 3 epochs or more) and, for class labels, above half the NLL of predicting the label frequencies
+    (the KL pulled the weights back to the prior; a converted trained network that fits from its first epoch is not
+    flagged), or a posterior whose standard deviations are below 1e-3 of its means' magnitude (predictions
+    practically deterministic).
 
     Adaptive priors are set to their optimum after every step. Models with a ``MeanField(estimator="graves")`` tensor
     take their gradients from :func:`varbnn.objectives.graves_gradients` (a weight draw per example, Fisher
@@ -750,6 +752,7 @@ def fit(
     # disable=None: tqdm turns the bar off by itself when stderr is not a terminal (a redirected run logs no frames)
     bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=None if progress else True, leave=False,
                initial=first_epoch, total=epochs)  # fmt: skip
+    seen_labels: list[torch.Tensor] = []  # a few batches' class labels: the NLL of their marginal, for _diagnose
     for epoch in bar:
         model.train()
         sampler = getattr(loader, "sampler", None)
@@ -758,6 +761,8 @@ def fit(
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
         batches = used = skipped = 0
         for x, y in loader:
+            if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
+                seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
             where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
             batches += 1
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
@@ -855,7 +860,7 @@ def fit(
                 checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=_rng_state(loader), **extra
             )
     if diagnose and history and first_epoch < epochs and vdist.is_main_process():
-        _diagnose(model, history, n_data)
+        _diagnose(model, history, n_data, _label_entropy(seen_labels))
     return history
 
 
@@ -889,11 +894,36 @@ def _likelihood_loss(lik: Likelihood, n_data: int) -> NLLFunction:
 
 _DETERMINISTIC_RATIO = 1e-3
 _PRIOR_KL_PER_WEIGHT = 0.25
+_DIAGNOSE_LABEL_BATCHES = 20
+
+
+def _class_labels(y: Any) -> bool:
+    """Whether a batch's targets look like class labels (integer, non-negative is checked later): the case in which
+    the NLL of always predicting the label frequencies (their entropy) is known."""
+    return isinstance(y, torch.Tensor) and not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool)
+
+
+def _label_entropy(labels: list[torch.Tensor]) -> float | None:
+    """Entropy (nats) of the class frequencies in ``labels``: the training NLL of a classifier that ignores its input.
+    ``None`` without labels (regression, or a run resumed past its first batches)."""
+    if not labels:
+        return None
+    flat = torch.cat(labels)
+    if flat.numel() == 0 or int(flat.min()) < 0:
+        return None
+    p = torch.bincount(flat).double()
+    p = p[p > 0] / p.sum()
+    return float(-(p * p.log()).sum())
 
 
 @torch.no_grad()
-def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int) -> None:
-    """One :class:`TrainingWarning` naming what went wrong, in words a user can act on (see :func:`fit`)."""
+def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int, label_entropy: float | None = None) -> None:
+    """One :class:`TrainingWarning` naming what went wrong, in words a user can act on (see :func:`fit`).
+
+    ``label_entropy`` (classification): the NLL of predicting the label frequencies. A posterior near its prior is
+    a problem only while the NLL stays near that marginal NLL; a network that fits from its first epoch (e.g. one
+    converted with its trained weights) and keeps fitting is not warned about, however close to the prior its
+    unused weights went."""
     import warnings
 
     from varbnn.families.base import VariationalFamily
@@ -903,7 +933,8 @@ def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int) ->
     problems = []
     weights = sum(m.mean.numel() for m in model.modules() if isinstance(m, VariationalFamily) and m.is_built)
     kl_per_weight = history[-1]["kl"] / max(weights, 1)
-    if len(history) >= 3 and weights and kl_per_weight < _PRIOR_KL_PER_WEIGHT and recent > 0.9 * first:
+    near_marginal = label_entropy is None or recent > 0.5 * label_entropy
+    if len(history) >= 3 and weights and kl_per_weight < _PRIOR_KL_PER_WEIGHT and recent > 0.9 * first and near_marginal:
         problems.append(
             f"the posterior sits on the prior (KL {kl_per_weight:.3g} nats per weight) and the training NLL has not "
             f"fallen since the first epoch ({first:.4g} -> {recent:.4g} over the last epochs): the data barely moved the "
