@@ -8,7 +8,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["main", "max_threads", "DEVICE_CHOICES"]
+__all__ = ["main", "max_threads", "DEVICE_CHOICES", "ENGINE_EXPERIMENTS"]
+
+ENGINE_EXPERIMENTS = ("uci", "retina-referral", "retina-robustness", "vcl-split-fmnist", "graves-mnist", "graves-mnist-lstm")
+"""The experiments whose runs :mod:`varbnn.experiments.engine` executes: they take ``--workers``, ``--shard`` and
+``--no-train``."""
+ENGINE_TEXT = "uci, retina-*, vcl-split-fmnist, graves-mnist(-lstm)"
 
 DEVICE_CHOICES = "cpu, cuda, cuda:N (N < the number of GPUs), mps, or auto (cuda if available, else cpu)"
 """The values ``--device`` accepts (a device that this machine lacks is refused before anything runs)."""
@@ -111,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="6,6",
         help="uci only: A,B of the Gamma(A, B) prior on the noise precision (default 6,6; the published RDP code uses 1,1)",
     )
-    rep.add_argument("--workers", type=int, default=1, help="uci only: N worker processes with one thread each (CPU; default 1)")
+    rep.add_argument(
+        "--workers", type=int, default=1,
+        help=f"N worker processes of one thread each run the pending runs (CPU; default 1); {ENGINE_TEXT}",
+    )  # fmt: skip
     rep.add_argument(
         "--splits", type=int, default=None, help="uci only: run only the first N splits of each dataset (a partial run)"
     )
@@ -132,10 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--families", default=None, help="uci only: comma-separated columns to run (rdp, meanfield, radial, ktied, delta)"
     )
-    rep.add_argument("--no-train", action="store_true", help="retina-*, uci: render the results from the runs already saved")
+    rep.add_argument("--no-train", action="store_true", help=f"render the results from the runs already saved; {ENGINE_TEXT}")
     rep.add_argument(
-        "--shard", default=None, help="retina-*, uci: K/N runs every N-th job from the K-th (0-based), for parallel processes"
-    )
+        "--shard", default=None,
+        help=f"K/N runs every N-th run from the K-th (0-based), for parallel processes or machines; {ENGINE_TEXT}",
+    )  # fmt: skip
     rep.add_argument(
         "--distributed",
         action="store_true",
@@ -144,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     common(rep, None, "benchmarks/results/NAME/, one folder per experiment")
     sub.add_parser("list", help="list the experiment names")
-    ren = sub.add_parser("render", help="rewrite NAME.md from a saved NAME.json of `varbnn reproduce NAME` (layout only)")
+    ren = sub.add_parser(
+        "render", help="rewrite NAME.md from a saved NAME.json of `varbnn reproduce NAME`, any NAME (layout only)"
+    )
     ren.add_argument("results", nargs="+", help="saved result files NAME.json")
     args = parser.parse_args(argv)
 
@@ -152,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from varbnn.experiments.config import results_dir
 
     if args.command == "render":
-        from varbnn.experiments.runner import git_commit, render_saved
+        from varbnn.experiments.render import render_saved
+        from varbnn.experiments.runner import git_commit
 
         commit = git_commit()  # before the first page is rewritten (which would make the tree dirty)
         for path in args.results:
@@ -193,14 +205,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--distributed is supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     shard = None
-    if args.command == "reproduce" and args.shard:
-        try:
-            k, n = (int(v) for v in args.shard.split("/"))
-            if not 0 <= k < n:
-                raise ValueError
-        except ValueError:
-            parser.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
-        shard = (k, n)
+    if args.command == "reproduce":
+        from varbnn.experiments.engine import parse_shard
+
+        engine = name.removesuffix("-quick") in ENGINE_EXPERIMENTS
+        used = [
+            flag for flag, on in (("--shard", args.shard), ("--workers", args.workers != 1), ("--no-train", args.no_train)) if on
+        ]
+        if used and not engine:
+            parser.error(f"{', '.join(used)}: supported by {', '.join(ENGINE_EXPERIMENTS)}, not by {name!r}")
+        if args.workers < 1:
+            parser.error(f"--workers must be a positive integer, got {args.workers}")
+        if args.shard:
+            try:
+                shard = parse_shard(args.shard)
+            except ValueError as error:
+                parser.error(str(error))
     if name == "uci":
         from varbnn.experiments.uci import run_uci, uci_config
 
@@ -210,8 +230,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 parser.error(f"--noise-prior must be A,B (two positive numbers), got {args.noise_prior!r}")
             datasets = tuple(args.datasets.split(",")) if args.datasets else None
-            if args.workers < 1:
-                parser.error(f"--workers must be a positive integer, got {args.workers}")
             if args.splits is not None and args.splits < 1:
                 parser.error(f"--splits must be a positive integer, got {args.splits}")
             if args.epochs is not None and args.epochs < 1:
@@ -221,18 +239,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                              args.epochs, families)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
-        uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                             progress=not args.no_progress, command=command, shard=shard,
-                             train=not args.no_train, workers=args.workers)  # fmt: skip
+        try:
+            uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                 progress=not args.no_progress, command=command, shard=shard,
+                                 train=not args.no_train, workers=args.workers)  # fmt: skip
+        except ValueError as error:
+            parser.error(str(error))
         out = results_dir(uci.name, args.out)
-        print(f"wrote {out}/{uci.name}.json, {out}/{uci.name}.md, {out}/{uci.name}_runs.jsonl")
+        runs = f"{uci.name}_runs" + ("" if shard is None else f".shard{shard[0]}") + ".jsonl"
+        print(f"wrote {out}/{uci.name}.json, {out}/{uci.name}.md, {out}/{runs}")
         return 0 if uci_result["rows"] else 1
     if name in ("retina-referral", "retina-robustness"):
         from varbnn.experiments.retina import retina_config, run_retina
 
         retina = retina_config(name, args.quick)
-        run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                   progress=not args.no_progress, command=command, shard=shard, train=not args.no_train)  # fmt: skip
+        try:
+            run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
+                       command=command, shard=shard, train=not args.no_train, workers=args.workers)  # fmt: skip
+        except ValueError as error:
+            parser.error(str(error))
         if shard is None:
             out = results_dir(retina.name, args.out)
             print(f"wrote {out}/{retina.name}.json, {out}/{retina.name}.md, {out}/{retina.name}.png")
@@ -250,8 +275,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from varbnn.experiments.continual import run_vcl, vcl_config
 
         vcl = vcl_config(args.quick)
-        vcl_result = run_vcl(vcl, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
-                             command=command)  # fmt: skip
+        try:
+            vcl_result = run_vcl(vcl, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                 progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
+                                 workers=args.workers)  # fmt: skip
+        except ValueError as error:
+            parser.error(str(error))
+        if shard is not None:
+            print(f"wrote {results_dir(vcl.name, args.out)}/{vcl.name}_runs.shard{shard[0]}.jsonl")
+            return 0
         final = [r for r in vcl_result["rows"] if r["after_task"] == len(vcl.tasks)]
         print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
         out = results_dir(vcl.name, args.out)
@@ -264,10 +296,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             graves = graves_config(name, args.quick)
         except ValueError as error:
             parser.error(str(error))
-        runner = run_graves_prune if name.startswith("graves-prune") else run_graves_mnist
-        runner(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
-               command=command)  # fmt: skip
         out = results_dir(graves.name, args.out)
+        if name.startswith("graves-prune"):
+            run_graves_prune(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                             progress=not args.no_progress, command=command)  # fmt: skip
+        else:
+            try:
+                run_graves_mnist(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                 progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
+                                 workers=args.workers)  # fmt: skip
+            except ValueError as error:
+                parser.error(str(error))
+            if shard is not None:
+                print(f"wrote {out}/{graves.name}_runs.shard{shard[0]}.jsonl")
+                return 0
         print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
         return 0
     try:

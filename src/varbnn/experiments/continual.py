@@ -17,14 +17,15 @@ missing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import load_fashion_mnist
 from varbnn.experiments.config import results_dir
+from varbnn.experiments.engine import RunKey, RunStore, execute, expand, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
@@ -41,7 +43,7 @@ from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
 from varbnn.train import fit, resolve_device, seed_everything
 
-__all__ = ["VCLVariant", "VCLConfig", "vcl_config", "run_vcl", "render_vcl_markdown", "TensorBatches", "SPLIT_TASKS"]
+__all__ = ["VCLVariant", "VCLConfig", "vcl_config", "run_vcl", "vcl_store", "render_vcl_markdown", "TensorBatches", "SPLIT_TASKS"]
 
 SPLIT_TASKS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 SIGMA_RHO_MINUS_6 = math.log1p(math.exp(-6.0))
@@ -197,6 +199,20 @@ def _run_one(
             "epochs_per_task": epochs, "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
 
 
+def _run_key(config: VCLConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey) -> dict[str, Any]:
+    """The engine's run function: train ``key = (variant label, seed)`` through every task."""
+    label, seed = key
+    return _run_one(config, next(v for v in config.variants if v.label == label), seed, data_dir, dev, progress)
+
+
+def vcl_store(config: VCLConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
+    """The runs of ``config`` in folder ``out``, keyed by (variant label, seed), each variant under its own hash."""
+    hashes = {v.label: config.protocol_hash(v) for v in config.variants}
+    return RunStore(
+        Path(out), config.name, key=lambda r: (r["variant"], r["seed"]), protocol=lambda k: hashes.get(k[0]), shard=shard
+    )
+
+
 def run_vcl(
     config: VCLConfig,
     *,
@@ -205,9 +221,14 @@ def run_vcl(
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
+    shard: tuple[int, int] | None = None,
+    train: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """Run every (variant, seed) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``, ``.md`` and the figure.
-    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
+    """Run every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``, ``.md`` and the figure.
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
+    (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
+    (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
@@ -215,23 +236,12 @@ def run_vcl(
     dev = resolve_device(device)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cache = out / f"{config.name}_runs.jsonl"
-    done: dict[tuple[str, int], dict[str, Any]] = {}
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            record = json.loads(line)
-            if hashes.get(record["variant"]) == record.get("protocol"):
-                done[(record["variant"], record["seed"])] = record
-    for variant in config.variants:
-        for seed in config.seeds:
-            if (variant.label, seed) in done:
-                continue
-            record = _run_one(config, variant, seed, data_dir, dev, progress)
-            record.update(protocol=hashes[variant.label], commit=commit, device=describe_device(dev))
-            done[(variant.label, seed)] = record
-            with cache.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
+    runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
+    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
+    done = execute(runs, run, vcl_store(config, out, shard), device=dev, workers=workers, commit=commit)
+    if shard is not None:
+        return {"name": config.name, "rows": []}
     rows = []
     for variant in config.variants:
         records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
@@ -244,11 +254,8 @@ def run_vcl(
             rows.append(row)
     result = {
         "name": config.name,
-        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": commit,
-        "device": describe_device(dev),
+        **provenance(command, commit, describe_device(dev), start),
         "run_devices": sorted({r["device"] for r in done.values() if r["variant"] in hashes}),
-        "seconds": round(time.perf_counter() - start, 2),
         "train_seconds": {
             v.label: [done[(v.label, s)]["seconds"] for s in config.seeds if (v.label, s) in done] for v in config.variants
         },  # fmt: skip

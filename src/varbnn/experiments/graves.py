@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +40,7 @@ from torch import nn
 from varbnn.convert import bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
+from varbnn.experiments.engine import RunKey, RunStore, execute, expand, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
@@ -50,8 +51,8 @@ from varbnn.prune import SAFE_LAMBDA, classification_error, prune_by_density_rat
 from varbnn.train import fit, resolve_device, save_checkpoint, seed_everything
 
 __all__ = [
-    "GravesVariant", "GravesConfig", "graves_config", "run_graves_mnist", "run_graves_prune", "network_experiment",
-    "GRAVES_VARIANTS",
+    "GravesVariant", "GravesConfig", "graves_config", "graves_store", "run_graves_mnist", "run_graves_prune",
+    "network_experiment", "GRAVES_VARIANTS",
 ]  # fmt: skip
 
 AWN = "adaptive weight noise"
@@ -309,14 +310,22 @@ def _run_variant(
     return record
 
 
-def _load_runs(cache: Path, hashes: dict[str, str]) -> dict[tuple[str, int], dict[str, Any]]:
-    done: dict[tuple[str, int], dict[str, Any]] = {}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            record = json.loads(line)
-            if hashes.get(record["variant"]) == record.get("protocol"):
-                done[(record["variant"], record["seed"])] = record
-    return done
+def _run_key(
+    config: GravesConfig, data_dir: str | None, dev: torch.device, out: Path, progress: bool, key: RunKey
+) -> dict[str, Any]:
+    """The engine's run function: train and evaluate ``key = (variant label, seed)``."""
+    label, seed = key
+    variant = next(v for v in config.variants if v.label == label)
+    return _run_variant(config, variant, seed, data_dir, dev, out, progress)
+
+
+def graves_store(config: GravesConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
+    """The runs of ``config`` in folder ``out``, keyed by (variant label, seed); each variant has its own protocol hash
+    (:meth:`GravesConfig.protocol_hash`), so adding a variant leaves the others' runs valid."""
+    hashes = {v.label: config.protocol_hash(v) for v in config.variants}
+    return RunStore(
+        Path(out), config.name, key=lambda r: (r["variant"], r["seed"]), protocol=lambda k: hashes.get(k[0]), shard=shard
+    )
 
 
 def run_graves_mnist(
@@ -327,9 +336,14 @@ def run_graves_mnist(
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
+    shard: tuple[int, int] | None = None,
+    train: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """Table 1 analogue: train every variant not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json``/``.md``/``.png``.
-    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
+    """Table 1 analogue: train every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``/``.md``
+    /``.png``. ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
+    (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
+    (appended to ``<name>_runs.shard<k>.jsonl``; the page is written once all shards are done), none if not ``train``."""
     from varbnn.experiments.runner import describe_device, git_commit
     from varbnn.metrics import mean_and_standard_error
 
@@ -337,18 +351,12 @@ def run_graves_mnist(
     commit, dev = git_commit(), resolve_device(device)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cache = out / f"{config.name}_runs.jsonl"
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
-    done = _load_runs(cache, hashes)
-    for variant in config.variants:
-        for seed in config.seeds:
-            if (variant.label, seed) in done:
-                continue
-            record = _run_variant(config, variant, seed, data_dir, dev, out, progress)
-            record.update(protocol=hashes[variant.label], commit=commit, device=describe_device(dev))
-            done[(variant.label, seed)] = record
-            with cache.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
+    runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
+    run = functools.partial(_run_key, config, data_dir, dev, out, progress and workers == 1)
+    done = execute(runs, run, graves_store(config, out, shard), device=dev, workers=workers, commit=commit)
+    if shard is not None:
+        return {"name": config.name, "rows": []}
     rows = []
     for variant in config.variants:
         records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
@@ -364,11 +372,8 @@ def run_graves_mnist(
         rows.append(row)
     result = {
         "name": config.name,
-        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": commit,
-        "device": describe_device(dev),
+        **provenance(command, commit, describe_device(dev), start),
         "run_devices": sorted({r["device"] for r in done.values()}),
-        "seconds": round(time.perf_counter() - start, 2),
         "config": dataclasses.asdict(config),
         "rows": rows,
     }
@@ -499,10 +504,7 @@ def run_graves_prune(
                   f"{row['retrain_error']:.4f}", file=sys.stderr)  # fmt: skip
     result = {
         "name": config.name,
-        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": commit,
-        "device": describe_device(dev),
-        "seconds": round(time.perf_counter() - start, 2),
+        **provenance(command, commit, describe_device(dev), start),
         "config": dataclasses.asdict(config),
         "heatmap_layer": layer_key,
         "rows": rows,

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import os
 import random
-import shlex
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from varbnn.data import load_retinamnist
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
+from varbnn.experiments.engine import RunKey, RunStore, execute, expand, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.nn.base import sample_mode
@@ -65,6 +67,8 @@ __all__ = [
     "run_retina",
     "vgg_small",
     "sample_hyperparameters",
+    "retina_runs",
+    "retina_store",
     "render_retina_markdown",
     "REFERRAL_FRACTIONS",
 ]
@@ -272,6 +276,32 @@ def _train_one(
     }
 
 
+@functools.lru_cache(maxsize=2)
+def _cached_data(data_dir: str | None, limit: int | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The data, loaded once per process (in-process runs and each worker process share it)."""
+    return _data(data_dir, limit)
+
+
+def _run_key(config: RetinaConfig, data_dir: str | None, dev: torch.device, key: RunKey) -> dict[str, Any]:
+    """The engine's run function: train ``key = (family, configuration key, seed)``."""
+    family_name, run_key, seed = key
+    run = next(r for r in config.runs if r.key() == run_key)
+    return _train_one(config, run, family_name, seed, _cached_data(data_dir, config.train_limit), dev)
+
+
+def retina_runs(config: RetinaConfig) -> list[RunKey]:
+    """Every (family, configuration key, seed) of ``config`` in its fixed order (the shards' order)."""
+    return [(f, r, s) for r, s, f in expand(run=[r.key() for r in config.runs], seed=config.seeds, family=config.families)]
+
+
+def retina_store(config: RetinaConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
+    """The runs of ``config`` in folder ``out``, keyed by (family, configuration key, seed), one protocol hash."""
+    protocol = config.protocol_hash()
+    return RunStore(
+        Path(out), config.name, key=lambda r: (r["family"], r["key"], r["seed"]), protocol=lambda k: protocol, shard=shard
+    )
+
+
 def run_retina(
     config: RetinaConfig,
     *,
@@ -282,12 +312,13 @@ def run_retina(
     command: str | None = None,
     shard: tuple[int, int] | None = None,
     train: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
-    ``(k, n)`` if given; none if not ``train``), then write ``<name>.json``, ``.md`` and the figure from every run found.
-    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
-    from tqdm.auto import tqdm
-
+    ``(k, n)`` if given, appended to ``<name>_runs.shard<k>.jsonl``; none if not ``train``; in ``workers`` CPU processes
+    if > 1: :func:`varbnn.experiments.engine.execute`), then write ``<name>.json``, ``.md`` and the figure from every run
+    found (not for a shard: the page waits for all of them). ``OUT``: ``out_dir``, by default
+    ``benchmarks/results/<name>/``."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
@@ -295,45 +326,25 @@ def run_retina(
     dev = resolve_device(device)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    protocol = config.protocol_hash()
+    runs = select_shard(retina_runs(config), shard) if train else []
 
-    def read_done() -> dict[tuple[str, str, int], dict[str, Any]]:
-        done = {}
-        for path in sorted(out.glob(f"{config.name}_runs*.jsonl")):
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if record.get("protocol") == protocol:
-                    done[(record["family"], record["key"], record["seed"])] = record
-        return done
+    def report(key: RunKey, record: dict[str, Any]) -> None:
+        if progress:
+            print(f"[{config.name}] {key[0]} {key[1]} seed {key[2]}: test AUROC {record['auroc']:.4f}", file=sys.stderr)
 
-    done = read_done()
-    jobs = [(f, r, s) for r in config.runs for s in config.seeds for f in config.families]
-    if shard is not None:
-        k, n = shard
-        jobs = jobs[k::n]
-    cache = out / (f"{config.name}_runs.shard{shard[0]}.jsonl" if shard else f"{config.name}_runs.jsonl")
-    todo = [(f, r, s) for f, r, s in jobs if (f, r.key(), s) not in done] if train else []
-    data = _data(data_dir, config.train_limit) if todo else {}
-    for family_name, run, seed in tqdm(todo, desc=config.name, disable=not progress):
-        record = _train_one(config, run, family_name, seed, data, dev)
-        record.update(protocol=protocol, commit=commit, device=describe_device(dev))
-        done[(family_name, run.key(), seed)] = record
-        with cache.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+    done = execute(runs, functools.partial(_run_key, config, data_dir, dev), retina_store(config, out, shard), device=dev,
+                   workers=workers, commit=commit, on_record=report)  # fmt: skip
     if shard is not None:
         return {"name": config.name, "rows": [], "figures": []}
-    done = read_done()
+    done = retina_store(config, out).load()
     records = [
         done[(f, r.key(), s)] for r in config.runs for s in config.seeds for f in config.families if (f, r.key(), s) in done
     ]
     result: dict[str, Any] = {
         "name": config.name,
-        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": commit,
-        "device": describe_device(dev),
+        **provenance(command, commit, describe_device(dev), start),
         "run_devices": sorted({r["device"] for r in records}),
         "run_commits": sorted({r["commit"] for r in records}),
-        "seconds": round(time.perf_counter() - start, 2),
         "train_seconds": round(sum(r["seconds"] for r in records), 1),
         "config": dataclasses.asdict(config),
         "rows": _summarise(config, records),

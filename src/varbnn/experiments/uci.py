@@ -22,16 +22,15 @@ killed run continues where it stopped and a rerun only fills in what is missing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
-import multiprocessing
 import os
-import shlex
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
 from varbnn.experiments.config import results_dir
+from varbnn.experiments.engine import RunKey, RunStore, check_workers, execute, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.likelihoods import GammaPrecisionGaussian
 from varbnn.metrics import mean_and_standard_error
@@ -221,18 +221,11 @@ def build_regressor(variant: UCIVariant, in_features: int, hidden: int) -> nn.Mo
     return nn.Sequential(first, nn.ReLU(), output)
 
 
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
-def _run_split_in_worker(
-    config: UCIConfig, variant: UCIVariant, dataset: str, split: int, data_dir: str | None, dev: torch.device
-) -> tuple[dict[str, Any], str]:
-    """One job in a worker process: its record and the worker's device description (1 thread). Warnings are the
-    sequential run's (printed by the worker)."""
-    from varbnn.experiments.runner import describe_device
-
-    return _run_split(config, variant, dataset, split, data_dir, dev, False), describe_device(dev) + " (worker process)"
+def _run_key(config: UCIConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey) -> dict[str, Any]:
+    """The engine's run function: run ``key = (dataset, variant label, split)``."""
+    dataset, label, split = key
+    variant = next(v for v in config.variants if v.label == label)
+    return _run_split(config, variant, dataset, split, data_dir, dev, progress)
 
 
 def _run_split(
@@ -329,14 +322,21 @@ def _mean_ceiling(config: UCIConfig, dataset: str, splits: list[int], data_dir: 
 
 def uci_jobs(config: UCIConfig, shard: tuple[int, int] | None = None) -> list[tuple[str, UCIVariant, int]]:
     """The (dataset, variant, split) jobs of ``config`` in their fixed order (smallest dataset first), or the
-    ``shard=(k, n)`` share of them: every n-th from the k-th."""
-    if shard is not None and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
-        raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard!r}")
+    ``shard=(k, n)`` share of them: every n-th from the k-th (:func:`varbnn.experiments.engine.select_shard`)."""
     jobs = []
     for dataset in sorted(config.datasets, key=lambda d: SMALLEST_FIRST.index(d) if d in SMALLEST_FIRST else len(SMALLEST_FIRST)):
         splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
         jobs += [(dataset, variant, split) for variant in config.active_variants for split in range(splits)]
-    return jobs if shard is None else jobs[shard[0] :: shard[1]]
+    return select_shard(jobs, shard)
+
+
+def uci_store(config: UCIConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
+    """The runs of ``config`` in folder ``out``: records keyed by (dataset, variant label, split), every one under the
+    config's single :meth:`UCIConfig.protocol_hash`."""
+    protocol = config.protocol_hash()
+    return RunStore(
+        Path(out), config.name, key=lambda r: (r["dataset"], r["variant"], r["split"]), protocol=lambda key: protocol, shard=shard
+    )
 
 
 def run_uci(
@@ -351,54 +351,33 @@ def run_uci(
     train: bool = True,
     workers: int = 1,
 ) -> dict[str, Any]:
-    """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs.jsonl``; write ``<name>.json`` / ``.md``.
+    """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json`` / ``.md``.
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/`` (the Gamma(6, 6), 40-epoch protocol's folder; give
     another protocol its own, as the committed ``uci/gamma11``, ``uci/200-epochs``, ``uci/rdp-defaults`` are).
 
-    ``workers=N`` (> 1, CPU only) runs the pending jobs in N worker processes with one thread each; this process
-    appends each record as it arrives, so a killed run keeps every finished split. ``shard=(k, n)`` runs only every
-    n-th pending job from the k-th, for n processes on different machines (give each its own ``out_dir`` and
-    concatenate their ``_runs.jsonl`` files; the order of the jobs is fixed, so the shards partition them). Jobs run
+    The engine (:func:`varbnn.experiments.engine.execute`) runs them: ``workers=N`` (> 1, CPU only) in N worker
+    processes with one thread each; ``shard=(k, n)`` only every n-th job from the k-th, appended to
+    ``<name>_runs.shard<k>.jsonl`` (shards may share one ``out_dir``; every runs file there is read back). Jobs run
     smallest dataset first. ``train=False`` only renders the table from the saved runs."""
     from varbnn.experiments.runner import describe_device, git_commit
 
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)
+    check_workers(workers, dev)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cache = out / f"{config.name}_runs.jsonl"
     protocol = config.protocol_hash()
-    done: dict[tuple[str, str, int], dict[str, Any]] = {}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("protocol") == protocol:
-                done[(record["dataset"], record["variant"], record["split"])] = record
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
-    if workers > 1 and dev.type != "cpu":
-        raise ValueError(f"workers > 1 runs CPU processes; got device {dev} (use workers=1 on an accelerator)")
-    pending = [job for job in (uci_jobs(config, shard) if train else []) if (job[0], job[1].label, job[2]) not in done]
+    store = uci_store(config, out, shard)
 
-    def save(record: dict[str, Any], device_text: str) -> None:
-        record.update(protocol=protocol, commit=commit, device=device_text)
-        done[(record["dataset"], record["variant"], record["split"])] = record
-        with cache.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+    def report(key: RunKey, record: dict[str, Any]) -> None:
         if progress:
             print(f"[uci] {record['dataset']} {record['variant']} split {record['split']}: rmse={record['rmse']:.4g} "
                   f"ll={record['ll']:.4g}", file=sys.stderr)  # fmt: skip
 
-    if workers > 1 and len(pending) > 1:
-        context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-        with ProcessPoolExecutor(min(workers, len(pending)), mp_context=context, initializer=_one_thread) as pool:
-            futures = [pool.submit(_run_split_in_worker, config, v, d, k, data_dir, dev) for d, v, k in pending]
-            for future in as_completed(futures):
-                save(*future.result())
-    else:
-        for dataset, variant, split in pending:
-            save(_run_split(config, variant, dataset, split, data_dir, dev, progress), describe_device(dev))
+    runs = [(d, v.label, k) for d, v, k in uci_jobs(config, shard)] if train else []
+    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
+    done = execute(runs, run, store, device=dev, workers=workers, commit=commit, on_record=report)
     rows = []
     for dataset in config.datasets:
         row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
@@ -415,12 +394,10 @@ def run_uci(
                 "seconds": sum(r["seconds"] for r in records),
             }
         rows.append(row)
+    device_text = describe_device(dev) + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else "")
     result = {
         "name": config.name,
-        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": commit,
-        "device": describe_device(dev) + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else ""),
-        "seconds": round(time.perf_counter() - start, 2),
+        **provenance(command, commit, device_text, start),
         "config": dataclasses.asdict(config),
         "protocol": protocol,
         "rows": rows,
@@ -433,6 +410,7 @@ def run_uci(
 def render_uci_markdown(result: dict[str, Any]) -> str:
     only = result["config"].get("only")
     labels = [v["label"] for v in result["config"]["variants"] if only is None or v["label"] in only]
+    has_ceiling = any("ll_ceiling" in row for row in result["rows"])  # results saved before the ceiling: no column
     lines = [
         f"# {result['name']}",
         "",
@@ -449,11 +427,11 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
         f"- training: {result['config'].get('epochs', 40)} epochs per split, at least {result['config'].get('min_steps', 5000)} "
         f"optimizer steps, batch {result['config'].get('batch_size', 32)}, Adam {result['config'].get('lr', 1e-3):g}",
         "",
-        "| dataset | reference LL | LL ceiling | "
+        "| dataset | reference LL | " + ("LL ceiling | " if has_ceiling else "")
         + " | ".join(f"{label} LL" for label in labels)
         + " | best varbnn beats reference |",
-        "|" + "---|" * (len(labels) + 4),
-    ]
+        "|" + "---|" * (len(labels) + 3 + has_ceiling),
+    ]  # fmt: skip
     wins = compared = 0
     unreachable: list[str] = []
     for row in result["rows"]:
@@ -477,7 +455,10 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
             unreachable.append(row["dataset"])
         ceiling_text = "–" if ceiling is None else f"{ceiling:.2f}"
         lines.append(
-            f"| {row['dataset']} | {row['reference_ll']:.2f} | {ceiling_text} | " + " | ".join(cells) + f" | {verdict} |"
+            f"| {row['dataset']} | {row['reference_ll']:.2f} | "
+            + (f"{ceiling_text} | " if has_ceiling else "")
+            + " | ".join(cells)
+            + f" | {verdict} |"
         )
     lines += ["", f"Best varbnn family above the reference on {wins} of {compared} datasets run."]
     if any(row.get("ll_ceiling") is not None for row in result["rows"]):
