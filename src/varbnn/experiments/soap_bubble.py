@@ -36,7 +36,10 @@ from varbnn.nn.base import BayesianModule
 from varbnn.priors import Normal
 from varbnn.train import resolve_device, seed_everything
 
-__all__ = ["SoapBubbleConfig", "soap_bubble_config", "run_soap_bubble", "distance_from_mode", "chi_log_density"]
+__all__ = [
+    "SoapBubbleConfig", "soap_bubble_config", "run_soap_bubble", "render_soap_bubble_markdown", "distance_from_mode",
+    "chi_log_density",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -158,8 +161,16 @@ def run_soap_bubble(
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     figures = soap_bubble_figures(kernel, training, out, config.name)
+    (out / f"{config.name}.md").write_text(render_soap_bubble_markdown(result, figures))
+    return result
+
+
+def render_soap_bubble_markdown(result: dict[str, Any], figures: list[str]) -> str:
+    """The page of a saved ``soap-bubble`` result (``figures``: the file names of its figures)."""
+    config = result["config"]
+    kernel_shape = tuple(config["kernel_shape"])
     lines = [
-        f"# {config.name}",
+        f"# {result['name']}",
         "",
         "The soap bubble (Farquhar et al. 2020, Fig. 1, 3, 8): distance of weight samples from the mode.",
         "",
@@ -167,9 +178,10 @@ def run_soap_bubble(
         f"- commit: `{result['commit']}`",
         f"- device: {result['device']}; wall time {result['seconds']:.0f} s",
         "",
-        f"Kernel {config.kernel_shape} (D = {kernel['dim']:,}), mean distance ||w - mu|| of {config.kernel_samples} samples "
+        f"Kernel {kernel_shape} (D = {result['kernel']['dim']:,}), mean distance ||w - mu|| of {config['kernel_samples']} "
+        "samples "
         "(analytic: Gaussian sigma * sqrt(2) Gamma((D+1)/2) / Gamma(D/2) ~ sigma sqrt(D) = "
-        f"{math.sqrt(kernel['dim']):.0f} sigma; "
+        f"{math.sqrt(result['kernel']['dim']):.0f} sigma; "
         "radial sigma * sqrt(2/pi) = 0.80 sigma):",
         "",
         "| sigma | mean-field | radial |",
@@ -177,22 +189,21 @@ def run_soap_bubble(
         *[
             f"| {s:g} | {result['kernel']['mean_distance'][f'meanfield@{s:g}']:.4g} | "
             f"{result['kernel']['mean_distance'][f'radial@{s:g}']:.4g} |"
-            for s in config.sigmas
+            for s in config["sigmas"]
         ],  # fmt: skip
         "",
-        f"Training MLP 784-{'-'.join(map(str, config.hidden))}-10 on MNIST with the full ELBO (no KL down-weighting), Adam "
-        f"{config.lr:g}, batch {config.batch_size}, initial sigma {config.init_std:.3g}, {config.epochs} epochs:",
+        f"Training MLP 784-{'-'.join(map(str, config['hidden']))}-10 on MNIST with the full ELBO (no KL down-weighting), Adam "
+        f"{config['lr']:g}, batch {config['batch_size']}, initial sigma {config['init_std']:.3g}, {config['epochs']} epochs:",
         "",
         "| family | weights | epoch | train loss (-ELBO / N) | train accuracy (one draw) | distance from mode |",
         "|---|---|---|---|---|---|",
     ]
-    for run in training:
+    for run in result["training"]:
         for h in run["history"]:
-            if h["epoch"] in (0, 1, 2, 5, 10, 20, 30, config.epochs) and "train_loss" in h or h["epoch"] == 0:
+            if h["epoch"] in (0, 1, 2, 5, 10, 20, 30, config["epochs"]) and "train_loss" in h or h["epoch"] == 0:
                 lines.append(
                     f"| {run['family']} | {run['weights']:,} | {h['epoch']} | {h.get('train_loss', float('nan')):.4f} | "
                     f"{h.get('train_accuracy', float('nan')):.4f} | {h['distance']:.4g} |"
                 )
     lines += ["", *[f"![{f}]({f})" for f in figures]]
-    (out / f"{config.name}.md").write_text("\n".join(lines) + "\n")
-    return result
+    return "\n".join(lines) + "\n"
