@@ -556,6 +556,7 @@ def fit(
     skip_nonfinite: bool = False,
     checkpoint_extra: Callable[[], dict[str, Any]] | None = None,
     diagnose: bool = True,
+    compile: bool | str = False,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
@@ -642,6 +643,17 @@ def fit(
     wrapped: their gradients (per-example Fisher) are averaged with an all-reduce instead. Non-finite checks are
     agreed on by all ranks (every rank raises, or skips, together).
 
+    ``compile`` (default False): ``True`` runs each step's loss -- the model's forward pass, the NLL (or likelihood)
+    and the KL -- through :func:`torch.compile` (inductor, default mode), whose backward is compiled with it; a string
+    (``"default"``, ``"reduce-overhead"``: CUDA graphs where the shapes are static, ``"max-autotune"``) is passed as
+    its ``mode``. ``beta`` enters as a tensor, so an annealing schedule does not recompile. The weight noise is drawn
+    where it is cheapest: on the CPU by torch's own generator (inductor's ``fallback_random``), so a compiled step
+    draws exactly the numbers the eager step draws for the same seed; on other devices inside the compiled kernels
+    (a different stream, equal in distribution). The first steps are slow (compilation); a new batch shape (e.g. a
+    last, smaller batch) compiles once more. Refused (``ValueError``) with the Graves estimator (its per-example
+    gradients bypass the loss and its backward), with ``distributed`` training, and for now with Radial and
+    RadialDirectional tensors (not yet verified against the eager step).
+
     Every finished epoch is also logged at INFO level on the ``varbnn.train`` logger (loss, NLL, KL, beta).
 
     :param model: the network to train (Bayesian layers from :func:`varbnn.convert.bayesianize` or
@@ -667,6 +679,8 @@ def fit(
     :param checkpoint_extra: a function returning plain data stored in each checkpoint under ``"extra"``.
     :param diagnose: warn (:class:`TrainingWarning`) about a run that went wrong in a way the library can see
         (default True).
+    :param compile: compile each step's loss and backward with :func:`torch.compile`: ``True``, or a mode string
+        (default False: eager).
     :returns: the history: one dict per epoch (restored ones included) with ``epoch``, the epoch's mean ``loss``,
         ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` at the epoch's end, and ``skipped`` with
         ``skip_nonfinite``.
@@ -728,6 +742,9 @@ def fit(
         )
     if graves and mc_samples != 1:
         raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
+    compiled_step = None
+    if compile is not False:
+        compiled_step = _compiled_elbo_step(model, nll, n_data, dev, compile, graves=graves, distributed=distributed)
     net: nn.Module = model
     if distributed:
         if graves:
@@ -781,6 +798,8 @@ def fit(
                 terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
                 if distributed:
                     vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
+            elif compiled_step is not None:
+                terms = compiled_step(x, y, schedule(step), mc_samples)
             else:
                 terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
             loss = float(terms.loss.detach())
@@ -1075,6 +1094,88 @@ def _accumulated_elbo_gradient(
     mean = lambda values: torch.stack(values).mean()  # noqa: E731
     return ELBOTerms(loss=mean([t.loss.detach() for t in parts]), nll=mean([t.nll for t in parts]),
                      kl=mean([t.kl for t in parts]), beta=float(beta), n_data=n_data)  # fmt: skip
+
+
+_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _compiled_elbo_step(
+    model: nn.Module,
+    nll: NLLFunction,
+    n_data: int,
+    device: torch.device,
+    compile: bool | str,
+    *,
+    graves: bool = False,
+    distributed: bool = False,
+    in_graph_random: bool | None = None,
+) -> Callable[[torch.Tensor, torch.Tensor, float, int], ELBOTerms]:
+    """``fit(compile=...)``'s step: ``step(x, y, beta, samples)`` accumulates the same ``.grad`` as
+    :func:`_accumulated_elbo_gradient` from a :func:`torch.compile`-d loss (the forward, the NLL, the KL and the score
+    correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``in_graph_random`` (default:
+    on every device but the CPU) lets inductor draw the noise in its kernels; otherwise eager's generator draws it."""
+    if isinstance(compile, str):
+        if compile not in _COMPILE_MODES:
+            raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
+        mode = compile
+    elif compile is True:
+        mode = "default"
+    else:
+        raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
+    if graves:
+        raise ValueError(
+            "compile= is not available with MeanField(estimator='graves'): its per-example Fisher gradients "
+            "(varbnn.objectives.graves_gradients) do not come from the loss's backward, which is what compile= compiles"
+        )
+    if distributed:
+        raise ValueError("compile= is not available with distributed training yet: train with compile=False")
+    from varbnn.families import Radial, RadialDirectional
+
+    unverified = sorted({type(m).__name__ for m in model.modules() if isinstance(m, (Radial, RadialDirectional))})
+    if unverified:
+        raise ValueError(
+            f"compile= is not available yet for {', '.join(unverified)}: its compiled step does not yet reproduce the "
+            "eager KL (Radial) or graph-breaks in the rejection sampler and Bessel functions (RadialDirectional); "
+            "train it with compile=False"
+        )
+    from varbnn.divergence import kl as model_kl
+    from varbnn.objectives import score_correction
+
+    def loss_terms(x: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        nll_value = nll(model(x), y)
+        if not isinstance(nll_value, torch.Tensor) or nll_value.dim() != 0:
+            raise ValueError("nll must return a scalar tensor (the batch-mean NLL)")
+        kl_total = model_kl(model)
+        loss = nll_value + beta / n_data * kl_total
+        score = score_correction(model)
+        if score is not None:  # value 0: the rejection-sampling correction's gradient (see elbo_loss)
+            loss = loss + nll_value.detach() * score
+        return loss, nll_value.detach(), kl_total.detach()
+
+    import torch._inductor
+
+    if in_graph_random is None:
+        in_graph_random = device.type != "cpu"
+    options = dict(torch._inductor.list_mode_options(mode))
+    options["fallback_random"] = not in_graph_random
+    compiled = torch.compile(loss_terms, options=options)
+
+    def step(x: torch.Tensor, y: torch.Tensor, beta: float, samples: int) -> ELBOTerms:
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+        beta_t = torch.tensor(float(beta), device=device)
+        parts = []
+        for _ in range(samples):
+            loss, nll_value, kl_total = compiled(x, y, beta_t)
+            (loss / samples if samples > 1 else loss).backward()
+            parts.append((loss.detach(), nll_value, kl_total))
+        if samples == 1:
+            loss, nll_value, kl_total = parts[0]
+        else:
+            loss, nll_value, kl_total = (torch.stack(values).mean() for values in zip(*parts))
+        return ELBOTerms(loss=loss, nll=nll_value, kl=kl_total, beta=float(beta), n_data=n_data)
+
+    return step
 
 
 @torch.no_grad()

@@ -99,7 +99,11 @@ def stats_per_step(
     built without ``sigma^2`` serves it as ``sigma.square()``. Otherwise ``plain(with_square)``. The family must reset
     ``_scale_cache`` in ``__getstate__`` (copies, pickling).
     """
+    # under torch.compile the plain ops (which inductor fuses): the fused node's ctx-held tensors and the cache's
+    # backward hooks do not trace to the same gradients (fit(compile=True), MeanField(estimator="local"))
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in sources)) or _functorch_active():
+        return plain(with_square)
+    if torch.compiler.is_compiling():
         return plain(with_square)
     key = step_key(sources)
     cache = family._scale_cache
