@@ -201,6 +201,7 @@ def test_runner_best_of_last_stays_consistent_with_the_epoch_checkpoint_across_k
     resumed = run_experiment(config, out_dir=out, progress=False)["rows"][0]
     assert resumed["selected_epoch"] == 4  # the training NLL falls every epoch here: the last one is the best
 
+    (out / "best-kill_runs.jsonl").unlink()  # re-evaluate the finished checkpoint
     best_file.write_bytes(stale["bytes"])  # the finished checkpoint (epoch 4) beside the best file of epoch 3
     again = run_experiment(config, out_dir=out, progress=False)["rows"][0]
     assert again["selected_epoch"] == 4 and again["accuracy"] == resumed["accuracy"] and again["nll"] == resumed["nll"]

@@ -151,3 +151,53 @@ def test_provenance_is_the_same_for_every_page():
     info = provenance("varbnn reproduce x", "abc", "cpu: test", start)
     assert list(info) == ["command", "commit", "device", "seconds"] and info["seconds"] >= 0
     assert provenance(None, "abc", "cpu", start)["command"].startswith("varbnn")
+
+
+def _digits_config(name: str = "runner-engine"):
+    from varbnn.experiments import ExperimentConfig, Variant
+
+    return ExperimentConfig(
+        name=name,
+        description="",
+        dataset="digits",
+        model="mlp",
+        model_options={"in_features": 64, "hidden": (8,), "out_features": 10},
+        variants=(Variant("plain", family="plain"), Variant("mf", family_options={"init_std": 1e-2})),
+        epochs=1,
+        batch_size=256,
+        seeds=(0, 1),
+        eval_samples=2,
+        resumable=True,
+        figures=("reliability",),
+    )
+
+
+def test_the_generic_runner_keeps_one_record_per_run_and_shards_like_a_single_run(tmp_path):
+    from varbnn.experiments import run_experiment
+
+    config = _digits_config()
+    whole = run_experiment(config, out_dir=tmp_path / "whole", progress=False, command="test")
+    records = _records(tmp_path / "whole", "runner-engine_runs.jsonl")
+    assert [(r["variant"], r["seed"]) for r in records] == [("plain", 0), ("plain", 1), ("mf", 0), ("mf", 1)]
+    assert (tmp_path / "whole" / "runner-engine_reliability.png").exists()
+    # a rerun trains nothing: the records are read back, the figures rebuilt from the first seed's saved data
+    again = run_experiment(config, out_dir=tmp_path / "whole", progress=False, command="test")
+    assert len(_records(tmp_path / "whole", "runner-engine_runs.jsonl")) == 4 and again["figures"] == whole["figures"]
+    # two shards, then only rendering: the same rows as the single run
+    for k in (0, 1):
+        part = run_experiment(config, out_dir=tmp_path / "sharded", progress=False, shard=(k, 2))
+        assert part["rows"] == [] and part["runs_file"].endswith(f"runner-engine_runs.shard{k}.jsonl")
+    merged = run_experiment(config, out_dir=tmp_path / "sharded", progress=False, command="test", train=False)
+    for row, other in zip(whole["rows"], merged["rows"], strict=True):
+        for key in ("variant", "seeds", "accuracy", "nll", "ece"):
+            assert row[key] == other[key], key
+    assert merged["figures"] == whole["figures"]
+
+
+def test_the_generic_runner_is_refused_a_bad_shard_and_workers_on_an_accelerator(tmp_path):
+    from varbnn.experiments import run_experiment
+
+    with pytest.raises(ValueError, match="shard must be"):
+        run_experiment(_digits_config(), out_dir=tmp_path, progress=False, shard=(2, 2))
+    with pytest.raises(ValueError, match="workers must be a positive integer"):
+        run_experiment(_digits_config(), out_dir=tmp_path, progress=False, workers=0)

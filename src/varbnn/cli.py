@@ -11,9 +11,10 @@ from typing import NoReturn
 __all__ = ["main", "max_threads", "DEVICE_CHOICES", "ENGINE_EXPERIMENTS"]
 
 ENGINE_EXPERIMENTS = ("uci", "retina-referral", "retina-robustness", "vcl-split-fmnist", "graves-mnist", "graves-mnist-lstm")
+# and every config of the generic runner (varbnn.experiments.registry.CONFIGS: mnist-mlp, ktied-*, lenet5-*, ...)
 """The experiments whose runs :mod:`varbnn.experiments.engine` executes: they take ``--workers``, ``--shard`` and
 ``--no-train``."""
-ENGINE_TEXT = "uci, retina-*, vcl-split-fmnist, graves-mnist(-lstm)"
+ENGINE_TEXT = "every experiment but soap-bubble and graves-prune(-lstm)"
 
 DEVICE_CHOICES = "cpu, cuda, cuda:N (N < the number of GPUs), mps, or auto (cuda if available, else cpu)"
 """The values ``--device`` accepts (a device that this machine lacks is refused before anything runs)."""
@@ -207,13 +208,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard = None
     if args.command == "reproduce":
         from varbnn.experiments.engine import parse_shard
+        from varbnn.experiments.registry import CONFIGS
 
-        engine = name.removesuffix("-quick") in ENGINE_EXPERIMENTS
+        engine = name.removesuffix("-quick") in ENGINE_EXPERIMENTS or name in CONFIGS
         used = [
             flag for flag, on in (("--shard", args.shard), ("--workers", args.workers != 1), ("--no-train", args.no_train)) if on
         ]
         if used and not engine:
-            parser.error(f"{', '.join(used)}: supported by {', '.join(ENGINE_EXPERIMENTS)}, not by {name!r}")
+            parser.error(f"{', '.join(used)}: supported by {ENGINE_TEXT}, not by {name!r}")
         if args.workers < 1:
             parser.error(f"--workers must be a positive integer, got {args.workers}")
         if args.shard:
@@ -316,8 +318,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = get_config(name, quick=args.quick)
     except ValueError as error:
         parser.error(str(error))
-    result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                            progress=not args.no_progress, command=command, distributed=distributed)  # fmt: skip
+    try:
+        result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                progress=not args.no_progress, command=command, distributed=distributed, shard=shard,
+                                train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1))  # fmt: skip
+    except ValueError as error:
+        parser.error(str(error))
+    if "runs_file" in result:
+        print(f"wrote {result['runs_file']}")
+        return 0
     if not result.get("written", True):
         return 0  # not rank 0
     columns = ("variant", "accuracy", "nll", "ece", "nelbo", "parameters", "train_seconds")

@@ -108,6 +108,8 @@ class RunStore:
     key: Callable[[Mapping[str, Any]], RunKey]
     protocol: Callable[[RunKey], str | None]
     shard: tuple[int, int] | None = None
+    readonly: bool = False
+    """A store that never writes (:meth:`append` does nothing): the processes other than rank 0 of a distributed run."""
 
     @property
     def path(self) -> Path:
@@ -146,7 +148,10 @@ class RunStore:
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Append one finished run's record as one line. A last line cut short by a killed write (no newline at the end
-        of the file) is removed first, so that it never ends up between two records."""
+        of the file) is removed first, so that it never ends up between two records. A ``readonly`` store writes
+        nothing."""
+        if self.readonly:
+            return
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size > 0:

@@ -6,6 +6,7 @@ and ``OUT/NAME.md`` (the table rendered from the JSON), plus figures named ``OUT
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -28,6 +29,7 @@ from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, v
 from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
+from varbnn.experiments.engine import RunStore, execute, expand, select_shard
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
 from varbnn.metrics import auroc, mean_and_standard_error
@@ -66,6 +68,7 @@ __all__ = [
     "describe_device",
     "git_commit",
 ]
+
 
 def _rotated_digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The digits images turned by 90 degrees (an out-of-distribution set for the digits task; labels kept)."""
@@ -401,7 +404,11 @@ def _uncertainties(model: torch.nn.Module, x: torch.Tensor, samples: int, dev: t
 
 
 def _ood_scores(
-    config: ExperimentConfig, variant: Variant, model: torch.nn.Module, x_test: torch.Tensor, x_ood: torch.Tensor,
+    config: ExperimentConfig,
+    variant: Variant,
+    model: torch.nn.Module,
+    x_test: torch.Tensor,
+    x_ood: torch.Tensor,
     dev: torch.device,
 ) -> tuple[dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
     """AUROC of telling ``x_ood`` (positives) from ``x_test`` by predictive entropy and by mutual information, and the
@@ -546,9 +553,18 @@ def run_experiment(
     progress: bool = True,
     command: str | None = None,
     distributed: bool = False,
+    shard: tuple[int, int] | None = None,
+    train: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures to ``out_dir``
     (default: ``benchmarks/results/NAME/``, see :func:`~varbnn.experiments.config.results_dir`).
+
+    The runs, one per (variant label, seed), go through :mod:`varbnn.experiments.engine`: each finished run is one line
+    of ``OUT/NAME_runs.jsonl`` (a rerun skips it; a killed invocation keeps it, and the run in progress resumes from
+    its epoch checkpoint when ``config.resumable``); ``workers`` > 1 runs them in that many CPU processes, ``shard=(k,
+    n)`` only every n-th from the k-th (into ``NAME_runs.shardK.jsonl``; nothing is rendered), ``train=False`` only
+    renders the runs saved. The first seed's run of each variant saves what the figures need next to the checkpoints.
 
     With ``distributed`` (launch with ``torchrun``; see :mod:`varbnn.distributed`) every process trains on its shard
     with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
@@ -569,122 +585,54 @@ def run_experiment(
         progress = progress and context.is_main
     else:
         dev = resolve_device(device)
-    x_train, y_train = load_classification(config.dataset, "train", data_dir)
-    x_test, y_test = load_classification(config.dataset, "test", data_dir)
-    validation = None
-    if config.validation_size:
-        if config.validation_size >= len(x_train):
-            raise ValueError(
-                f"{config.name}: validation_size {config.validation_size} leaves no training data ({len(x_train)} examples)"
-            )
-        validation = (x_train[-config.validation_size :], y_train[-config.validation_size :])
-        x_train, y_train = x_train[: -config.validation_size], y_train[: -config.validation_size]
-    if config.train_limit:
-        x_train, y_train = x_train[: config.train_limit], y_train[: config.train_limit]
-    if config.test_limit:
-        x_test, y_test = x_test[: config.test_limit], y_test[: config.test_limit]
-    x_ood = load_classification(config.ood_dataset, "test", data_dir)[0] if config.ood_dataset else None
-    if x_ood is not None and config.test_limit:
-        x_ood = x_ood[: config.test_limit]
-    if x_ood is not None and x_ood.shape[1:] != x_test.shape[1:]:
-        raise ValueError(
-            f"{config.name}: ood_dataset {config.ood_dataset!r} has inputs of shape {tuple(x_ood.shape[1:])}, the test set "
-            f"{tuple(x_test.shape[1:])}"
-        )
-    n_train = len(x_train)
-    steps_per_epoch = math.ceil(n_train / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    warmup = round(config.kl_annealing_epochs * steps_per_epoch)
+    data = _data(config, data_dir)
+    n_train, total_steps = data["n_train"], data["total_steps"]
+    labels = [v.label for v in config.variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{config.name}: variant labels must be unique, got {labels}")
+    protocol = _protocol(config)
+    runs = expand(variant=labels, seed=config.seeds)
+    known = set(runs)
+    store = RunStore(
+        Path(out_dir), config.name, key=lambda r: (r.get("variant"), r.get("seed")),
+        protocol=lambda k: protocol if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
+    )  # fmt: skip
+    run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress)
+    if train:
+        done = execute(select_shard(runs, shard), run, store, device=dev, workers=workers, commit=commit)
+    else:
+        done = store.load()
+    if shard is not None:
+        return {"name": config.name, "rows": [], "figures": [], "written": False, "runs_file": str(store.path)}
     rows: list[dict[str, Any]] = []
     traces: dict[str, list[list[dict[str, float]]]] = {}
     first_seed_predictions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     first_seed_models: dict[str, torch.nn.Module] = {}
     first_seed_entropies: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     validation_cuts: dict[str, dict[tuple[str, str], float]] = {}
+    missing = [k for k in runs if k not in done]
+    if missing and vdist.is_main_process():
+        print(f"[{config.name}] {len(missing)} of {len(runs)} runs not done yet: {missing}", file=sys.stderr)
     for variant in config.variants:
-        per_seed: dict[str, list[dict[str, float]]] = {}
+        per_seed: dict[str, list[dict[str, Any]]] = {}
         for seed in config.seeds:
-            seed_everything(seed)
-            model = build_model(config, variant).to(dev)
-            if distributed:
-                loader = vdist.data_loader(TensorDataset(x_train, y_train), max(1, config.batch_size // world), seed=seed)
-            else:
-                loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
-            tracer = None
-            if (config.log_every or config.log_steps) and variant.family not in ("plain", *BASELINES):
-                tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
-            t0 = time.perf_counter()
-            checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
-            sidecar = _Sidecar(checkpoint, tracer, t0)
-            best = None
-            if config.select_best_of_last:
-                best = _BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
-            callbacks = [c for c in (sidecar if checkpoint is not None else None, best) if c is not None]
-
-            def on_epoch_end(epoch: int, record: dict[str, float], callbacks: list[Any] = callbacks) -> None:
-                for callback in callbacks:
-                    callback(epoch, record)
-
-            def checkpoint_extra(sidecar: _Sidecar = sidecar, best: _BestOfLast | None = best) -> dict[str, Any]:
-                return {"traces": sidecar.state(), **({"best": best.state()} if best is not None else {})}
-
-            trained = members(model)  # a deep ensemble's members are trained one after the other
-            for index, member in enumerate(trained):
-                member_checkpoint = checkpoint
-                if checkpoint is not None and len(trained) > 1:
-                    member_checkpoint = checkpoint.with_name(f"{checkpoint.stem}-member{index}{checkpoint.suffix}")
-                history = fit(
-                    member, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
-                    optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
-                    **_kl_weight(config, warmup, member),
-                    on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
-                    on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
-                    checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
-                    mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1,
-                )  # fmt: skip
-            selected_epoch = best.restore() if best is not None else None  # before any post-hoc step fits on it
-            if variant.family in BASELINES:
-                model = after_training(variant.family, model, loader, validation, dev)
-            train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
-            results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
-            for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
-                results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
-            for key, (evaluated, label) in results.items():
-                scores, probs = _evaluate(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
-                if key == "":
-                    scores.update(
-                        parameters=float(_parameter_count(model)),
-                        train_seconds=train_seconds,
-                        final_train_loss=history[-1]["loss"] if history else float("nan"),
-                    )
-                    if selected_epoch is not None:
-                        scores["selected_epoch"] = float(selected_epoch)
-                    if x_ood is not None:
-                        ood, entropies = _ood_scores(config, variant, model, x_test, x_ood, dev)
-                        scores.update(ood)
-                        if seed == config.seeds[0]:
-                            first_seed_entropies[label] = entropies
-                    if config.prune and variant.family not in ("plain", *BASELINES):
-                        pruned, thresholds = _prune_scores(
-                            config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
-                        )
-                        scores.update(pruned)
-                        if thresholds is not None and seed == config.seeds[0]:
-                            validation_cuts[label] = thresholds
-                    for record in tracer.records if tracer else []:
-                        if record["step"] in config.log_steps:
-                            for name in ("snr", "val_nelbo"):
-                                if name in record:
-                                    scores[f"{name}@{int(record['step'])}"] = record[name]
+            record = done.get((variant.label, seed))
+            if record is None:
+                continue
+            for label, scores in record["scores"]:
                 per_seed.setdefault(label, []).append(scores)
-                if seed == config.seeds[0] and key == "":
-                    first_seed_predictions[label] = (probs, y_test)
-                    first_seed_models[label] = model
-                if progress:
-                    summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
-                    print(f"[{config.name}] {label} seed {seed}: {summary}", file=sys.stderr)
-            if tracer is not None:
-                traces.setdefault(variant.label, []).append(tracer.records)
+            if record.get("traces") is not None:
+                traces.setdefault(variant.label, []).append(record["traces"])
+        path = _figure_data_path(config, out_dir, variant, config.seeds[0])
+        if (variant.label, config.seeds[0]) in done and path.exists() and vdist.is_main_process():
+            figure_data = torch.load(path, map_location="cpu", weights_only=False)
+            label = figure_data["label"]
+            first_seed_predictions[label] = figure_data["predictions"]
+            first_seed_models[label] = figure_data["model"]
+            if "entropies" in figure_data:
+                first_seed_entropies[label] = figure_data["entropies"]
+            if "validation_cuts" in figure_data:
+                validation_cuts[label] = figure_data["validation_cuts"]
         for label, seed_scores in per_seed.items():
             row: dict[str, Any] = {"variant": label, "family": variant.family, "prior": variant.prior, "seeds": len(seed_scores)}
             for key in seed_scores[0]:
@@ -719,6 +667,181 @@ def run_experiment(
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / f"{config.name}.md").write_text(render_markdown(result))
     return result
+
+
+def _data(config: ExperimentConfig, data_dir: str | None) -> dict[str, Any]:
+    """The tensors every run of ``config`` uses (train / validation / test / OOD splits and the step counts), loaded
+    once per process (worker processes load them themselves rather than receive them)."""
+    cache_key = (json.dumps(config.to_dict(), sort_keys=True, default=str), data_dir)
+    if cache_key in _DATA_CACHE:
+        return _DATA_CACHE[cache_key]
+    x_train, y_train = load_classification(config.dataset, "train", data_dir)
+    x_test, y_test = load_classification(config.dataset, "test", data_dir)
+    validation = None
+    if config.validation_size:
+        if config.validation_size >= len(x_train):
+            raise ValueError(
+                f"{config.name}: validation_size {config.validation_size} leaves no training data ({len(x_train)} examples)"
+            )
+        validation = (x_train[-config.validation_size :], y_train[-config.validation_size :])
+        x_train, y_train = x_train[: -config.validation_size], y_train[: -config.validation_size]
+    if config.train_limit:
+        x_train, y_train = x_train[: config.train_limit], y_train[: config.train_limit]
+    if config.test_limit:
+        x_test, y_test = x_test[: config.test_limit], y_test[: config.test_limit]
+    x_ood = load_classification(config.ood_dataset, "test", data_dir)[0] if config.ood_dataset else None
+    if x_ood is not None and config.test_limit:
+        x_ood = x_ood[: config.test_limit]
+    if x_ood is not None and x_ood.shape[1:] != x_test.shape[1:]:
+        raise ValueError(
+            f"{config.name}: ood_dataset {config.ood_dataset!r} has inputs of shape {tuple(x_ood.shape[1:])}, the test set "
+            f"{tuple(x_test.shape[1:])}"
+        )
+    n_train = len(x_train)
+    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    warmup = round(config.kl_annealing_epochs * steps_per_epoch)
+    _DATA_CACHE.clear()
+    _DATA_CACHE[cache_key] = data = dict(
+        x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, validation=validation, x_ood=x_ood,
+        n_train=n_train, total_steps=total_steps, warmup=warmup,
+    )  # fmt: skip
+    return data
+
+
+_DATA_CACHE: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+
+def _protocol(config: ExperimentConfig) -> str:
+    """The protocol hash of a run's record: over everything a record depends on (training and evaluation), so a changed
+    evaluation re-evaluates the finished checkpoints (keyed by :meth:`ExperimentConfig.training_dict` only)."""
+    fields = {k: v for k, v in config.to_dict().items() if k not in ("name", "description")}
+    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _figure_data_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
+    """Where the first seed's run keeps what the figures need (test probabilities, OOD entropies, the trained model,
+    validation thresholds): ``OUT/.checkpoints/NAME-<protocol>/<variant>-seed<seed>.figures`` (a torch file)."""
+    slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
+    return Path(out_dir) / ".checkpoints" / f"{config.name}-{_protocol(config)}" / f"{slug}-seed{seed}.figures"
+
+
+def _run_seed(
+    config: ExperimentConfig,
+    data_dir: str | None,
+    out_dir: str,
+    device: torch.device,
+    distributed: bool,
+    progress: bool,
+    key: tuple[str, int],
+) -> dict[str, Any]:
+    """Train and evaluate one run, ``key = (variant label, seed)``; its record holds the scores of every evaluated
+    model (the trained one, and its rank-k versions) and the traces. The first seed's run also saves what the figures
+    need (:func:`_figure_data_path`), on the main process only."""
+    from varbnn import distributed as vdist
+
+    label_wanted, seed = key
+    variant = next(v for v in config.variants if v.label == label_wanted)
+    dev = device
+    world = vdist.world_size() if distributed else 1
+    d = _data(config, data_dir)
+    x_train, y_train, x_test, y_test = d["x_train"], d["y_train"], d["x_test"], d["y_test"]
+    validation, x_ood, n_train = d["validation"], d["x_ood"], d["n_train"]
+    total_steps, warmup = d["total_steps"], d["warmup"]
+    scored: list[tuple[str, dict[str, Any]]] = []
+    figure_data: dict[str, Any] = {}
+    seed_everything(seed)
+    model = build_model(config, variant).to(dev)
+    if distributed:
+        loader = vdist.data_loader(TensorDataset(x_train, y_train), max(1, config.batch_size // world), seed=seed)
+    else:
+        loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
+    tracer = None
+    if (config.log_every or config.log_steps) and variant.family not in ("plain", *BASELINES):
+        tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
+    t0 = time.perf_counter()
+    checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
+    sidecar = _Sidecar(checkpoint, tracer, t0)
+    best = None
+    if config.select_best_of_last:
+        best = _BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
+    callbacks = [c for c in (sidecar if checkpoint is not None else None, best) if c is not None]
+
+    def on_epoch_end(epoch: int, record: dict[str, float], callbacks: list[Any] = callbacks) -> None:
+        for callback in callbacks:
+            callback(epoch, record)
+
+    def checkpoint_extra(sidecar: _Sidecar = sidecar, best: _BestOfLast | None = best) -> dict[str, Any]:
+        return {"traces": sidecar.state(), **({"best": best.state()} if best is not None else {})}
+
+    trained = members(model)  # a deep ensemble's members are trained one after the other
+    for index, member in enumerate(trained):
+        member_checkpoint = checkpoint
+        if checkpoint is not None and len(trained) > 1:
+            member_checkpoint = checkpoint.with_name(f"{checkpoint.stem}-member{index}{checkpoint.suffix}")
+        history = fit(
+            member, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
+            optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
+            **_kl_weight(config, warmup, member),
+            on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
+            on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
+            checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
+            mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1,
+        )  # fmt: skip
+    selected_epoch = best.restore() if best is not None else None  # before any post-hoc step fits on it
+    if variant.family in BASELINES:
+        model = after_training(variant.family, model, loader, validation, dev)
+    train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
+    results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
+    for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
+        results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
+    for key, (evaluated, label) in results.items():
+        scores, probs = _evaluate(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
+        if key == "":
+            scores.update(
+                parameters=float(_parameter_count(model)),
+                train_seconds=train_seconds,
+                final_train_loss=history[-1]["loss"] if history else float("nan"),
+            )
+            if selected_epoch is not None:
+                scores["selected_epoch"] = float(selected_epoch)
+            if x_ood is not None:
+                ood, entropies = _ood_scores(config, variant, model, x_test, x_ood, dev)
+                scores.update(ood)
+                if seed == config.seeds[0]:
+                    figure_data["entropies"] = entropies
+            if config.prune and variant.family not in ("plain", *BASELINES):
+                pruned, thresholds = _prune_scores(
+                    config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
+                )
+                scores.update(pruned)
+                if thresholds is not None and seed == config.seeds[0]:
+                    figure_data["validation_cuts"] = thresholds
+            for record in tracer.records if tracer else []:
+                if record["step"] in config.log_steps:
+                    for name in ("snr", "val_nelbo"):
+                        if name in record:
+                            scores[f"{name}@{int(record['step'])}"] = record[name]
+        scored.append((label, scores))
+        if seed == config.seeds[0] and key == "":
+            figure_data.update(label=label, predictions=(probs, y_test), model=model)
+        if progress:
+            summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
+            print(f"[{config.name}] {label} seed {seed}: {summary}", file=sys.stderr)
+    if figure_data and vdist.is_main_process():
+        path = _figure_data_path(config, out_dir, variant, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(figure_data, buffer)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(buffer.getvalue())
+        os.replace(tmp, path)
+    return {
+        "variant": variant.label,
+        "seed": seed,
+        "scores": [[label, scores] for label, scores in scored],
+        "traces": tracer.records if tracer is not None else None,
+    }
 
 
 def _figures(
