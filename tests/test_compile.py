@@ -22,6 +22,15 @@ FAMILIES = {
 N_DATA = 100
 
 
+@pytest.fixture(autouse=True)
+def _keep_distribution_validation():
+    """Direct torch.compile calls in these tests leave torch.distributions' validation off; the later tests (e.g. the
+    vMF bad-input table) need it as the user has it."""
+    validating = torch.distributions.Distribution._validate_args
+    yield
+    torch.distributions.Distribution.set_default_validate_args(validating)
+
+
 def _model(name):
     torch.manual_seed(0)
     family, kwargs = FAMILIES[name]()
@@ -111,11 +120,14 @@ def test_fit_compiled_trains_with_annealing_without_recompiling():
     model = _model("meanfield")
     counts = torch._dynamo.utils.counters
     counts.clear()
+    validating = torch.distributions.Distribution._validate_args
     history = fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=64, epochs=3, lr=1e-2,
                   beta=lambda s: min(1.0, s / 8), progress=False, diagnose=False, compile=True)  # fmt: skip
     assert len(history) == 3 and all(math.isfinite(r[k]) for r in history for k in ("loss", "nll", "kl"))
     assert history[-1]["beta"] == 1.0 and history[-1]["nll"] < history[0]["nll"]
     assert counts["stats"]["unique_graphs"] == 1  # beta is a tensor input: 12 steps, 9 betas, one graph
+    # torch.compile switches torch.distributions' validation off globally while tracing; fit restores it
+    assert torch.distributions.Distribution._validate_args == validating
 
 
 def test_fit_compile_refusals():

@@ -1166,8 +1166,14 @@ def _compiled_elbo_step(
         beta_t = torch.tensor(float(beta), device=device)
         parts = []
         for _ in range(samples):
-            loss, nll_value, kl_total = compiled(x, y, beta_t)
-            (loss / samples if samples > 1 else loss).backward()
+            # torch.compile turns torch.distributions' global argument validation off while it traces and leaves it
+            # off: restore the user's setting, or every distribution built after fit(compile=True) stops validating.
+            validate = torch.distributions.Distribution._validate_args
+            try:
+                loss, nll_value, kl_total = compiled(x, y, beta_t)
+                (loss / samples if samples > 1 else loss).backward()
+            finally:
+                torch.distributions.Distribution.set_default_validate_args(validate)
             parts.append((loss.detach(), nll_value, kl_total))
         if samples == 1:
             loss, nll_value, kl_total = parts[0]
