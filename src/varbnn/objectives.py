@@ -26,6 +26,7 @@ from varbnn.divergence import kl as model_kl
 __all__ = [
     "ELBOTerms",
     "elbo_loss",
+    "elbo_objective",
     "score_correction",
     "linear_kl_annealing",
     "default_kl_weight",
@@ -128,12 +129,25 @@ def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.
     n_data = _training_set_size(n_data)
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    loss, kl_total = elbo_objective(nll, model, n_data, beta)
+    return ELBOTerms(loss=loss, nll=nll.detach(), kl=kl_total.detach(), beta=float(beta), n_data=n_data)
+
+
+def elbo_objective(
+    nll: torch.Tensor, model: nn.Module, n_data: int, beta: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of :func:`elbo_loss` and the model's total KL, without the argument checks: ``nll + beta / n_data *
+    kl(model)`` plus the score correction. ``beta`` may be a 0-d tensor, so that a compiled step
+    (``fit(compile=True)``) takes it as an input and an annealing schedule does not recompile."""
     kl_total = model_kl(model)
-    loss = nll + (beta / n_data) * kl_total if beta else nll + 0.0 * kl_total
+    if isinstance(beta, torch.Tensor):
+        loss = nll + beta / n_data * kl_total
+    else:
+        loss = nll + (beta / n_data) * kl_total if beta else nll + 0.0 * kl_total
     score = score_correction(model)
     if score is not None:  # value 0: only the gradient changes (rejection-sampling correction, RDP / vMF)
         loss = loss + nll.detach() * score
-    return ELBOTerms(loss=loss, nll=nll.detach(), kl=kl_total.detach(), beta=float(beta), n_data=n_data)
+    return loss, kl_total
 
 
 def score_correction(model: nn.Module) -> torch.Tensor | None:

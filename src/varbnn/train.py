@@ -1129,27 +1129,20 @@ def _compiled_elbo_step(
         )
     if distributed:
         raise ValueError("compile= is not available with distributed training yet: train with compile=False")
-    from varbnn.families import Radial, RadialDirectional
+    from varbnn.families.base import VariationalFamily
+    from varbnn.objectives import elbo_objective
 
-    unverified = sorted({type(m).__name__ for m in model.modules() if isinstance(m, (Radial, RadialDirectional))})
-    if unverified:
-        raise ValueError(
-            f"compile= is not available yet for {', '.join(unverified)}: its compiled step does not yet reproduce the "
-            "eager KL (Radial) or graph-breaks in the rejection sampler and Bessel functions (RadialDirectional); "
-            "train it with compile=False"
-        )
-    from varbnn.divergence import kl as model_kl
-    from varbnn.objectives import score_correction
+    refused = {type(m).__name__: m.compile_unsupported for m in model.modules()
+               if isinstance(m, VariationalFamily) and m.compile_unsupported}  # fmt: skip
+    if refused:
+        reasons = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
+        raise ValueError(f"compile= is not available yet for this model ({reasons}); train it with compile=False")
 
     def loss_terms(x: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
         nll_value = nll(model(x), y)
         if not isinstance(nll_value, torch.Tensor) or nll_value.dim() != 0:
             raise ValueError("nll must return a scalar tensor (the batch-mean NLL)")
-        kl_total = model_kl(model)
-        loss = nll_value + beta / n_data * kl_total
-        score = score_correction(model)
-        if score is not None:  # value 0: the rejection-sampling correction's gradient (see elbo_loss)
-            loss = loss + nll_value.detach() * score
+        loss, kl_total = elbo_objective(nll_value, model, n_data, beta)
         return loss, nll_value.detach(), kl_total.detach()
 
     import torch._inductor

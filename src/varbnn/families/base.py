@@ -57,6 +57,10 @@ class VariationalFamily(nn.Module):
     """The KL weight beta that :func:`varbnn.train.fit` uses when given none (``beta=None``): chosen on validation
     data by ``benchmarks/defaults_study.py`` (see its results page); 1 is the true ELBO."""
 
+    compile_unsupported: ClassVar[str | None] = None
+    """Why ``fit(compile=True)`` refuses models holding this family (``None``: its compiled step is tested to equal
+    the eager one). A family sets it until its compiled step is verified."""
+
     def __init__(self, **hyperparameters: Any) -> None:
         super().__init__()
         self._hyperparameters = dict(hyperparameters)

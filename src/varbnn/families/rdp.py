@@ -187,6 +187,7 @@ class RadialDirectional(VariationalFamily):
         initial value (at lr 1e-3, by at most ~120 in 120,000 steps); ``"log"`` lets it move by a factor per step.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
+    compile_unsupported = "its rejection sampler and Bessel functions break the graph (host syncs; minutes to compile)"
 
     estimators = ("reparam",)
     estimator_layers = {"reparam": LAYER_KINDS}
