@@ -375,7 +375,8 @@ class GammaPrecisionGaussian(Likelihood):
             return self.posterior().sample((n,))
 
     def extra_repr(self) -> str:
-        return f"prior=Gamma({float(torch.as_tensor(self.prior_shape).detach()):g}, {float(torch.as_tensor(self.prior_rate).detach()):g})"
+        shape, rate = (float(torch.as_tensor(v).detach()) for v in (self.prior_shape, self.prior_rate))
+        return f"prior=Gamma({shape:g}, {rate:g})"
 
 
 def as_likelihood(value: Likelihood | str) -> Likelihood:

@@ -43,6 +43,7 @@ __all__ = [
     "check_workers",
     "execute",
     "provenance",
+    "read_result",
     "default_command",
 ]
 
@@ -230,6 +231,21 @@ def execute(
 def default_command() -> str:
     """The command line of this process as ``varbnn ARGS`` (what a page shows when the caller gives none)."""
     return "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """The saved result ``NAME.json`` of ``varbnn reproduce NAME`` at ``path``, as a dict (what ``varbnn render``
+    re-renders); a missing file, another suffix or invalid JSON is an error naming the path."""
+    path = Path(path)
+    if path.suffix != ".json" or not path.is_file():
+        raise FileNotFoundError(f"path must be a saved result NAME.json of `varbnn reproduce NAME`; no such file: {path}")
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(result, dict):
+        raise ValueError(f"{path} is not a saved result: a JSON object with the experiment's 'name' was expected")
+    return result
 
 
 def provenance(command: str | None, commit: str, device: str, start: float) -> dict[str, Any]:

@@ -8,10 +8,11 @@ and ``soap-bubble`` by theirs. Figures are linked when their files lie beside th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from varbnn.experiments.engine import read_result
 
 __all__ = ["renderer_for", "render_result", "render_saved", "SPECIAL_PAGES"]
 
@@ -82,13 +83,8 @@ def render_saved(path: str | Path, rendered_at: str | None = None) -> Path:
     and return its path; the generic runner's pages name the commit that re-rendered them (``rendered_at``, default
     :func:`varbnn.experiments.runner.git_commit` now)."""
     path = Path(path)
-    if path.suffix != ".json" or not path.is_file():
-        raise FileNotFoundError(f"path must be a saved result NAME.json of `varbnn reproduce NAME`; no such file: {path}")
-    try:
-        result = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
-    name = result.get("name") if isinstance(result, dict) else None
+    result = read_result(path)
+    name = result.get("name")
     if not isinstance(name, str) or renderer_for(name) is None:
         from varbnn.experiments import runner
 

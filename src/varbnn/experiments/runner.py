@@ -29,7 +29,7 @@ from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, v
 from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
-from varbnn.experiments.engine import RunStore, execute, expand, select_shard
+from varbnn.experiments.engine import RunStore, execute, expand, read_result, select_shard
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
 from varbnn.metrics import auroc, mean_and_standard_error
@@ -1081,13 +1081,8 @@ def render_saved(path: str | Path, rendered_at: str | None = None) -> Path:
     the current layout, beside it as ``NAME.md``; the numbers and the run's provenance are the JSON's, and the page names
     the commit that re-rendered it (``rendered_at``, default :func:`git_commit` now). Returns the page's path."""
     path = Path(path)
-    if path.suffix != ".json" or not path.is_file():
-        raise FileNotFoundError(f"path must be a saved result NAME.json of `varbnn reproduce NAME`; no such file: {path}")
-    try:
-        result = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
-    missing = [k for k in _RESULT_KEYS if not isinstance(result, dict) or k not in result]
+    result = read_result(path)
+    missing = [k for k in _RESULT_KEYS if k not in result]
     if missing:
         raise ValueError(
             f"{path} is not a result of the generic runner (missing {missing}); uci and retina-* pages are re-rendered "

@@ -3,9 +3,9 @@ Graves' (2011, section 7) weight pruning by the relative density at zero.
 
 Weight pruning: a Gaussian weight ``N(mu, sigma^2)`` whose density at zero, relative to its density at the mode,
 ``exp(-mu^2 / (2 sigma^2))``, exceeds ``gamma`` is removed, i.e. kept only if ``|mu| / sigma >= lambda`` with
-``lambda = sqrt(-2 ln gamma)`` (eq. 19); ``lambda = 0`` removes nothing and ``sqrt(2 ln sqrt(2)) = sqrt(ln 2) ~= 0.83`` (eq. 20) is the
-"safe" rule of thumb. Removed weights are fixed at 0 (not sampled, no complexity cost); retraining continues with the
-mask (:meth:`varbnn.families.MeanField.prune_`).
+``lambda = sqrt(-2 ln gamma)`` (eq. 19); ``lambda = 0`` removes nothing and ``sqrt(2 ln sqrt(2)) = sqrt(ln 2) ~= 0.83``
+(eq. 20) is the "safe" rule of thumb. Removed weights are fixed at 0 (not sampled, no complexity cost); retraining
+continues with the mask (:meth:`varbnn.families.MeanField.prune_`).
 
 Eq. 20 follows from the stated rule: an average draw from ``N(mu,
 sigma^2)`` has density ``E_q[q(w)] = q(mode) / sqrt(2)``, and ``exp(-lambda^2 / 2) = 1 / sqrt(2)`` at ``lambda =
