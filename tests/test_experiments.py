@@ -17,7 +17,7 @@ from varbnn.experiments.config import ExperimentConfig, Variant
 from varbnn.experiments.runner import _BestOfLast, _checkpoint_path, build_model, render_markdown, std_parameters
 from varbnn.models import lenet5, make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
-from varbnn.train import evaluate_weight_samples, fit
+from varbnn.train import evaluate_weight_samples, fit, read_checkpoint
 
 
 def toy(n=96):
@@ -576,3 +576,37 @@ def test_uncertainty_benchmark_quick_run(data_dir, tmp_path):
         assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0 and 0 <= row["ood_auroc_entropy"] <= 1
     assert result["figures"] == ["uncertainty-mnist_cost.png", "uncertainty-mnist.png"]
     assert all(row["predict_seconds"] > 0 for row in rows.values())
+
+
+def test_post_hoc_baselines_reuse_the_plain_runs_training(tmp_path):
+    """Temperature scaling and Laplace start from the plain variant's finished checkpoint (the same network for the
+    same seed) instead of training it again: the same weights, the plain run's training seconds counted, and they run
+    after the plain runs whatever their place in the variants."""
+    config = ExperimentConfig(
+        name="reuse",
+        description="",
+        dataset="digits",
+        model="mlp",
+        model_options={"in_features": 64, "hidden": (16,), "out_features": 10},
+        variants=(Variant("temperature", family="temperature"), Variant("plain", family="plain")),
+        epochs=2,
+        seeds=(0,),
+        eval_samples=2,
+        validation_size=200,
+        resumable=True,
+        figures=(),
+    )
+    result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    rows = {r["variant"]: r for r in result["rows"]}
+    checkpoints = {p.stem: p for p in (tmp_path / ".checkpoints").rglob("*.pt")}
+    plain_state = read_checkpoint(checkpoints["plain-seed0"])
+    scaled_state = read_checkpoint(checkpoints["temperature-seed0"])
+    assert scaled_state["epoch"] == plain_state["epoch"] == 2
+    for name, tensor in plain_state["model"].items():
+        assert torch.equal(tensor, scaled_state["model"][name])
+    assert rows["temperature"]["train_seconds"] >= rows["plain"]["train_seconds"] * 0.999
+    assert rows["temperature"]["accuracy"] == rows["plain"]["accuracy"]
+    # and the copy is exactly what training it again gives (deterministic on CPU)
+    fresh = tmp_path / "fresh"
+    alone = run_experiment(dataclasses.replace(config, variants=config.variants[:1]), out_dir=fresh, progress=False)
+    assert alone["rows"][0]["nll"] == pytest.approx(rows["temperature"]["nll"], rel=1e-6)

@@ -82,3 +82,28 @@ def test_reproduce_quick_writes_the_results(name, data_dir, tmp_path, capsys):
     saved = json.loads(next(tmp_path.rglob(f"{stem}.json")).read_text())
     assert saved["rows"] and saved["command"].startswith("varbnn reproduce")
     assert f"{stem}.json" in printed
+
+
+def test_set_overrides_typed_fields_and_variants_picks_the_runs(data_dir, tmp_path, capsys):
+    """``--set FIELD=VALUE`` changes the config (checked against the field's type, any experiment); ``--variants``
+    runs only the named variants' runs of a generic-runner config."""
+    args = ["reproduce", "uncertainty-fmnist", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*args, "--set", "eval_samples=3", "--set", "seeds=(4,)", "--variants", "plain,MeanField"]) == 0
+    saved = json.loads((tmp_path / "uncertainty-fmnist.json").read_text())
+    assert saved["config"]["eval_samples"] == 3 and saved["config"]["seeds"] == [4]
+    assert {r["variant"] for r in saved["rows"]} == {"plain", "MeanField"}
+    capsys.readouterr()
+    for bad, message in (
+        (["--set", "epochs=two"], "--set epochs=two: expected int, got 'two'"),
+        (["--set", "nope=1"], "--set nope: not a settable field of ExperimentConfig; allowed: ["),
+        (["--set", "epochs"], "--set expects FIELD=VALUE"),
+        (["--variants", "plain,Nope"], "unknown variants ['Nope']"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*args, *bad])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "soap-bubble", "--quick", "--set", "nope=1"])
+    assert "not a settable field of SoapBubbleConfig" in capsys.readouterr().err

@@ -141,6 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--families", default=None, help="uci only: comma-separated columns to run (rdp, meanfield, radial, ktied, delta)"
     )
+    rep.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
+        help="override a field of the experiment's config, checked against its type (repeatable; e.g. --set epochs=5 "
+        "--set seeds='(0, 1)'); a changed training field is a new protocol: give it its own --out",
+    )  # fmt: skip
+    rep.add_argument(
+        "--variants", default=None,
+        help="generic runner's configs only: comma-separated variant labels to run now (the page shows every run saved)",
+    )  # fmt: skip
     rep.add_argument("--no-train", action="store_true", help=f"render the results from the runs already saved; {ENGINE_TEXT}")
     rep.add_argument(
         "--shard", default=None,
@@ -161,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from varbnn.experiments import CONFIGS, get_config, run_experiment
-    from varbnn.experiments.config import results_dir
+    from varbnn.experiments.config import apply_overrides, results_dir
 
     if args.command == "render":
         from varbnn.experiments.render import render_saved
@@ -216,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         if used and not engine:
             parser.error(f"{', '.join(used)}: supported by {ENGINE_TEXT}, not by {name!r}")
+        if args.variants and name not in CONFIGS:
+            parser.error(f"--variants: supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
         if args.workers < 1:
             parser.error(f"--workers must be a positive integer, got {args.workers}")
         if args.shard:
@@ -239,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             families = tuple(args.families.split(",")) if args.families else None
             uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits, args.rdp_defaults,
                              args.epochs, families)  # fmt: skip
+            uci = apply_overrides(uci, args.overrides)
         except ValueError as error:
             parser.error(str(error))
         try:
@@ -254,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name in ("retina-referral", "retina-robustness"):
         from varbnn.experiments.retina import retina_config, run_retina
 
-        retina = retina_config(name, args.quick)
         try:
+            retina = apply_overrides(retina_config(name, args.quick), args.overrides)
             run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
                        command=command, shard=shard, train=not args.no_train, workers=args.workers)  # fmt: skip
         except ValueError as error:
@@ -267,7 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name == "soap-bubble":
         from varbnn.experiments.soap_bubble import run_soap_bubble, soap_bubble_config
 
-        soap = soap_bubble_config(args.quick)
+        try:
+            soap = apply_overrides(soap_bubble_config(args.quick), args.overrides)
+        except ValueError as error:
+            parser.error(str(error))
         run_soap_bubble(soap, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
                         command=command)  # fmt: skip
         out = results_dir(soap.name, args.out)
@@ -276,8 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name == "vcl-split-fmnist":
         from varbnn.experiments.continual import run_vcl, vcl_config
 
-        vcl = vcl_config(args.quick)
         try:
+            vcl = apply_overrides(vcl_config(args.quick), args.overrides)
             vcl_result = run_vcl(vcl, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                                  progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
                                  workers=args.workers)  # fmt: skip
@@ -295,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from varbnn.experiments.graves import graves_config, run_graves_mnist, run_graves_prune
 
         try:
-            graves = graves_config(name, args.quick)
+            graves = apply_overrides(graves_config(name, args.quick), args.overrides)
         except ValueError as error:
             parser.error(str(error))
         out = results_dir(graves.name, args.out)
@@ -315,13 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
         return 0
     try:
-        config = get_config(name, quick=args.quick)
+        config = apply_overrides(get_config(name, quick=args.quick), args.overrides)
     except ValueError as error:
         parser.error(str(error))
     try:
         result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                                 progress=not args.no_progress, command=command, distributed=distributed, shard=shard,
-                                train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1))  # fmt: skip
+                                train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
+                                only=args.variants.split(",") if args.variants else None)  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
     if "runs_file" in result:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES", "RESULTS_DIR", "results_dir"]
+__all__ = ["Variant", "ExperimentConfig", "OPTIMIZERS", "FIGURES", "RESULTS_DIR", "results_dir", "apply_overrides"]
 
 RESULTS_DIR = Path("benchmarks/results")
 """The committed results, relative to the repository root (where the commands run): one folder per experiment."""
@@ -234,3 +237,75 @@ class ExperimentConfig:
         for name in _AFTER_TRAINING:
             data.pop(name, None)
         return data
+
+
+_NOT_OVERRIDABLE = ("name", "description", "quick", "variants")
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """``value`` (parsed by :func:`ast.literal_eval`) as the type ``hint`` of a config field, or ValueError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _coerce(value, option, where)
+            except ValueError:
+                pass
+        names = " or ".join("None" if a is type(None) else getattr(a, "__name__", str(a)) for a in args)
+        raise ValueError(f"{where}: expected {names}, got {value!r}")
+    if hint is type(None):
+        if value is None:
+            return None
+        raise ValueError(f"{where}: expected None, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{where}: expected float, got {value!r}")
+    if hint in (int, str, bool):
+        if isinstance(value, hint) and (hint is bool or not isinstance(value, bool)):
+            return value
+        raise ValueError(f"{where}: expected {hint.__name__}, got {value!r}")
+    if origin is tuple:
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            value = (value,)  # --set seeds=3 means (3,)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a tuple, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], where) for v in value)
+        if len(args) != len(value):
+            raise ValueError(f"{where}: expected {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, where) for v, a in zip(value, args))
+    if origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ValueError(f"{where}: expected a dict, got {value!r}")
+    raise ValueError(f"{where}: fields of type {hint} cannot be set from the command line")
+
+
+def apply_overrides(config: Any, overrides: typing.Sequence[str]) -> Any:
+    """``config`` (any experiment config dataclass) with ``FIELD=VALUE`` overrides applied (``varbnn reproduce NAME
+    --set FIELD=VALUE``). ``VALUE`` is a Python literal (``5``, ``0.1``, ``(0, 1, 2)``, ``None``, ``'adam'``) or a bare
+    word taken as a string; it is checked against the field's type (an int where a float is expected is converted,
+    one value where a tuple is expected becomes a 1-tuple). The config's own checks run on the result. Changing a
+    field that training depends on changes the protocol hash: write to its own ``--out``."""
+    if not overrides:
+        return config
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    hints = typing.get_type_hints(type(config))
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
+        settable = sorted(n for n, f in fields.items() if n not in _NOT_OVERRIDABLE)
+        if key not in fields or key in _NOT_OVERRIDABLE:
+            raise ValueError(f"--set {key}: not a settable field of {type(config).__name__}; allowed: {settable}")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()  # a bare word: a string
+        changes[key] = _coerce(value, hints[key], f"--set {key}={text}")
+    return dataclasses.replace(config, **changes)

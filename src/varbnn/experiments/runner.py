@@ -14,10 +14,11 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -556,8 +557,10 @@ def run_experiment(
     shard: tuple[int, int] | None = None,
     train: bool = True,
     workers: int = 1,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Train and evaluate every variant of ``config`` for every seed; write JSON, Markdown and figures to ``out_dir``
+    """Train and evaluate every variant of ``config`` for every seed (``only``: just the runs of these variant labels;
+    the page still shows every run saved); write JSON, Markdown and figures to ``out_dir``
     (default: ``benchmarks/results/NAME/``, see :func:`~varbnn.experiments.config.results_dir`).
 
     The runs, one per (variant label, seed), go through :mod:`varbnn.experiments.engine`: each finished run is one line
@@ -590,6 +593,9 @@ def run_experiment(
     labels = [v.label for v in config.variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{config.name}: variant labels must be unique, got {labels}")
+    unknown = sorted(set(only or ()) - set(labels))
+    if unknown:
+        raise ValueError(f"{config.name}: unknown variants {unknown}; allowed: {labels}")
     protocol = _protocol(config)
     runs = expand(variant=labels, seed=config.seeds)
     known = set(runs)
@@ -599,7 +605,10 @@ def run_experiment(
     )  # fmt: skip
     run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress)
     if train:
-        done = execute(select_shard(runs, shard), run, store, device=dev, workers=workers, commit=commit)
+        pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
+        post_hoc = {v.label for v in config.variants if v.family in POST_HOC}
+        pending.sort(key=lambda k: k[0] in post_hoc)  # after the plain runs whose training they reuse
+        done = execute(pending, run, store, device=dev, workers=workers, commit=commit)
     else:
         done = store.load()
     if shard is not None:
@@ -761,6 +770,7 @@ def _run_seed(
         tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
     t0 = time.perf_counter()
     checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
+    _reuse_plain_training(config, out_dir, variant, seed, checkpoint)
     sidecar = _Sidecar(checkpoint, tracer, t0)
     best = None
     if config.select_best_of_last:
@@ -842,6 +852,31 @@ def _run_seed(
         "scores": [[label, scores] for label, scores in scored],
         "traces": tracer.records if tracer is not None else None,
     }
+
+
+POST_HOC = ("temperature", "laplace")
+"""Baselines that are a post-hoc step on the plain network, trained exactly as the ``plain`` variant trains it."""
+
+
+def _reuse_plain_training(config: ExperimentConfig, out_dir: str, variant: Variant, seed: int, checkpoint: Path | None) -> None:
+    """Temperature scaling and last-layer Laplace start from the plain network trained exactly as the config's
+    ``plain`` variant trains it (the same initial weights, batches and optimizer for the same seed): when that run's
+    final checkpoint exists, copy it to this run's checkpoint, so that ``fit`` resumes at the last epoch instead of
+    training the same network again. The copied checkpoint carries the plain run's training seconds, so the record's
+    ``train_seconds`` still counts the training (plus the post-hoc fit). Resumable configs only."""
+    if checkpoint is None or checkpoint.exists() or variant.family not in POST_HOC:
+        return
+    plain = next((v for v in config.variants if v.family == "plain" and not v.family_options), None)
+    if plain is None:
+        return
+    source = _checkpoint_path(config, out_dir, plain, seed)
+    state = _committed_state(source)
+    if state is None or state.get("epoch") != config.epochs:
+        return
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint.with_suffix(".copy")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, checkpoint)
 
 
 def _figures(
