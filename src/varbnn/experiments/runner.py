@@ -607,7 +607,9 @@ def run_experiment(
     if train:
         pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
         post_hoc = {v.label for v in config.variants if v.family in POST_HOC}
-        pending.sort(key=lambda k: k[0] in post_hoc)  # after the plain runs whose training they reuse
+        # seed by seed (a partial run still compares every variant), the post-hoc baselines after the plain run whose
+        # training they reuse
+        pending.sort(key=lambda k: (config.seeds.index(k[1]), k[0] in post_hoc))
         done = execute(pending, run, store, device=dev, workers=workers, commit=commit)
     else:
         done = store.load()
