@@ -124,7 +124,7 @@ CASES = [
     BadInput("conv1d-padding-mode-refused", lambda: varbnn.bayesianize(nn.Conv1d(2, 2, 3, padding_mode="circular")),
              raises=NotImplementedError, match="Conv1d padding_mode='circular' is not supported"),
     BadInput("batchnorm-deterministic-by-design",
-             quietly(lambda: varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)), report=True)),
+             quietly(lambda: varbnn.bayesianize(nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 4)), report=True)),
              expect=reported("BatchNorm1d", deliberate=True)),
     BadInput("layernorm-deterministic-by-design",
              quietly(lambda: varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4)), report=True)),

@@ -260,12 +260,31 @@ def test_strict_refuses_and_exclusion_acknowledges():
 
 
 def test_normalisation_layers_are_deterministic_without_a_warning():
-    net = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4), nn.InstanceNorm2d(4, affine=True))
+    net = nn.Sequential(nn.BatchNorm2d(2), nn.Conv2d(2, 4, 3), nn.ReLU(), nn.GroupNorm(2, 4), nn.InstanceNorm2d(4, affine=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model, report = varbnn.bayesianize(net, report=True, strict=True)
     assert [d.type_name for d in report.deterministic] == ["BatchNorm2d", "GroupNorm", "InstanceNorm2d"]
-    assert isinstance(model[1], nn.BatchNorm2d) and model(torch.randn(2, 2, 6, 6)).shape == (2, 4, 4, 4)
+    assert isinstance(model[0], nn.BatchNorm2d) and model(torch.randn(2, 2, 6, 6)).shape == (2, 4, 4, 4)
+
+
+def test_a_batch_norm_after_a_bayesian_layer_is_warned_about_once():
+    """Its running statistics average over weight draws: one warning naming the pair and the ways out; none when the
+    layer before it stays deterministic or the batch norm keeps no running statistics."""
+    net = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        varbnn.bayesianize(net, strict=True)
+    messages = [str(w.message) for w in caught if issubclass(w.category, ConversionWarning)]
+    assert len(messages) == 1
+    assert "BatchNorm2d '1' comes after the Bayesian module '0'" in messages[0] and "exclude=" in messages[0]
+    for quiet in (
+        lambda: varbnn.bayesianize(net, exclude=["0", "3"]),
+        lambda: varbnn.bayesianize(nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4, track_running_stats=False))),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            quiet()
 
 
 def test_transformer_layers():

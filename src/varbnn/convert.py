@@ -12,7 +12,9 @@ What happens to each module type:
   is refused with a ``NotImplementedError`` that names the module (``exclude`` it to keep it deterministic).
 * left deterministic by design, silently: normalisation layers (``BatchNorm*``, ``SyncBatchNorm``, ``InstanceNorm*``,
   ``LayerNorm``, ``GroupNorm``, ``RMSNorm``): their affine parameters are few, act on normalised activations, and
-  batch norm's running statistics are not weights one can put a posterior on; and whatever the user excludes.
+  batch norm's running statistics are not weights one can put a posterior on; and whatever the user excludes. (A
+  batch norm with running statistics AFTER a Bayesian layer gets one :class:`ConversionWarning`: its statistics
+  average over weight draws, so each sampled network is normalised with statistics that are not its own.)
 * left deterministic and reported with a :class:`ConversionWarning` (an error under ``strict=True``):
   ``nn.MultiheadAttention`` (not walked into: its packed projections are read by ``F.multi_head_attention_forward``,
   so swapping its ``out_proj`` would break its forward), ``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder``
@@ -540,7 +542,33 @@ def bayesianize(
             ConversionWarning,
             stacklevel=2,
         )
+    _warn_batch_norm_after_bayesian(new)
     return (new, result) if report else new
+
+
+def _warn_batch_norm_after_bayesian(model: nn.Module) -> None:
+    """One :class:`ConversionWarning` when a batch-norm layer with running statistics comes after a Bayesian module
+    (in registration order, the order of ``named_modules``): its running statistics average over weight draws."""
+    first_bayesian = None
+    for name, module in model.named_modules():
+        if isinstance(module, BayesianModule) and first_bayesian is None:
+            first_bayesian = name or "(model)"
+        if (
+            first_bayesian is not None
+            and isinstance(module, nn.modules.batchnorm._BatchNorm)
+            and module.track_running_stats
+        ):
+            warnings.warn(
+                f"bayesianize: {type(module).__name__} {name!r} comes after the Bayesian module {first_bayesian!r}. "
+                "Its running statistics average over weight draws, so in eval() mode each sampled network is "
+                "normalised with statistics that are not its own, and the sampled predictive can be much worse than "
+                "the mean network's. Keep the layers before batch norms deterministic (exclude=[names]), use "
+                "GroupNorm or LayerNorm (per-example statistics) instead, or compare predict(model, x) with the mean "
+                "network (varbnn.sample_mode(model, 'mean')) before trusting it.",
+                ConversionWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def conversion_report(model: nn.Module) -> ConversionReport:
