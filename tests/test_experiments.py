@@ -610,3 +610,29 @@ def test_post_hoc_baselines_reuse_the_plain_runs_training(tmp_path):
     fresh = tmp_path / "fresh"
     alone = run_experiment(dataclasses.replace(config, variants=config.variants[:1]), out_dir=fresh, progress=False)
     assert alone["rows"][0]["nll"] == pytest.approx(rows["temperature"]["nll"], rel=1e-6)
+
+
+def test_uncertainty_goals_are_judged_from_the_rows():
+    from varbnn.experiments.uncertainty import goal_lines, goals
+
+    def row(variant, family, nll, ece, auroc, seconds):
+        return dict(variant=variant, family=family, nll=nll, ece=ece, ood_auroc_entropy=auroc, ood_auroc_mi=0.5,
+                    train_seconds=seconds, predict_seconds=1.0)  # fmt: skip
+
+    rows = [
+        row("plain", "plain", 0.05, 0.010, 0.90, 100.0),
+        row("T", "temperature", 0.045, 0.008, 0.91, 101.0),
+        row("MCD", "mc-dropout", 0.044, 0.009, 0.92, 100.0),
+        row("ens", "ensemble", 0.035, 0.006, 0.95, 500.0),
+        row("MF", "meanfield", 0.038, 0.007, 0.96, 120.0),
+        row("R", "radial", 0.049, 0.011, 0.93, 110.0),  # ECE above plain's: (a) fails on it alone
+    ]
+    (a, met_a, why_a), (b, met_b, _), (c, met_c, why_c) = goals(rows)
+    assert met_a is False and "R (NLL 0.0490, ECE 0.0110)" in why_a and "MF" not in why_a.split("not below")[1]
+    assert met_b is True
+    assert met_c is True and "1.09 x" in why_c and "0.24 x" in why_c  # 0.038 / 0.035, 120 / 500
+    rows[4]["train_seconds"] = 300.0
+    assert goals(rows)[2][1] is False
+    assert goals(rows[:1])[1][1] is None  # rows missing: not measured, not "not met"
+    page = "\n".join(goal_lines({"rows": rows}))
+    assert "| ens | 0.0350 | 0.0060 | 0.9500 | 0.5000 | 5.00 | 1.00 |" in page and "**not met**" in page

@@ -1105,6 +1105,10 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
     paper = PAPER_TABLES.get(str(result["name"]).removesuffix("-quick"))
     if paper:
         lines += ["", *paper]
+    if str(result["name"]).startswith("uncertainty-"):
+        from varbnn.experiments.uncertainty import goal_lines
+
+        lines += ["", *goal_lines(result)]
     for figure in result.get("figures", []):
         lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,91 @@
+"""The goals of ``varbnn reproduce uncertainty-mnist`` / ``uncertainty-fmnist`` (issue 26), checked on a result's rows.
+
+All three compare means over the seeds run (the tables give each standard error):
+
+(a) every varbnn family's test NLL and ECE below the plain network's;
+(b) the best family (lowest NLL) below plain + temperature scaling and MC dropout on NLL, and above both on OOD AUROC
+    (by predictive entropy, the score every method has);
+(c) the best family's NLL within 10% of the 5-member deep ensemble's, at no more than half its training time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FAMILY_KINDS", "goals", "goal_lines"]
+
+FAMILY_KINDS = ("meanfield", "radial", "ktied", "rdp", "delta")
+"""The ``family`` of the rows that are varbnn families (the rest are the plain network and the baselines)."""
+
+
+def _one(rows: list[dict[str, Any]], family: str) -> dict[str, Any] | None:
+    found = [r for r in rows if r.get("family") == family]
+    return found[0] if found else None
+
+
+def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
+    """``(goal, met, evidence)`` for goals (a), (b), (c); ``met`` is None when a row the goal needs is missing."""
+    plain, temperature = _one(rows, "plain"), _one(rows, "temperature")
+    dropout, ensemble = _one(rows, "mc-dropout"), _one(rows, "ensemble")
+    families = [r for r in rows if r.get("family") in FAMILY_KINDS]
+    out: list[tuple[str, bool | None, str]] = []
+    goal_a = "(a) every family's NLL and ECE below the plain network's"
+    if plain is None or not families:
+        out.append((goal_a, None, "the plain row or the family rows are missing"))
+    else:
+        misses = [
+            f"{r['variant']} (NLL {r['nll']:.4f}, ECE {r['ece']:.4f})"
+            for r in families
+            if not (r["nll"] < plain["nll"] and r["ece"] < plain["ece"])
+        ]
+        evidence = f"plain: NLL {plain['nll']:.4f}, ECE {plain['ece']:.4f}; " + (
+            f"not below on both: {', '.join(misses)}" if misses else f"all {len(families)} families below on both"
+        )
+        out.append((goal_a, not misses, evidence))
+    best = min(families, key=lambda r: r["nll"]) if families else None
+    goal_b = "(b) the best family below temperature scaling and MC dropout on NLL, above both on OOD AUROC (entropy)"
+    if best is None or temperature is None or dropout is None or "ood_auroc_entropy" not in best:
+        out.append((goal_b, None, "a row or the OOD AUROC is missing"))
+    else:
+        nll_ok = best["nll"] < min(temperature["nll"], dropout["nll"])
+        auroc_ok = best["ood_auroc_entropy"] > max(temperature["ood_auroc_entropy"], dropout["ood_auroc_entropy"])
+        evidence = (
+            f"best family {best['variant']}: NLL {best['nll']:.4f}, AUROC {best['ood_auroc_entropy']:.4f}; temperature "
+            f"scaling {temperature['nll']:.4f} / {temperature['ood_auroc_entropy']:.4f}; MC dropout "
+            f"{dropout['nll']:.4f} / {dropout['ood_auroc_entropy']:.4f}"
+        )
+        out.append((goal_b, nll_ok and auroc_ok, evidence))
+    goal_c = "(c) the best family within 10% of the deep ensemble's NLL at <= half its training time"
+    if best is None or ensemble is None:
+        out.append((goal_c, None, "the ensemble row or the family rows are missing"))
+    else:
+        ratio, cost = best["nll"] / ensemble["nll"], best["train_seconds"] / ensemble["train_seconds"]
+        evidence = (
+            f"{best['variant']}: NLL {ratio:.2f} x the ensemble's ({best['nll']:.4f} vs {ensemble['nll']:.4f}), training "
+            f"time {cost:.2f} x"
+        )
+        out.append((goal_c, ratio <= 1.1 and cost <= 0.5, evidence))
+    return out
+
+
+def goal_lines(result: dict[str, Any]) -> list[str]:
+    """The page section: the cost of every row relative to the plain network, then the goals with their verdicts."""
+    rows = result["rows"]
+    plain = _one(rows, "plain")
+    lines = ["## Against the goals", ""]
+    if plain is not None:
+        lines += [
+            "| variant | NLL | ECE | OOD AUROC (entropy) | OOD AUROC (MI) | training time / plain | prediction s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['variant']} | {r['nll']:.4f} | {r['ece']:.4f} | {r.get('ood_auroc_entropy', float('nan')):.4f} | "
+                f"{r.get('ood_auroc_mi', float('nan')):.4f} | {r['train_seconds'] / plain['train_seconds']:.2f} | "
+                f"{r.get('predict_seconds', float('nan')):.2f} |"
+            )
+        lines.append("")
+    verdict = {True: "**met**", False: "**not met**", None: "not measured"}
+    lines += [f"- {goal}: {verdict[met]} ({evidence})" for goal, met, evidence in goals(rows)]
+    lines += ["", "Means over the seeds run; the standard errors are in the table above."]
+    return lines
