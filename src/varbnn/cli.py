@@ -10,7 +10,9 @@ from typing import NoReturn
 
 __all__ = ["main", "max_threads", "DEVICE_CHOICES", "ENGINE_EXPERIMENTS"]
 
-ENGINE_EXPERIMENTS = ("uci", "retina-referral", "retina-robustness", "vcl-split-fmnist", "graves-mnist", "graves-mnist-lstm")
+ENGINE_EXPERIMENTS = (
+    "uci", "uci-learned", "retina-referral", "retina-robustness", "vcl-split-fmnist", "graves-mnist", "graves-mnist-lstm",
+)  # fmt: skip
 # and every config of the generic runner (varbnn.experiments.registry.CONFIGS: mnist-mlp, ktied-*, lenet5-*, ...)
 """The experiments whose runs :mod:`varbnn.experiments.engine` executes: they take ``--workers``, ``--shard`` and
 ``--no-train``."""
@@ -187,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, config in sorted(CONFIGS.items()):
             print(f"{name:20s} {config.description}")
         print(f"{'uci':20s} UCI regression, 9 sets x standard splits, every family (Oh et al. 2020 Table 1 protocol)")
+        print(f"{'uci-learned':20s} UCI regression with learned noise and a validation search, every family and baseline")
         print(f"{'retina-referral':20s} Referral by mutual information on RetinaMNIST, radial vs mean-field, 5 seeds")
         print(f"{'retina-robustness':20s} Random hyperparameter search, radial vs mean-field (Farquhar et al. 2020 Fig. 7)")
         print(f"{'soap-bubble':20s} Distance of samples from the mode: analytic/sampled densities and during training")
@@ -211,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = "demo" if args.command == "demo" else args.name
     distributed = bool(getattr(args, "distributed", False))
-    if distributed and (name == "demo" or name == "uci" or name.startswith(("retina-", "graves-", "vcl-", "soap-"))):
+    if distributed and (name == "demo" or name.startswith("uci") or name.startswith(("retina-", "graves-", "vcl-", "soap-"))):
         parser.error(f"--distributed is supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     shard = None
@@ -234,6 +237,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shard = parse_shard(args.shard)
             except ValueError as error:
                 parser.error(str(error))
+    if name == "uci-learned":
+        from varbnn.experiments.uci_learned import UCILearnedConfig, quick_config, run_uci_learned
+
+        try:
+            learned = apply_overrides(quick_config() if args.quick else UCILearnedConfig(), args.overrides)
+            learned_result = run_uci_learned(learned, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                             progress=not args.no_progress, command=command, shard=shard,
+                                             train=not args.no_train, workers=args.workers)  # fmt: skip
+        except ValueError as error:
+            parser.error(str(error))
+        out = results_dir(learned.name, args.out)
+        if shard is not None:
+            print(f"wrote {out}/{learned.name}_runs.shard{shard[0]}.jsonl")
+            return 0
+        print(f"wrote {out}/{learned.name}.json, {out}/{learned.name}.md")
+        return 0 if any(len(row) > 3 for row in learned_result["rows"]) else 1
     if name == "uci":
         from varbnn.experiments.uci import run_uci, uci_config
 

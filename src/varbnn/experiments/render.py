@@ -16,7 +16,10 @@ from varbnn.experiments.engine import read_result
 
 __all__ = ["renderer_for", "render_result", "render_saved", "SPECIAL_PAGES"]
 
-SPECIAL_PAGES = ("uci", "retina-referral", "retina-robustness", "graves-mnist", "graves-prune", "vcl-split-fmnist", "soap-bubble")
+SPECIAL_PAGES = (
+    "uci", "uci-learned", "retina-referral", "retina-robustness", "graves-mnist", "graves-prune", "vcl-split-fmnist",
+    "soap-bubble",
+)  # fmt: skip
 """The experiments (and their ``-lstm`` / ``-quick`` forms) whose pages are not the generic runner's."""
 
 
@@ -34,6 +37,10 @@ def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | No
         file = f"{result['name']}{suffix}"
         return file if folder is None or (folder / file).exists() else None
 
+    if base == "uci-learned":
+        from varbnn.experiments.uci_learned import render_uci_learned_markdown
+
+        return lambda result, folder: render_uci_learned_markdown(result)
     if base == "uci":
         from varbnn.experiments.uci import render_uci_markdown
 

@@ -1,0 +1,88 @@
+"""The learned-noise UCI protocol (``varbnn reproduce uci-learned``): the search picks the best validation score, the
+test set is scored once, the predictive log-likelihood is the exact Gaussian mixture, runs resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+from scipy import stats
+from scipy.special import logsumexp
+
+from varbnn.cli import main
+from varbnn.experiments.uci_learned import LEARNED_VARIANTS, UCILearnedConfig, _lengths, _log_likelihood, quick_config
+from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian
+
+
+class _Draws(torch.nn.Module):
+    """A 'model' whose predictive draws are fixed numbers (predict calls predictive_draws)."""
+
+    def __init__(self, outputs: torch.Tensor) -> None:
+        super().__init__()
+        self.outputs = outputs
+
+    def predictive_draws(self, x: torch.Tensor, samples: int) -> torch.Tensor:
+        return self.outputs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outputs[0]
+
+
+def test_log_likelihood_is_the_gaussian_mixture_of_the_draws_in_original_units():
+    torch.manual_seed(0)
+    draws, y, y_std = torch.randn(5, 7, 1), torch.randn(7), torch.tensor(3.0)
+    likelihood = Gaussian(noise_std=0.4)
+    ll, rmse, _ = _log_likelihood(_Draws(draws), likelihood, torch.zeros(7, 2), y, 5, y_std)
+    # original units: y_o = 3 y, draws_o = 3 f, noise std 3 * 0.4
+    dens = stats.norm(3 * draws.squeeze(-1).numpy(), 3 * 0.4).logpdf(3 * y.numpy())
+    assert ll == pytest.approx(float((logsumexp(dens, axis=0) - math.log(5)).mean()), rel=1e-5)
+    assert rmse == pytest.approx(float((3 * (draws.squeeze(-1).mean(0) - y)).square().mean().sqrt()), rel=1e-5)
+    hetero = torch.stack([draws.squeeze(-1), torch.full((5, 7), math.log(0.25))], -1)  # variance 0.25
+    ll2 = _log_likelihood(_Draws(hetero), HeteroscedasticGaussian(min_variance=1e-12), torch.zeros(7, 2), y, 5, y_std)[0]
+    dens2 = stats.norm(3 * draws.squeeze(-1).numpy(), 3 * 0.5).logpdf(3 * y.numpy())
+    assert ll2 == pytest.approx(float((logsumexp(dens2, axis=0) - math.log(5)).mean()), rel=1e-5)
+
+
+def test_lengths_are_capped_by_the_step_budget_and_the_grid_is_per_variant():
+    config = UCILearnedConfig(epochs=(40, 100, 400, 1000), max_steps=10_000, batch_size=32)
+    assert _lengths(config, 246) == [40, 100, 400, 1000]  # yacht's 80%: 8 steps per epoch
+    assert _lengths(config, 7373) == [40, 44]  # 231 steps per epoch: 100, 400 and 1000 epochs become 44 (10,000 steps)
+    assert _lengths(config, 33_000) == [10]  # protein's 80%: 1,032 steps per epoch
+    grids = {v.family: config.grid(v) for v in LEARNED_VARIANTS}
+    assert grids["meanfield"] == config.prior_scales and grids["mc-dropout"] == config.dropout_rates
+    assert grids["ensemble"] == (None,)
+    with pytest.raises(ValueError, match="dropout_rates must lie in"):
+        UCILearnedConfig(dropout_rates=(0.5, 1.5))
+    with pytest.raises(ValueError, match="unknown UCI datasets"):
+        UCILearnedConfig(datasets=("nope",))
+
+
+def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_dir, tmp_path, capsys):
+    args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress"]
+    only = ["--set", "only=('mean-field', 'MC dropout', 'deep ensemble (5)')"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*args, *only]) == 0
+    records = [json.loads(line) for line in (tmp_path / "uci-learned-quick_runs.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in records} == {"mean-field", "MC dropout", "deep ensemble (5)"}
+    config = quick_config()
+    for record in records:
+        best = max(record["search"], key=lambda s: s["val_ll"])
+        assert (record["knob"], record["epochs"]) == (best["knob"], best["epochs"])  # the validation argmax
+        knobs = {s["knob"] for s in record["search"]}
+        expected = {None} if record["variant"].startswith("deep") else set(
+            config.dropout_rates if record["variant"] == "MC dropout" else config.prior_scales
+        )
+        assert knobs == expected and {s["epochs"] for s in record["search"]} == set(config.epochs)
+        assert math.isfinite(record["ll"]) and record["rmse"] > 0
+    page = (tmp_path / "uci-learned-quick.md").read_text()
+    assert "| yacht | -1.30 | -1.18 |" in page and "[1]" in page
+    before = (tmp_path / "uci-learned-quick_runs.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*args, *only]) == 0  # every run saved: nothing retrained
+    assert (tmp_path / "uci-learned-quick_runs.jsonl").read_text() == before
+    assert main(["render", str(tmp_path / "uci-learned-quick.json")]) == 0
+    assert (tmp_path / "uci-learned-quick.md").read_text().split("\n- search")[1] == page.split("\n- search")[1]
