@@ -201,3 +201,41 @@ def test_the_generic_runner_is_refused_a_bad_shard_and_workers_on_an_accelerator
         run_experiment(_digits_config(), out_dir=tmp_path, progress=False, shard=(2, 2))
     with pytest.raises(ValueError, match="workers must be a positive integer"):
         run_experiment(_digits_config(), out_dir=tmp_path, progress=False, workers=0)
+
+
+def test_the_generic_runner_killed_mid_run_resumes_from_its_epoch_checkpoint(tmp_path, data_dir):
+    """SIGKILL `varbnn reproduce` after the first epoch checkpoint of a resumable run; the rerun continues from that
+    epoch (it does not start over) and ends with exactly the scores of an uninterrupted run."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    overrides = ["--set", "epochs=3", "--set", "train_limit=1500", "--set", "test_limit=200", "--set", "eval_samples=2",
+                 "--set", "resumable=True", "--set", "figures=()", "--variants", "MeanField"]  # fmt: skip
+
+    def command(out: Path) -> list[str]:
+        return [sys.executable, "-m", "varbnn.cli", "reproduce", "uncertainty-fmnist", "--quick", "--out", str(out),
+                "--data-dir", str(data_dir), "--no-progress", "--threads", "1", *overrides]  # fmt: skip
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(command(killed), env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(killed.glob(".checkpoints/*/MeanField-seed0.pt")):
+        if process.poll() is not None:
+            pytest.fail("the run ended before it could be killed")
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    from varbnn.train import read_checkpoint
+
+    (checkpoint,) = killed.glob(".checkpoints/*/MeanField-seed0.pt")
+    assert 1 <= read_checkpoint(checkpoint)["epoch"] < 3  # killed mid-run, after an epoch checkpoint
+    assert not (killed / "uncertainty-fmnist_runs.jsonl").exists() or not _records(killed, "uncertainty-fmnist_runs.jsonl")
+    subprocess.run(command(killed), env=env, check=True, capture_output=True)
+    whole = tmp_path / "whole"
+    subprocess.run(command(whole), env=env, check=True, capture_output=True)
+    name = "uncertainty-fmnist_runs.jsonl"
+    (resumed,), (uninterrupted,) = _records(killed, name), _records(whole, name)
+    a, b = resumed["scores"][0][1], uninterrupted["scores"][0][1]
+    for key in ("accuracy", "nll", "ece", "brier", "final_train_loss", "ood_auroc_entropy"):
+        assert a[key] == b[key], key
