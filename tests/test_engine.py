@@ -178,7 +178,7 @@ def test_the_generic_runner_keeps_one_record_per_run_and_shards_like_a_single_ru
     config = _digits_config()
     whole = run_experiment(config, out_dir=tmp_path / "whole", progress=False, command="test")
     records = _records(tmp_path / "whole", "runner-engine_runs.jsonl")
-    assert [(r["variant"], r["seed"]) for r in records] == [("plain", 0), ("plain", 1), ("mf", 0), ("mf", 1)]
+    assert [(r["variant"], r["seed"]) for r in records] == [("plain", 0), ("mf", 0), ("plain", 1), ("mf", 1)]  # seed by seed
     assert (tmp_path / "whole" / "runner-engine_reliability.png").exists()
     # a rerun trains nothing: the records are read back, the figures rebuilt from the first seed's saved data
     again = run_experiment(config, out_dir=tmp_path / "whole", progress=False, command="test")

@@ -226,9 +226,10 @@ def test_render_saved_rewrites_the_page_from_the_json(tmp_path, monkeypatch):
     import json
 
     from varbnn.cli import main
-    from varbnn.experiments import runner
+    from varbnn.experiments import engine
+    from varbnn.experiments.render import render_saved
 
-    monkeypatch.setattr(runner, "git_commit", lambda: "newcommit")
+    monkeypatch.setattr(engine, "git_commit", lambda: "newcommit")
     saved = tmp_path / "p.json"
     saved.write_text(json.dumps(_pruned_result()))
     assert main(["render", str(saved)]) == 0
@@ -240,9 +241,9 @@ def test_render_saved_rewrites_the_page_from_the_json(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         main(["render", str(bad)])
     with pytest.raises(ValueError, match="missing"):
-        runner.render_saved(bad)
+        render_saved(bad)
     with pytest.raises(FileNotFoundError, match="no such file"):
-        runner.render_saved(tmp_path / "absent.json")
+        render_saved(tmp_path / "absent.json")
 
 
 def test_kl_annealing_reaches_one_at_the_configured_epoch(tmp_path):
@@ -406,7 +407,7 @@ def test_git_commit_marks_code_changes_dirty_but_not_results(tmp_path, monkeypat
     import shutil
     import subprocess
 
-    from varbnn.experiments import runner
+    from varbnn.experiments import engine
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -414,7 +415,7 @@ def test_git_commit_marks_code_changes_dirty_but_not_results(tmp_path, monkeypat
     source = repo / "src" / "varbnn" / "experiments"
     source.mkdir(parents=True)
     (repo / "benchmarks" / "results").mkdir(parents=True)
-    (source / "runner.py").write_text("code\n")
+    (source / "engine.py").write_text("code\n")
     (repo / "benchmarks" / "results" / "runs.jsonl").write_text("{}\n")
 
     def git(*args):
@@ -425,14 +426,14 @@ def test_git_commit_marks_code_changes_dirty_but_not_results(tmp_path, monkeypat
     git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     monkeypatch.delenv("VARBNN_COMMIT", raising=False)
-    monkeypatch.setattr(runner, "__file__", str(source / "runner.py"))
-    assert runner.git_commit() == head
+    monkeypatch.setattr(engine, "__file__", str(source / "engine.py"))
+    assert engine.git_commit() == head
     (repo / "benchmarks" / "results" / "runs.jsonl").write_text("{}\n{}\n")  # a run appending its records
-    assert runner.git_commit() == head
-    (source / "runner.py").write_text("changed\n")
-    assert runner.git_commit() == head + "+dirty"
+    assert engine.git_commit() == head
+    (source / "engine.py").write_text("changed\n")
+    assert engine.git_commit() == head + "+dirty"
     monkeypatch.setenv("VARBNN_COMMIT", "abc")
-    assert runner.git_commit() == "abc"
+    assert engine.git_commit() == "abc"
 
 
 def test_lenet5_widths_sizes_match_the_paper_formulas():

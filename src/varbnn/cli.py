@@ -175,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from varbnn.experiments.config import apply_overrides, results_dir
 
     if args.command == "render":
+        from varbnn.experiments.engine import git_commit
         from varbnn.experiments.render import render_saved
-        from varbnn.experiments.runner import git_commit
 
         commit = git_commit()  # before the first page is rewritten (which would make the tree dirty)
         for path in args.results:

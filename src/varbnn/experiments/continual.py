@@ -35,7 +35,7 @@ from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import load_fashion_mnist
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, execute, expand, provenance, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, describe_device, execute, expand, git_commit, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
@@ -229,8 +229,6 @@ def run_vcl(
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
     (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
     (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
-    from varbnn.experiments.runner import describe_device, git_commit
-
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)

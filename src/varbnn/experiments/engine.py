@@ -21,8 +21,11 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import os
+import platform
 import re
 import shlex
+import subprocess
 import sys
 import time
 import warnings
@@ -45,6 +48,8 @@ __all__ = [
     "provenance",
     "read_result",
     "default_command",
+    "git_commit",
+    "describe_device",
 ]
 
 RunKey = tuple[Any, ...]
@@ -177,8 +182,6 @@ def _one_thread() -> None:
 def _run_in_worker(
     run: Callable[[RunKey], dict[str, Any]], key: RunKey, device: torch.device
 ) -> tuple[RunKey, dict[str, Any], str]:
-    from varbnn.experiments.runner import describe_device
-
     return key, run(key), describe_device(device) + " (worker process)"
 
 
@@ -201,8 +204,6 @@ def execute(
     be picklable: a module-level function or a ``functools.partial`` of one); this process appends each record as it
     arrives, so a killed invocation keeps every finished run. ``on_record(key, record)`` is called after each append
     (progress lines)."""
-    from varbnn.experiments.runner import describe_device, git_commit
-
     check_workers(workers, device)
     done = store.load()
     pending = [key for key in runs if key not in done]
@@ -226,6 +227,41 @@ def execute(
         for key in pending:
             save(key, run(key), text)
     return done
+
+
+def git_commit() -> str:
+    """HEAD's hash (with ``+dirty`` if tracked files outside ``benchmarks/results/`` have uncommitted changes: results
+    that runs in progress append to are not code); ``$VARBNN_COMMIT`` where the tree has no git metadata (e.g. a copy
+    sent to another machine); else ``unknown``."""
+    if os.environ.get("VARBNN_COMMIT"):
+        return os.environ["VARBNN_COMMIT"]
+    try:
+        root = Path(__file__).resolve().parents[3]
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
+            cwd=root, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def describe_device(device: torch.device) -> str:
+    """``"cuda: <GPU name>"`` or ``"cpu: <processor>, <threads> threads"``."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    threads = torch.get_num_threads()
+    return f"cpu: {name}, {threads} thread{'' if threads == 1 else 's'}"
+
 
 
 def default_command() -> str:

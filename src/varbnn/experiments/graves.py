@@ -40,7 +40,7 @@ from torch import nn
 from varbnn.convert import bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, execute, expand, provenance, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, describe_device, execute, expand, git_commit, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
@@ -344,7 +344,6 @@ def run_graves_mnist(
     /``.png``. ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
     (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
     (appended to ``<name>_runs.shard<k>.jsonl``; the page is written once all shards are done), none if not ``train``."""
-    from varbnn.experiments.runner import describe_device, git_commit
     from varbnn.metrics import mean_and_standard_error
 
     start = time.perf_counter()
@@ -455,8 +454,6 @@ def run_graves_prune(
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. ``network_dir``: the folder whose ``.checkpoints/``
     holds the trained network (a missing one is trained and saved there); by default ``out_dir`` when that is given,
     else the folder of the experiment that trains it (:func:`network_experiment`, e.g. ``graves-mnist``'s)."""
-    from varbnn.experiments.runner import describe_device, git_commit
-
     start = time.perf_counter()
     commit, dev = git_commit(), resolve_device(device)
     out = results_dir(config.name, out_dir)

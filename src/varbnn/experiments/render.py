@@ -8,11 +8,12 @@ and ``soap-bubble`` by theirs. Figures are linked when their files lie beside th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from varbnn.experiments.engine import read_result
+from varbnn.experiments.engine import git_commit, read_result
 
 __all__ = ["renderer_for", "render_result", "render_saved", "SPECIAL_PAGES"]
 
@@ -80,8 +81,6 @@ def render_result(result: dict[str, Any], folder: Path | None = None, rendered_a
     render = renderer_for(result["name"])
     if render is not None:
         return render(result, folder)
-    from varbnn.experiments.runner import render_markdown
-
     return render_markdown(result, rendered_at=rendered_at)
 
 
@@ -93,9 +92,199 @@ def render_saved(path: str | Path, rendered_at: str | None = None) -> Path:
     result = read_result(path)
     name = result.get("name")
     if not isinstance(name, str) or renderer_for(name) is None:
-        from varbnn.experiments import runner
-
-        return runner.render_saved(path, rendered_at)
+        return _render_generic_saved(path, rendered_at)
     page = path.with_suffix(".md")
     page.write_text(render_result(result, path.parent))
+    return page
+
+
+# -- the generic runner's page ---------------------------------------------------------------------------------------
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        if value.is_integer() and abs(value) >= 1000:
+            return f"{int(value):,}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+_LEGEND = {
+    "accuracy": "accuracy of the Monte Carlo predictive (mean of the draws' probabilities)",
+    "nll": "NLL of that predictive, nats per example",
+    "nelbo": "test -ELBO per training example, nats: expected NLL of one weight draw + KL / N_train",
+    "sample_nll": "expected NLL of one weight draw, nats",
+    "sample_accuracy": "accuracy of one weight draw",
+    "parameters": "number of trained parameters (variational parameters for Bayesian models)",
+    "snr": "mean gradient SNR E[g]^2/Var[g] of the named layer's std parameters over the last steps",
+    "val_nelbo": "validation -ELBO per training example (beta = 1), nats",
+    "selected_epoch": "the epoch evaluated: lowest mean training NLL among the last select_best_of_last epochs",
+}
+
+
+def _table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        cells = []
+        for key in keys:
+            cell = _format(row.get(key, float("nan")))
+            sem = row.get(f"{key}_sem")
+            if not key.endswith("_wsem") and isinstance(sem, float) and not math.isnan(sem):
+                cell += f" ± {_format(sem)}"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+# Published numbers shown beside a config's own results (kept out of ExperimentConfig, whose hash names the
+# checkpoints of running experiments).
+PAPER_TABLES: dict[str, list[str]] = {
+    "lenet5-prune": [
+        "Oh, Adamczewski, Park (2020), Table 2 (both versions): structured pruning of LeNet-5-Caffe 20-50-800-500 on "
+        "MNIST; architecture = units kept per layer. Goal of this reproduction: <= 1.0% error with <= 15K parameters "
+        "and <= 120K FLOPs.",
+        "",
+        "| method | architecture | FLOPs | parameters | error |",
+        "|---|---|---:|---:|---:|",
+        "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |",
+        "| BC-GNJ | 8-13-88-13 | 307K | 22K | 1.0% |",
+        "| BC-GHS | 5-10-76-16 | 169K | 15K | 1.0% |",
+        "| FDOO(100K) | 2-7-112-478 | 119K | 66K | 1.1% |",
+        "| FDOO(200K) | 3-8-128-499 | 163K | 81K | 1.0% |",
+        "| GL | 3-12-192-500 | 236K | 134K | 1.0% |",
+        "| GD | 7-13-208-16 | 298K | 49K | 1.1% |",
+        "| SBP | 3-18-284-283 | 295K | 164K | 0.9% |",
+    ],
+}
+PAPER_TABLES["lenet5-prune-published"] = PAPER_TABLES["lenet5-prune"]
+
+
+# The pruning rules of a prune config, one row each in the rules table: (label, key prefix, how the rule chooses).
+_PRUNE_RULES = (
+    ("gap", "pruned", "largest gap in each layer's score histogram (no data)"),
+    ("validation", "val_pruned", "thresholds chosen on the validation set (varbnn.prune.validation_thresholds)"),
+    ("budget, one step", "budget_pruned", "the config's FLOPs / parameter budget (varbnn.prune.budget_units)"),
+    ("budget, staged", "iter_pruned", "the budget in prune-and-retrain stages (varbnn.prune.iterative_budget)"),
+    (
+        "staged, random init",
+        "scratch_pruned",
+        "the staged rule's architecture with every weight re-drawn (varbnn.prune.reinitialize) and trained by the same "
+        "retraining for prune_scratch_epochs epochs: does the posterior give more than the architecture? (Liu et al. 2019)",
+    ),
+)
+_PRUNE_COLUMNS = (  # (header, key suffix after the rule's prefix; for the staged rule, its retrained model's)
+    ("architecture", "architecture"),
+    ("parameters", "parameters"),
+    ("FLOPs", "flops"),
+    ("validation error", "validation_error"),
+    ("test error", "test_error"),
+    ("retrained: epoch kept", "finetuned_epoch"),
+    ("retrained: test error", "finetuned_test_error"),
+)
+
+
+def _percent(value: Any) -> str:
+    return "–" if isinstance(value, float) and math.isnan(value) else f"{100 * float(value):.2f}%"
+
+
+def _prune_keys(keys: list[str]) -> list[str]:
+    prefixes = tuple(prefix + "_" for _, prefix, _ in _PRUNE_RULES)
+    return [k for k in keys if k.startswith(prefixes)]
+
+
+def _prune_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One row per (variant, pruning rule): the exported model's architecture, size, errors and retraining. The staged
+    rule's model is retrained inside each stage, so its errors go in the retrained columns."""
+    header = ["variant", "rule", *(h for h, _ in _PRUNE_COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---|" + "---:|" * (len(header) - 3)]
+    stages = []
+    for row in rows:
+        for label, prefix, _ in _PRUNE_RULES:
+            if f"{prefix}_architecture" not in row:
+                continue
+            values = {suffix: row.get(f"{prefix}_{suffix}", float("nan")) for _, suffix in _PRUNE_COLUMNS}
+            if prefix == "iter_pruned":
+                values["finetuned_test_error"], values["test_error"] = values["test_error"], float("nan")
+                values["finetuned_epoch"] = f"{len(str(row.get('iter_pruned_stages', '')).split(' > '))} stages"
+                stages.append(f"- {row['variant']}, staged rule: {row.get('iter_pruned_stages', '–')}")
+            cells = [_percent(v) if suffix.endswith("error") else _format(v) for suffix, v in values.items()]
+            lines.append("| " + " | ".join([str(row["variant"]), label, *cells]) + " |")
+    rules = [f"- {label}: {text}" for label, _, text in _PRUNE_RULES]
+    notes = [
+        "Pruning rules (architecture = units kept per layer; parameters and FLOPs of the exported plain model, Oh et "
+        "al.'s formulas; errors of that model with its posterior-mode weights; validation error: what the rule saw; "
+        "retrained: plain Adam on the training set (varbnn.prune.finetune), the epoch with the lowest validation error, "
+        "0 = none helped; the staged rule retrains in every stage: its validation error is that of its last stage's "
+        "retrained model, whose test error is in the retrained column; likewise the random-initialisation control's):",
+        "",
+        *rules,
+    ]
+    return [*notes, "", *lines, *([""] + stages if stages else [])]
+
+
+def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> str:
+    """The results tables (metrics as ``mean ± sem`` over seeds; ``*_wsem``: SEM over weight draws within a seed,
+    averaged over seeds) with their provenance; traces (``name@step``) in a second table; a prune config's rules in a
+    table of their own, one row per rule. ``rendered_at``: the commit that re-rendered a saved result (``varbnn render``),
+    named under the run's own provenance."""
+    rows = result["rows"]
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if not k.endswith("_sem") and k not in keys]
+    prune = _prune_keys(keys)
+    main = [k for k in keys if "@" not in k and k not in prune]
+    trace = [k for k in keys if "@" in k]
+    lines = [
+        f"# {result['name']}",
+        "",
+        result["config"].get("description", ""),
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}`",
+        f"- device: {result['device']}",
+        f"- wall time: {result['seconds']:.1f} s",
+    ]
+    if "n_train" in result:
+        lines.append(f"- training examples: {result['n_train']}, optimizer steps per run: {result['steps']}")
+    if rendered_at:
+        lines.append(f"- page re-rendered from the saved JSON at commit `{rendered_at}` (`varbnn render`): layout only")
+    lines += ["", *_table(rows, main)]
+    if prune:
+        lines += ["", *_prune_table(rows)]
+    if trace:
+        lines += ["", "Traces during training (value at the given optimizer step):", "", *_table(rows, ["variant", *trace])]
+    legend = [f"- `{k}`: {text}" for k, text in _LEGEND.items() if k in main or any(t.startswith(k + "@") for t in trace)]
+    if legend:
+        lines += ["", *legend]
+    paper = PAPER_TABLES.get(str(result["name"]).removesuffix("-quick"))
+    if paper:
+        lines += ["", *paper]
+    if str(result["name"]).startswith("uncertainty-"):
+        from varbnn.experiments.uncertainty import goal_lines
+
+        lines += ["", *goal_lines(result)]
+    for figure in result.get("figures", []):
+        lines += ["", f"![{figure}]({figure})"]
+    return "\n".join(lines) + "\n"
+
+
+_RESULT_KEYS = ("name", "rows", "config", "command", "commit", "device", "seconds")
+
+
+def _render_generic_saved(path: str | Path, rendered_at: str | None = None) -> Path:
+    """Rewrite the Markdown page of a saved result ``NAME.json`` of the generic runner (``varbnn reproduce NAME``) with
+    the current layout, beside it as ``NAME.md``; the numbers and the run's provenance are the JSON's, and the page names
+    the commit that re-rendered it (``rendered_at``, default :func:`git_commit` now). Returns the page's path."""
+    path = Path(path)
+    result = read_result(path)
+    missing = [k for k in _RESULT_KEYS if k not in result]
+    if missing:
+        raise ValueError(
+            f"{path} is not a result of the generic runner (missing {missing}); uci and retina-* pages are re-rendered "
+            "by `varbnn reproduce NAME --no-train`"
+        )
+    page = path.with_suffix(".md")
+    page.write_text(render_markdown(result, rendered_at=rendered_at or git_commit()))
     return page

@@ -52,7 +52,7 @@ from varbnn.data import load_retinamnist
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
-from varbnn.experiments.engine import RunKey, RunStore, execute, expand, provenance, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, describe_device, execute, expand, git_commit, provenance, select_shard
 from varbnn.families import make_family
 from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.nn.base import sample_mode
@@ -319,8 +319,6 @@ def run_retina(
     if > 1: :func:`varbnn.experiments.engine.execute`), then write ``<name>.json``, ``.md`` and the figure from every run
     found (not for a shard: the page waits for all of them). ``OUT``: ``out_dir``, by default
     ``benchmarks/results/<name>/``."""
-    from varbnn.experiments.runner import describe_device, git_commit
-
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)

@@ -30,6 +30,7 @@ from varbnn.distributions.radial import chi_log_density
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
+from varbnn.experiments.engine import describe_device, git_commit
 from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.nn.base import BayesianModule
@@ -139,7 +140,6 @@ def run_soap_bubble(
     progress: bool = True,
     command: str | None = None,
 ) -> dict[str, Any]:
-    from varbnn.experiments.runner import describe_device, git_commit
     from varbnn.plots import soap_bubble_figures
 
     start = time.perf_counter()

@@ -41,7 +41,16 @@ from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, check_workers, execute, provenance, select_shard
+from varbnn.experiments.engine import (
+    RunKey,
+    RunStore,
+    check_workers,
+    describe_device,
+    execute,
+    git_commit,
+    provenance,
+    select_shard,
+)
 from varbnn.families import make_family
 from varbnn.likelihoods import GammaPrecisionGaussian
 from varbnn.metrics import mean_and_standard_error
@@ -359,8 +368,6 @@ def run_uci(
     processes with one thread each; ``shard=(k, n)`` only every n-th job from the k-th, appended to
     ``<name>_runs.shard<k>.jsonl`` (shards may share one ``out_dir``; every runs file there is read back). Jobs run
     smallest dataset first. ``train=False`` only renders the table from the saved runs."""
-    from varbnn.experiments.runner import describe_device, git_commit
-
     start = time.perf_counter()
     commit = git_commit()
     dev = resolve_device(device)

@@ -49,7 +49,16 @@ from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, check_workers, execute, provenance, select_shard
+from varbnn.experiments.engine import (
+    RunKey,
+    RunStore,
+    check_workers,
+    describe_device,
+    execute,
+    git_commit,
+    provenance,
+    select_shard,
+)
 from varbnn.experiments.uci import N_SPLITS, REFERENCE_LL, SMALLEST_FIRST, UCIVariant
 from varbnn.families import make_family
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
@@ -245,8 +254,6 @@ def run_uci_learned(
 ) -> dict[str, Any]:  # fmt: skip
     """Run every (dataset, variant, split) not yet saved in ``OUT/<name>_runs*.jsonl`` (smallest set first; resumable,
     ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md``; ``train=False`` only renders."""
-    from varbnn.experiments.runner import describe_device, git_commit
-
     start, commit, dev = time.perf_counter(), git_commit(), resolve_device(device)
     check_workers(workers, dev)
     out = results_dir(config.name, out_dir)
