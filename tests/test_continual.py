@@ -163,3 +163,30 @@ def test_the_library_does_not_import_its_experiments():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+def test_vcl_search_gives_both_families_the_same_grid_and_selects_on_validation(tmp_path):
+    from varbnn.experiments.continual import SEARCH_VARIANTS, VCL_VARIANTS, VCLConfig, run_vcl, selection, vcl_config
+
+    grids = {}
+    for v in SEARCH_VARIANTS:
+        grids.setdefault(v.family, set()).add((v.lr, v.epochs, tuple(sorted(v.family_options.items()))))
+    assert len(SEARCH_VARIANTS) == 16 and grids["radial"] == grids["meanfield"] and len(grids["radial"]) == 8
+    # the variants saved before lr existed keep their protocol hashes (those of the committed runs)
+    import json
+    from pathlib import Path
+
+    runs = Path(__file__).parents[1] / "benchmarks/results/vcl-split-fmnist/vcl-split-fmnist_runs.jsonl"
+    saved = {json.loads(line)["variant"]: json.loads(line)["protocol"] for line in runs.read_text().splitlines()}
+    for variant in VCL_VARIANTS:
+        assert VCLConfig().protocol_hash(variant) == saved[variant.label], variant.label
+    config = vcl_config(quick=True, name="vcl-split-fmnist-search")
+    assert config.name == "vcl-split-fmnist-search-quick" and {v.family for v in config.variants} == {"radial", "meanfield"}
+    result = run_vcl(config, out_dir=tmp_path, progress=False, command="test")
+    chosen = selection(result)
+    last = {r["variant"]: r["val_mean"][0] for r in result["rows"] if r["after_task"] == len(config.tasks)}
+    for family, (label, value) in chosen.items():
+        assert label.startswith(family) and value == max(v for k, v in last.items() if k.startswith(family))
+    assert "Selected by the validation mean accuracy" in (tmp_path / "vcl-split-fmnist-search-quick.md").read_text()
+    with pytest.raises(ValueError, match="unknown VCL experiment"):
+        vcl_config(name="vcl-nope")

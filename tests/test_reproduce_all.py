@@ -34,6 +34,7 @@ COVERED = {
     "retina-robustness": "test_continual.py::test_retina_quick_runs_shards_and_renders",
     "soap-bubble": "test_continual.py::test_soap_bubble_quick_run",
     "vcl-split-fmnist": "test_continual.py::test_vcl_quick_run_writes_results_and_resumes",
+    "vcl-split-fmnist-search": "test_continual.py::test_vcl_search_gives_both_families_the_same_grid_and_selects_on_validation",
     "graves-mnist": "test_graves.py::test_graves_quick_runs_table_1_then_prunes_its_adaptive_weight_noise_network",
     "graves-prune": "test_graves.py::test_graves_quick_runs_table_1_then_prunes_its_adaptive_weight_noise_network",
 }
