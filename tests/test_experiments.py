@@ -517,10 +517,9 @@ def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():
     assert annealed(20) == pytest.approx(MeanField.default_kl_weight) and annealed(5) == pytest.approx(0.5 * 0.1)
 
 
-def test_baselines_run_through_the_same_runner(tmp_path):
-    """Temperature scaling, MC dropout, a deep ensemble and last-layer Laplace as variants of one config: trained and
-    evaluated by the generic loop, resumable, with their own checkpoint per ensemble member."""
-    config = ExperimentConfig(
+def _baselines_config() -> ExperimentConfig:
+    """A digits MLP with every baseline as a variant, 2 epochs, resumable, with a validation split."""
+    return ExperimentConfig(
         name="baselines",
         description="",
         dataset="digits",
@@ -541,6 +540,12 @@ def test_baselines_run_through_the_same_runner(tmp_path):
         resumable=True,
         figures=(),
     )
+
+
+def test_baselines_run_through_the_same_runner(tmp_path):
+    """Temperature scaling, MC dropout, a deep ensemble and last-layer Laplace as variants of one config: trained and
+    evaluated by the generic loop, resumable, with their own checkpoint per ensemble member."""
+    config = _baselines_config()
     result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"plain", "temperature", "mc dropout", "ensemble", "laplace"}
@@ -583,20 +588,10 @@ def test_post_hoc_baselines_reuse_the_plain_runs_training(tmp_path):
     """Temperature scaling and Laplace start from the plain variant's finished checkpoint (the same network for the
     same seed) instead of training it again: the same weights, the plain run's training seconds counted, and they run
     after the plain runs whatever their place in the variants."""
-    config = ExperimentConfig(
-        name="reuse",
-        description="",
-        dataset="digits",
-        model="mlp",
-        model_options={"in_features": 64, "hidden": (16,), "out_features": 10},
+    config = dataclasses.replace(
+        _baselines_config(), name="reuse", eval_samples=2,
         variants=(Variant("temperature", family="temperature"), Variant("plain", family="plain")),
-        epochs=2,
-        seeds=(0,),
-        eval_samples=2,
-        validation_size=200,
-        resumable=True,
-        figures=(),
-    )
+    )  # fmt: skip
     result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
     rows = {r["variant"]: r for r in result["rows"]}
     checkpoints = {p.stem: p for p in (tmp_path / ".checkpoints").rglob("*.pt")}
