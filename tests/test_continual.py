@@ -190,3 +190,11 @@ def test_vcl_search_gives_both_families_the_same_grid_and_selects_on_validation(
     assert "Selected by the validation mean accuracy" in (tmp_path / "vcl-split-fmnist-search-quick.md").read_text()
     with pytest.raises(ValueError, match="unknown VCL experiment"):
         vcl_config(name="vcl-nope")
+
+
+def test_vcl_selected_holds_one_setting_per_family_from_the_search_grid():
+    from varbnn.experiments.continual import SEARCH_VARIANTS, SELECTED_VARIANTS, vcl_config
+
+    assert sorted(v.family for v in SELECTED_VARIANTS) == ["meanfield", "radial"]
+    assert all(v in SEARCH_VARIANTS for v in SELECTED_VARIANTS)
+    assert vcl_config(name="vcl-split-fmnist-selected").seeds == (0, 1, 2, 3, 4)

@@ -48,6 +48,7 @@ RUN_HERE = {
     "uncertainty-fmnist": (".png", "_cost.png"),
     "graves-mnist-lstm": ("_runs.jsonl", ".png"),
     "graves-prune-lstm": (".png",),
+    "vcl-split-fmnist-selected": (".png", "_runs.jsonl"),
 }
 
 

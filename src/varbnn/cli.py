@@ -12,7 +12,7 @@ __all__ = ["main", "max_threads", "DEVICE_CHOICES", "ENGINE_EXPERIMENTS"]
 
 ENGINE_EXPERIMENTS = (
     "uci", "uci-learned", "retina-referral", "retina-robustness", "vcl-split-fmnist",
-    "vcl-split-fmnist-search", "graves-mnist", "graves-mnist-lstm",
+    "vcl-split-fmnist-search", "vcl-split-fmnist-selected", "graves-mnist", "graves-mnist-lstm",
 )  # fmt: skip
 # and every config of the generic runner (varbnn.experiments.registry.CONFIGS: mnist-mlp, ktied-*, lenet5-*, ...)
 """The experiments whose runs :mod:`varbnn.experiments.engine` executes: they take ``--workers``, ``--shard`` and
@@ -196,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'soap-bubble':20s} Distance of samples from the mode: analytic/sampled densities and during training")
         print(f"{'vcl-split-fmnist':20s} VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)")
         print(f"{'vcl-split-fmnist-search':20s} vcl-split-fmnist's grid search: the same 8 settings for radial and mean-field")
+        print(f"{'vcl-split-fmnist-selected':20s} each family's setting chosen by vcl-split-fmnist-search, 5 seeds")
         print(f"{'graves-mnist':20s} Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL")
         print(f"{'graves-prune':20s} Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining")
         print(f"{'graves-mnist-lstm':20s} graves-mnist on a row LSTM (the recurrent case)")
@@ -309,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = results_dir(soap.name, args.out)
         print(f"wrote {out}/{soap.name}.json, {out}/{soap.name}.md and figures")
         return 0
-    if name in ("vcl-split-fmnist", "vcl-split-fmnist-search"):
+    if name in ("vcl-split-fmnist", "vcl-split-fmnist-search", "vcl-split-fmnist-selected"):
         from varbnn.experiments.continual import run_vcl, vcl_config
 
         try:

@@ -58,7 +58,7 @@ def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | No
         from varbnn.experiments.graves import render_graves_markdown
 
         return lambda result, folder: render_graves_markdown(result, figure(result, folder))
-    if base in ("vcl-split-fmnist", "vcl-split-fmnist-search"):
+    if base.startswith("vcl-split-fmnist"):
         from varbnn.experiments.continual import render_vcl_markdown
 
         return lambda result, folder: render_vcl_markdown(result, figure(result, folder))
