@@ -198,3 +198,20 @@ def test_vcl_selected_holds_one_setting_per_family_from_the_search_grid():
     assert sorted(v.family for v in SELECTED_VARIANTS) == ["meanfield", "radial"]
     assert all(v in SEARCH_VARIANTS for v in SELECTED_VARIANTS)
     assert vcl_config(name="vcl-split-fmnist-selected").seeds == (0, 1, 2, 3, 4)
+
+
+def test_set_posterior_as_prior_on_a_multihead_net_updates_the_trunk_and_the_named_head_only():
+    family = varbnn.MeanField(init_std=0.2)
+    trunk = varbnn.bayesianize(torch.nn.Linear(3, 4), family)
+    heads = [varbnn.bayesianize(torch.nn.Linear(4, 2), family) for _ in range(3)]
+    net = MultiHeadNet(trunk, heads)
+    before = [h.priors["weight"] for h in net.heads]
+    with pytest.raises(ValueError, match="needs task, the head just trained"):
+        set_posterior_as_prior(net)
+    with pytest.raises(ValueError, match=r"an int in \[0, 3\)"):
+        set_posterior_as_prior(net, task=3)
+    with pytest.raises(ValueError, match="task is for a MultiHeadNet"):
+        set_posterior_as_prior(trunk, task=0)
+    assert set_posterior_as_prior(net, task=1) == 4  # trunk weight + bias, head 1 weight + bias
+    assert net.heads[0].priors["weight"] is before[0] and net.heads[2].priors["weight"] is before[2]
+    assert net.heads[1].priors["weight"] is not before[1] and abs(float(varbnn.kl(net.task_model(1)))) < 1e-4

@@ -45,11 +45,25 @@ def posterior_as_prior(posterior: VariationalFamily) -> Prior:
     )
 
 
-def set_posterior_as_prior(model: nn.Module) -> int:
+def set_posterior_as_prior(model: nn.Module, task: int | None = None) -> int:
     """Replace the prior of every Bayesian tensor in ``model`` by its current posterior (in prior form, frozen).
 
     Returns the number of tensors updated. Run it after training on a task and before the next one.
+
+    A :class:`MultiHeadNet` needs ``task``, the head just trained: only the trunk and that head are updated. (On the
+    whole network every head would be, and the heads of tasks not seen yet would get their untrained posteriors as
+    priors.) ``set_posterior_as_prior(net.task_model(task))`` does the same.
     """
+    if isinstance(model, MultiHeadNet):
+        if task is None or isinstance(task, bool) or not isinstance(task, int) or not 0 <= task < len(model.heads):
+            raise ValueError(
+                f"set_posterior_as_prior on a MultiHeadNet needs task, the head just trained (an int in [0, "
+                f"{len(model.heads)})), got {task!r}: updating every head would make the unseen heads' untrained "
+                "posteriors their priors"
+            )
+        model = model.task_model(task)
+    elif task is not None:
+        raise ValueError(f"task is for a MultiHeadNet; got task={task!r} for a {type(model).__name__}")
     count = 0
     for module in model.modules():
         if isinstance(module, BayesianModule):
