@@ -131,6 +131,22 @@ def test_cli_reproduce_distributed_writes_results_once(data_dir: Path, tmp_path:
     assert all(row["accuracy"] > 0.5 for row in result["rows"])
 
 
+def test_cli_vcl_distributed_trains_each_rank_on_its_share_and_writes_once(data_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VARBNN_DATA": str(data_dir)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "varbnn.cli", "reproduce",
+               "vcl-split-fmnist", "--quick", "--distributed", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1  # rank 0 only
+    result = json.loads((tmp_path / "vcl-split-fmnist-quick.json").read_text())
+    assert "x 2 processes (DistributedDataParallel)" in result["device"]
+    records = (tmp_path / "vcl-split-fmnist-quick_runs.jsonl").read_text().splitlines()
+    assert len(records) == 4  # one per (variant, seed), written by rank 0 alone
+    final = [r for r in result["rows"] if r["after_task"] == 5]
+    assert final and all(r["mean"][0] > 0.5 for r in final if r["variant"].endswith("multi-head"))
+
+
 def test_cli_distributed_refuses_experiments_with_their_own_loops() -> None:
     from varbnn.cli import main
 

@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--distributed",
         action="store_true",
         help="data-parallel training across the processes of `torchrun --nproc_per_node N -m varbnn.cli reproduce ...` "
-        "(gloo on CPU, nccl on CUDA); configs run by the generic runner only",
+        "(gloo on CPU, nccl on CUDA); the generic runner's configs and vcl-split-fmnist*",
     )
     common(rep, None, "benchmarks/results/NAME/, one folder per experiment")
     sub.add_parser("list", help="list the experiment names")
@@ -217,8 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = "demo" if args.command == "demo" else args.name
     distributed = bool(getattr(args, "distributed", False))
-    if distributed and (name == "demo" or name.startswith("uci") or name.startswith(("retina-", "graves-", "vcl-", "soap-"))):
-        parser.error(f"--distributed is supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
+    if distributed and (name == "demo" or name.startswith("uci") or name.startswith(("retina-", "graves-", "soap-"))):
+        parser.error(
+            f"--distributed is supported by the generic runner's configs and vcl-split-fmnist*, not by {name!r}"
+        )
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     shard = None
     if args.command == "reproduce":
@@ -317,12 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             vcl = apply_overrides(vcl_config(args.quick, name), args.overrides)
             vcl_result = run_vcl(vcl, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                                  progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
-                                 workers=args.workers)  # fmt: skip
+                                 workers=args.workers, distributed=distributed)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
         if shard is not None:
             print(f"wrote {results_dir(vcl.name, args.out)}/{vcl.name}_runs.shard{shard[0]}.jsonl")
             return 0
+        if vcl_result.get("written") is False:
+            return 0  # not rank 0
         final = [r for r in vcl_result["rows"] if r["after_task"] == len(vcl.tasks)]
         print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
         out = results_dir(vcl.name, args.out)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn import distributed as vdist
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import load_fashion_mnist
@@ -216,6 +217,7 @@ def _run_one(
     x_te = flat(x_test)
 
     seed_everything(seed)
+    world = vdist.world_size()
     prior = Normal(0.0, 1.0)
     family = make_family(variant.family, **variant.family_options)
     width = config.hidden[-1]
@@ -233,9 +235,14 @@ def _run_one(
     for t, classes in enumerate(config.tasks):
         task_model = model.task_model(t if variant.multi_head else 0)
         xs, ys = _task_data(x_train, y_train, classes, variant.multi_head, config.train_limit)
-        loader = TensorBatches(xs, ys, config.batch_size, shuffle=True, drop_last=xs.shape[0] >= config.batch_size)
+        n_task, batch = xs.shape[0], config.batch_size
+        if world > 1:  # data-parallel: each rank its equal share, the global batch stays batch_size
+            mine = slice(vdist.rank(), (n_task // world) * world, world)
+            xs, ys, batch = xs[mine], ys[mine], max(1, batch // world)
+        loader = TensorBatches(xs, ys, batch, shuffle=True, drop_last=xs.shape[0] >= batch)
         optimizer = torch.optim.Adam(task_model.parameters(), lr=variant.lr or config.lr, amsgrad=config.amsgrad)
-        fit(task_model, loader, n_data=xs.shape[0], epochs=epochs, optimizer=optimizer, beta=1.0, device=dev, progress=progress)
+        fit(task_model, loader, n_data=n_task, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev,
+            progress=progress and vdist.is_main_process())  # fmt: skip
         row, val_row = [], []
         for j, seen in enumerate(config.tasks[: t + 1]):
             head_model = model.task_model(j if variant.multi_head else 0)
@@ -277,22 +284,37 @@ def run_vcl(
     shard: tuple[int, int] | None = None,
     train: bool = True,
     workers: int = 1,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Run every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``, ``.md`` and the figure.
+    ``distributed`` (under ``torchrun``): every process trains each run on its equal share of each task with a batch of
+    ``batch_size // world_size`` (gradients averaged by ``fit``); rank 0 alone writes.
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
     (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
     (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
     start = time.perf_counter()
     commit = git_commit()
-    dev = resolve_device(device)
+    world = 1
+    if distributed:
+        if workers != 1:
+            raise ValueError("distributed runs every run in every process: workers must be 1")
+        context = vdist.setup(device=device if device not in (None, "auto") else None)
+        if context.world_size < 2:
+            raise ValueError("distributed=True needs several processes: launch with torchrun --nproc_per_node N")
+        dev, world = context.device, context.world_size
+    else:
+        dev = resolve_device(device)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
     runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
     run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
-    done = execute(runs, run, vcl_store(config, out, shard), device=dev, workers=workers, commit=commit)
-    if shard is not None:
-        return {"name": config.name, "rows": []}
+    store = vcl_store(config, out, shard)
+    if not vdist.is_main_process():
+        store = dataclasses.replace(store, readonly=True)  # rank 0 writes
+    done = execute(runs, run, store, device=dev, workers=workers, commit=commit)
+    if shard is not None or not vdist.is_main_process():
+        return {"name": config.name, "rows": [], "written": False}
     rows = []
     for variant in config.variants:
         records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
@@ -305,7 +327,8 @@ def run_vcl(
             rows.append(row)
     result = {
         "name": config.name,
-        **provenance(command, commit, describe_device(dev), start),
+        **provenance(command, commit, describe_device(dev) + (f" x {world} processes (DistributedDataParallel)" if world > 1
+                                                              else ""), start),
         "run_devices": sorted({r["device"] for r in done.values() if r["variant"] in hashes}),
         "train_seconds": {
             v.label: [done[(v.label, s)]["seconds"] for s in config.seeds if (v.label, s) in done] for v in config.variants
