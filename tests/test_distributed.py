@@ -118,27 +118,26 @@ def test_single_process_helpers_and_errors() -> None:
     assert torch.equal(t, torch.ones(3))
 
 
-def test_cli_reproduce_distributed_writes_results_once(data_dir: Path, tmp_path: Path) -> None:
+def _reproduce_under_torchrun(name: str, data_dir: Path, out: Path) -> None:
+    """``torchrun --nproc_per_node 2 -m varbnn.cli reproduce NAME --quick --distributed`` (gloo); rank 0 alone prints."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VARBNN_DATA": str(data_dir)}
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "varbnn.cli", "reproduce",
-               "mnist-mlp", "--quick", "--distributed", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+               name, "--quick", "--distributed", "--no-progress", "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("wrote ") == 1  # rank 0 only
+
+
+def test_cli_reproduce_distributed_writes_results_once(data_dir: Path, tmp_path: Path) -> None:
+    _reproduce_under_torchrun("mnist-mlp", data_dir, tmp_path)
     result = json.loads((tmp_path / "mnist-mlp.json").read_text())
     assert "x 2 processes (DistributedDataParallel)" in result["device"]
     assert all(row["accuracy"] > 0.5 for row in result["rows"])
 
 
 def test_cli_vcl_distributed_trains_each_rank_on_its_share_and_writes_once(data_dir: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VARBNN_DATA": str(data_dir)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "varbnn.cli", "reproduce",
-               "vcl-split-fmnist", "--quick", "--distributed", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("wrote ") == 1  # rank 0 only
+    _reproduce_under_torchrun("vcl-split-fmnist", data_dir, tmp_path)
     result = json.loads((tmp_path / "vcl-split-fmnist-quick.json").read_text())
     assert "x 2 processes (DistributedDataParallel)" in result["device"]
     records = (tmp_path / "vcl-split-fmnist-quick_runs.jsonl").read_text().splitlines()
