@@ -146,6 +146,14 @@ def test_cli_vcl_distributed_trains_each_rank_on_its_share_and_writes_once(data_
     assert final and all(r["mean"][0] > 0.5 for r in final if r["variant"].endswith("multi-head"))
 
 
+def test_cli_retina_distributed_writes_results_once(data_dir: Path, tmp_path: Path) -> None:
+    _reproduce_under_torchrun("retina-referral", data_dir, tmp_path)
+    result = json.loads(next(tmp_path.glob("retina-referral*.json")).read_text())
+    assert "x 2 processes (data-parallel)" in result["device"]
+    records = next(tmp_path.glob("retina-referral*_runs.jsonl")).read_text().splitlines()
+    assert len(records) == len({json.loads(r)["family"] + str(json.loads(r)["seed"]) for r in records})  # once each
+
+
 def test_cli_distributed_refuses_experiments_with_their_own_loops() -> None:
     from varbnn.cli import main
 

@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--distributed",
         action="store_true",
         help="data-parallel training across the processes of `torchrun --nproc_per_node N -m varbnn.cli reproduce ...` "
-        "(gloo on CPU, nccl on CUDA); the generic runner's configs and vcl-split-fmnist*",
+        "(gloo on CPU, nccl on CUDA); the generic runner's configs, vcl-split-fmnist* and retina-*",
     )
     common(rep, None, "benchmarks/results/NAME/, one folder per experiment")
     sub.add_parser("list", help="list the experiment names")
@@ -217,9 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = "demo" if args.command == "demo" else args.name
     distributed = bool(getattr(args, "distributed", False))
-    if distributed and (name == "demo" or name.startswith("uci") or name.startswith(("retina-", "graves-", "soap-"))):
+    if distributed and (name == "demo" or name.startswith("uci") or name.startswith(("graves-", "soap-"))):
         parser.error(
-            f"--distributed is supported by the generic runner's configs and vcl-split-fmnist*, not by {name!r}"
+            f"--distributed is supported by the generic runner's configs, vcl-split-fmnist* and retina-*, not by {name!r}"
         )
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     shard = None
@@ -292,11 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             retina = apply_overrides(retina_config(name, args.quick), args.overrides)
-            run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
-                       command=command, shard=shard, train=not args.no_train, workers=args.workers)  # fmt: skip
+            retina_result = run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                       progress=not args.no_progress, command=command, shard=shard,
+                                       train=not args.no_train, workers=args.workers, distributed=distributed)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
-        if shard is None:
+        if shard is None and retina_result.get("written", True):
             out = results_dir(retina.name, args.out)
             print(f"wrote {out}/{retina.name}.json, {out}/{retina.name}.md, {out}/{retina.name}.png")
         return 0

@@ -36,13 +36,24 @@ from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import load_fashion_mnist
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, describe_device, execute, expand, git_commit, provenance, select_shard
+from varbnn.experiments.engine import (
+    RunKey,
+    RunStore,
+    describe_device,
+    execute,
+    expand,
+    for_this_rank,
+    git_commit,
+    processes,
+    provenance,
+    select_shard,
+)  # fmt: skip
 from varbnn.families import make_family
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
-from varbnn.train import fit, resolve_device, seed_everything
+from varbnn.train import fit, seed_everything
 
 __all__ = [
     "VCLVariant", "VCLConfig", "vcl_config", "run_vcl", "vcl_store", "render_vcl_markdown", "TensorBatches", "SPLIT_TASKS",
@@ -294,25 +305,13 @@ def run_vcl(
     (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
     start = time.perf_counter()
     commit = git_commit()
-    world = 1
-    if distributed:
-        if workers != 1:
-            raise ValueError("distributed runs every run in every process: workers must be 1")
-        context = vdist.setup(device=device if device not in (None, "auto") else None)
-        if context.world_size < 2:
-            raise ValueError("distributed=True needs several processes: launch with torchrun --nproc_per_node N")
-        dev, world = context.device, context.world_size
-    else:
-        dev = resolve_device(device)
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
     runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
     run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
-    store = vcl_store(config, out, shard)
-    if not vdist.is_main_process():
-        store = dataclasses.replace(store, readonly=True)  # rank 0 writes
-    done = execute(runs, run, store, device=dev, workers=workers, commit=commit)
+    done = execute(runs, run, for_this_rank(vcl_store(config, out, shard)), device=dev, workers=workers, commit=commit)
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
     rows = []

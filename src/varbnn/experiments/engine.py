@@ -18,6 +18,7 @@ The experiment module keeps only its protocol: its config, its run function and 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -50,6 +51,8 @@ __all__ = [
     "default_command",
     "git_commit",
     "describe_device",
+    "processes",
+    "for_this_rank",
 ]
 
 RunKey = tuple[Any, ...]
@@ -262,6 +265,30 @@ def describe_device(device: torch.device) -> str:
     threads = torch.get_num_threads()
     return f"cpu: {name}, {threads} thread{'' if threads == 1 else 's'}"
 
+
+
+def processes(device: str | torch.device | None, distributed: bool, workers: int = 1) -> tuple[torch.device, int]:
+    """The device of this process and the number of processes training each run: with ``distributed`` (under
+    ``torchrun``) the process group is set up (:func:`varbnn.distributed.setup`; each rank its device) and must hold
+    several processes, which runs in worker processes cannot be; else ``(resolve_device(device), 1)``."""
+    from varbnn import distributed as vdist
+    from varbnn.train import resolve_device
+
+    if not distributed:
+        return resolve_device(device), 1
+    if workers != 1:
+        raise ValueError(f"--distributed runs every run in every process: workers must be 1, got {workers}")
+    context = vdist.setup(device=device if device not in (None, "auto") else None)
+    if context.world_size < 2:
+        raise ValueError("distributed=True needs several processes: launch with torchrun --nproc_per_node N")
+    return context.device, context.world_size
+
+
+def for_this_rank(store: RunStore) -> RunStore:
+    """``store`` on rank 0 (or a single process); a read-only copy on the other ranks of a distributed run."""
+    from varbnn import distributed as vdist
+
+    return store if vdist.is_main_process() else dataclasses.replace(store, readonly=True)
 
 
 def default_command() -> str:

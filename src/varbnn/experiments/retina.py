@@ -47,18 +47,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import load_retinamnist
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
-from varbnn.experiments.engine import RunKey, RunStore, describe_device, execute, expand, git_commit, provenance, select_shard
+from varbnn.experiments.engine import (
+    RunKey,
+    RunStore,
+    describe_device,
+    execute,
+    expand,
+    for_this_rank,
+    git_commit,
+    processes,
+    provenance,
+    select_shard,
+)  # fmt: skip
 from varbnn.families import make_family
 from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
-from varbnn.train import resolve_device, seed_everything
+from varbnn.train import seed_everything
 
 __all__ = [
     "RetinaRun",
@@ -214,8 +226,12 @@ def _train_one(
     family = make_family(family_name, init_std=init_std)
     model = bayesianize(vgg_small(width=config.width), family, Normal(0.0, 1.0), pretrained=False).to(dev)
     x_train, y_train = (t.to(dev) for t in data["train"])
-    n = x_train.shape[0]
-    loader = TensorBatches(x_train, y_train, run.batch_size, shuffle=True)
+    n, batch, world = x_train.shape[0], run.batch_size, vdist.world_size()
+    if world > 1:  # data-parallel: each rank its equal share, the global batch kept, its own weight noise
+        mine = slice(vdist.rank(), (n // world) * world, world)
+        x_train, y_train, batch = x_train[mine], y_train[mine], max(1, batch // world)
+        torch.manual_seed(vdist.rank_seed(seed))
+    loader = TensorBatches(x_train, y_train, batch, shuffle=True, drop_last=world > 1 and x_train.shape[0] >= batch)
     means = [p for name, p in model.named_parameters() if name.endswith(".loc")]
 
     def make_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -242,8 +258,11 @@ def _train_one(
                 loss = nll + model_kl(model) / n
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            vdist.all_reduce_mean_([q.grad for q in model.parameters() if q.grad is not None])  # no-op in one process
             optimizer.step()
-        if not torch.isfinite(loss):
+        finite = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
+        vdist.all_reduce_mean_([finite])  # every rank stops together
+        if float(finite) < 1.0:
             diverged = True
             break
         if scheduler is not None:
@@ -313,15 +332,17 @@ def run_retina(
     shard: tuple[int, int] | None = None,
     train: bool = True,
     workers: int = 1,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
     ``(k, n)`` if given, appended to ``<name>_runs.shard<k>.jsonl``; none if not ``train``; in ``workers`` CPU processes
     if > 1: :func:`varbnn.experiments.engine.execute`), then write ``<name>.json``, ``.md`` and the figure from every run
     found (not for a shard: the page waits for all of them). ``OUT``: ``out_dir``, by default
-    ``benchmarks/results/<name>/``."""
+    ``benchmarks/results/<name>/``. ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on
+    its share with its own weight noise, gradients averaged; rank 0 writes."""
     start = time.perf_counter()
     commit = git_commit()
-    dev = resolve_device(device)
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = select_shard(retina_runs(config), shard) if train else []
@@ -330,17 +351,18 @@ def run_retina(
         if progress:
             print(f"[{config.name}] {key[0]} {key[1]} seed {key[2]}: test AUROC {record['auroc']:.4f}", file=sys.stderr)
 
-    done = execute(runs, functools.partial(_run_key, config, data_dir, dev), retina_store(config, out, shard), device=dev,
-                   workers=workers, commit=commit, on_record=report)  # fmt: skip
-    if shard is not None:
-        return {"name": config.name, "rows": [], "figures": []}
+    done = execute(runs, functools.partial(_run_key, config, data_dir, dev), for_this_rank(retina_store(config, out, shard)),
+                   device=dev, workers=workers, commit=commit, on_record=report)  # fmt: skip
+    if shard is not None or not vdist.is_main_process():
+        return {"name": config.name, "rows": [], "figures": [], "written": False}
     done = retina_store(config, out).load()
     records = [
         done[(f, r.key(), s)] for r in config.runs for s in config.seeds for f in config.families if (f, r.key(), s) in done
     ]
     result: dict[str, Any] = {
         "name": config.name,
-        **provenance(command, commit, describe_device(dev), start),
+        **provenance(command, commit, describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else ""),
+                     start),
         "run_devices": sorted({r["device"] for r in records}),
         "run_commits": sorted({r["commit"] for r in records}),
         "train_seconds": round(sum(r["seconds"] for r in records), 1),

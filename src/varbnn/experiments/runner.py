@@ -28,7 +28,7 @@ from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, v
 from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
-from varbnn.experiments.engine import RunStore, describe_device, execute, expand, git_commit, select_shard
+from varbnn.experiments.engine import RunStore, describe_device, execute, expand, git_commit, processes, select_shard
 from varbnn.experiments.render import render_markdown, render_saved  # noqa: F401 (re-exported)
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
@@ -55,7 +55,6 @@ from varbnn.train import (
     evaluate_weight_samples,
     fit,
     read_checkpoint,
-    resolve_device,
     seed_everything,
 )
 
@@ -542,17 +541,10 @@ def run_experiment(
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
     out_dir = results_dir(config.name, out_dir)
-    world = 1
     if distributed and config.select_best_of_last:
         raise ValueError(f"{config.name}: select_best_of_last is not supported with distributed training")
-    if distributed:
-        context = vdist.setup(device=device if device not in (None, "auto") else None)
-        if context.world_size < 2:
-            raise ValueError("distributed=True needs several processes: launch with torchrun --nproc_per_node N")
-        dev, world = context.device, context.world_size
-        progress = progress and context.is_main
-    else:
-        dev = resolve_device(device)
+    dev, world = processes(device, distributed, workers)
+    progress = progress and vdist.is_main_process()
     data = _data(config, data_dir)
     n_train, total_steps = data["n_train"], data["total_steps"]
     labels = [v.label for v in config.variants]
