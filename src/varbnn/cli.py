@@ -357,14 +357,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
         return 0
     try:
-        config = apply_overrides(get_config(name, quick=args.quick), args.overrides)
+        config = apply_overrides(get_config(name, quick=args.quick), getattr(args, "overrides", []))
     except ValueError as error:
         parser.error(str(error))
     try:
         result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                                 progress=not args.no_progress, command=command, distributed=distributed, shard=shard,
                                 train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
-                                only=args.variants.split(",") if args.variants else None)  # fmt: skip
+                                only=args.variants.split(",") if getattr(args, "variants", None) else None)  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
     if "runs_file" in result:
