@@ -375,9 +375,9 @@ CLAIMS: tuple[Claim, ...] = (
         "-1.59, RDP -1.76, 2-tied -2.04; MC dropout -0.83, the 5-member ensemble -0.22 (published: reference -1.30, "
         "deep ensembles -1.18).",
         verdict="partly",
-        why="Partly run: the protocol is built and tested; 14 of its 1,155 runs are done. On yacht the Bayesian families with the "
-        "full ELBO lie below MAP and the ensemble, and RDP below mean-field; the rest needs about 30 CPU-thread hours "
-        "(a GPU machine's host cores).",
+        why="Partly run: the protocol is built and tested; 14 of its 1,155 runs are done. On yacht the Bayesian "
+        "families with the full ELBO lie below MAP and the ensemble, and RDP below mean-field; the rest needs about 30 "
+        "CPU-thread hours by an estimate from the measured run times (a GPU machine's host cores).",
         sources=(J, R + "uci-learned/uci-learned.md"),
     ),
     # --- varbnn's own --------------------------------------------------------------------------------------------

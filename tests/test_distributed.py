@@ -159,3 +159,9 @@ def test_cli_distributed_refuses_experiments_with_their_own_loops() -> None:
 
     with pytest.raises(SystemExit):
         main(["reproduce", "graves-mnist", "--distributed"])
+
+
+def test_equal_share_is_the_identity_in_one_process() -> None:
+    x, y = torch.arange(10.0)[:, None], torch.arange(10)
+    xs, ys, batch = vdist.equal_share(x, y, 4)
+    assert xs is x and ys is y and batch == 4

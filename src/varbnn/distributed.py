@@ -136,6 +136,18 @@ def rank_seed(seed: int, process_rank: int | None = None) -> int:
     return (int(seed) + 1_000_003 * r) % 2**63
 
 
+def equal_share(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """This rank's equal share of in-memory ``(x, y)`` (every ``world_size``-th example from its rank, the remainder
+    dropped so that every rank runs as many steps) and its per-process batch ``batch_size // world_size`` (the global
+    batch unchanged); ``(x, y, batch_size)`` as they are in a single process. For loops that batch tensors themselves
+    (:func:`data_loader` is the ``Dataset`` form)."""
+    world = world_size()
+    if world == 1:
+        return x, y, batch_size
+    mine = slice(rank(), (x.shape[0] // world) * world, world)
+    return x[mine], y[mine], max(1, batch_size // world)
+
+
 def data_loader(
     dataset: Dataset,
     batch_size: int,

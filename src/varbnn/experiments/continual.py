@@ -228,7 +228,6 @@ def _run_one(
     x_te = flat(x_test)
 
     seed_everything(seed)
-    world = vdist.world_size()
     prior = Normal(0.0, 1.0)
     family = make_family(variant.family, **variant.family_options)
     width = config.hidden[-1]
@@ -246,10 +245,8 @@ def _run_one(
     for t, classes in enumerate(config.tasks):
         task_model = model.task_model(t if variant.multi_head else 0)
         xs, ys = _task_data(x_train, y_train, classes, variant.multi_head, config.train_limit)
-        n_task, batch = xs.shape[0], config.batch_size
-        if world > 1:  # data-parallel: each rank its equal share, the global batch stays batch_size
-            mine = slice(vdist.rank(), (n_task // world) * world, world)
-            xs, ys, batch = xs[mine], ys[mine], max(1, batch // world)
+        n_task = xs.shape[0]
+        xs, ys, batch = vdist.equal_share(xs, ys, config.batch_size)  # data-parallel: this rank's share
         loader = TensorBatches(xs, ys, batch, shuffle=True, drop_last=xs.shape[0] >= batch)
         optimizer = torch.optim.Adam(task_model.parameters(), lr=variant.lr or config.lr, amsgrad=config.amsgrad)
         fit(task_model, loader, n_data=n_task, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev,

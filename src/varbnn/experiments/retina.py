@@ -226,11 +226,10 @@ def _train_one(
     family = make_family(family_name, init_std=init_std)
     model = bayesianize(vgg_small(width=config.width), family, Normal(0.0, 1.0), pretrained=False).to(dev)
     x_train, y_train = (t.to(dev) for t in data["train"])
-    n, batch, world = x_train.shape[0], run.batch_size, vdist.world_size()
-    if world > 1:  # data-parallel: each rank its equal share, the global batch kept, its own weight noise
-        mine = slice(vdist.rank(), (n // world) * world, world)
-        x_train, y_train, batch = x_train[mine], y_train[mine], max(1, batch // world)
-        torch.manual_seed(vdist.rank_seed(seed))
+    n, world = x_train.shape[0], vdist.world_size()
+    x_train, y_train, batch = vdist.equal_share(x_train, y_train, run.batch_size)  # data-parallel: this rank's share
+    if world > 1:
+        torch.manual_seed(vdist.rank_seed(seed))  # each rank its own weight noise
     loader = TensorBatches(x_train, y_train, batch, shuffle=True, drop_last=world > 1 and x_train.shape[0] >= batch)
     means = [p for name, p in model.named_parameters() if name.endswith(".loc")]
 
