@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 
 import varbnn
 from varbnn import distributed as vdist
+from varbnn.likelihoods import Gaussian
 from varbnn.models import mlp
 from varbnn.train import fit, seed_everything
 
@@ -29,6 +30,17 @@ def build(family: str) -> torch.nn.Module:
     seed_everything(0)
     spec = varbnn.Delta() if family == "delta" else varbnn.MeanField(init_std=0.3)
     return varbnn.bayesianize(mlp(5, (8,), 3), spec)
+
+
+def regression_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 5, generator=g)
+    return TensorDataset(x, x[:, :1] * 2 + 0.3 * torch.randn(64, 1, generator=g))
+
+
+def build_regression() -> tuple[torch.nn.Module, Gaussian]:
+    seed_everything(0)
+    return varbnn.bayesianize(mlp(5, (8,), 1), varbnn.Delta()), Gaussian(init_noise_std=0.5)
 
 
 def main(out: Path) -> None:
@@ -56,6 +68,13 @@ def main(out: Path) -> None:
         optimizer=torch.optim.SGD(model.parameters(), lr=0.0), progress=False,
         on_step_end=lambda s, t: losses.append(float(t.loss)))  # fmt: skip
     torch.save({"state": trained, "losses": losses, "noise": torch.randn(4)}, out / f"meanfield_rank{ctx.rank}.pt")
+
+    # Delta regression with a learned Gaussian noise std (a parameter outside the DDP-wrapped model): it must stay
+    # equal across ranks and follow the single-process union-batch run, like the network's parameters.
+    model, likelihood = build_regression()
+    fit(model, vdist.data_loader(regression_data(), 8, shuffle=False), n_data=64, epochs=2, likelihood=likelihood,
+        optimizer=torch.optim.SGD([*model.parameters(), *likelihood.parameters()], lr=0.1), progress=False)  # fmt: skip
+    torch.save({"state": model.state_dict(), "noise": likelihood.state_dict()}, out / f"gaussian_rank{ctx.rank}.pt")
     vdist.teardown()
 
 

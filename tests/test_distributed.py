@@ -70,6 +70,22 @@ def test_delta_parameters_equal_across_ranks_and_match_single_process_union_batc
     assert history_loss == pytest.approx([float(union[:4].mean()), float(union[4:].mean())], rel=1e-6)
 
 
+def test_learned_noise_outside_the_model_stays_equal_across_ranks_and_matches_union_batch(ddp_run: Path) -> None:
+    """A likelihood's learned parameter is not inside the DDP-wrapped model: fit must average its gradient too."""
+    from ddp_worker import build_regression, regression_data
+
+    ranks = _load(ddp_run, "gaussian")
+    for part in ("state", "noise"):
+        for key, value in ranks[0][part].items():
+            torch.testing.assert_close(ranks[1][part][key], value, rtol=0, atol=0, msg=f"{key} differs across ranks")
+    model, likelihood = build_regression()
+    fit(model, torch.utils.data.DataLoader(regression_data(), batch_size=16), n_data=64, epochs=2, likelihood=likelihood,
+        optimizer=torch.optim.SGD([*model.parameters(), *likelihood.parameters()], lr=0.1), progress=False)  # fmt: skip
+    torch.testing.assert_close(likelihood.state_dict()["log_noise_std"], ranks[0]["noise"]["log_noise_std"])
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(ranks[0]["state"][key], value, msg=key)
+
+
 def test_checkpoint_written_under_ddp_loads_in_one_process(ddp_run: Path) -> None:
     ranks = _load(ddp_run, "delta")
     model = build("delta")

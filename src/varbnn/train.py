@@ -766,6 +766,10 @@ def fit(
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
         torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
     parameters = [*model.parameters(), *extra_parameters]
+    # parameters the optimizer steps that DDP does not see (a likelihood's learned noise, anything the caller added):
+    # their gradients are averaged across ranks by hand, or the ranks would drift apart
+    in_model = {id(p) for p in model.parameters()}
+    outside = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in in_model and p.requires_grad]
     # disable=None: tqdm turns the bar off by itself when stderr is not a terminal (a redirected run logs no frames)
     bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=None if progress else True, leave=False,
                initial=first_epoch, total=epochs)  # fmt: skip
@@ -802,6 +806,11 @@ def fit(
                 terms = compiled_step(x, y, schedule(step), mc_samples)
             else:
                 terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
+            if distributed and outside:
+                for p in outside:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                vdist.all_reduce_mean_([p.grad for p in outside])
             loss = float(terms.loss.detach())
             if kind is None and not math.isfinite(loss):
                 kind = "loss"
