@@ -170,11 +170,44 @@ def test_cli_retina_distributed_writes_results_once(data_dir: Path, tmp_path: Pa
     assert len(records) == len({json.loads(r)["family"] + str(json.loads(r)["seed"]) for r in records})  # once each
 
 
-def test_cli_distributed_refuses_experiments_with_their_own_loops() -> None:
+def test_cli_lenet5_prune_distributed_selects_its_best_epoch_on_every_rank(data_dir: Path, tmp_path: Path) -> None:
+    """select_best_of_last picks by the epoch's training NLL, which fit averages over the ranks: every rank restores
+    the same state (rank 0 alone exports it), and the pruned export follows."""
+    _reproduce_under_torchrun("lenet5-prune", data_dir, tmp_path)
+    result = json.loads((tmp_path / "lenet5-prune.json").read_text())
+    assert "x 2 processes (DistributedDataParallel)" in result["device"]
+    assert result["rows"] and all(math.isfinite(row["accuracy"]) for row in result["rows"])
+
+
+@pytest.mark.parametrize("name", ["graves-mnist", "soap-bubble", "uci", "uci-learned", "mnist-mlp"])
+def test_cli_distributed_outside_torchrun_is_a_clear_error(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     from varbnn.cli import main
 
     with pytest.raises(SystemExit):
-        main(["reproduce", "graves-mnist", "--distributed"])
+        main(["reproduce", name, "--quick", "--distributed", "--no-progress"])
+    assert "launch with torchrun" in capsys.readouterr().err
+
+
+def test_cli_uci_distributed_shares_the_noise_posterior_and_writes_once(data_dir: Path, tmp_path: Path) -> None:
+    _reproduce_under_torchrun("uci", data_dir, tmp_path)
+    result = json.loads((tmp_path / "uci-quick.json").read_text())
+    assert "x 2 processes (data-parallel)" in result["device"]
+    records = (tmp_path / "uci-quick_runs.jsonl").read_text().splitlines()
+    keys = [(json.loads(r)["variant"], json.loads(r)["split"]) for r in records]
+    assert len(keys) == len(set(keys)) == 2 * len(result["config"]["variants"])  # once each, by rank 0
+    assert all(math.isfinite(json.loads(r)["ll"]) for r in records)
+
+
+def test_cli_graves_prune_and_soap_bubble_distributed_write_once(data_dir: Path, tmp_path: Path) -> None:
+    """The Graves estimator (the adaptive-weight-noise network graves-prune trains first) and soap-bubble's loop."""
+    _reproduce_under_torchrun("graves-prune", data_dir, tmp_path / "graves")
+    result = json.loads((tmp_path / "graves" / "graves-prune-quick.json").read_text())
+    assert "x 2 processes (data-parallel)" in result["device"]
+    assert [r["lambda"] for r in result["rows"]] == list(result["config"]["lambdas"])
+    _reproduce_under_torchrun("soap-bubble", data_dir, tmp_path / "soap")
+    result = json.loads((tmp_path / "soap" / "soap-bubble-quick.json").read_text())
+    assert "x 2 processes (data-parallel)" in result["device"]
+    assert [len(run["history"]) for run in result["training"]] == [result["config"]["epochs"] + 1] * 2
 
 
 def test_equal_share_is_the_identity_in_one_process() -> None:

@@ -12,12 +12,13 @@ __all__ = ["main", "max_threads", "DEVICE_CHOICES", "ENGINE_EXPERIMENTS"]
 
 ENGINE_EXPERIMENTS = (
     "uci", "uci-learned", "retina-referral", "retina-robustness", "vcl-split-fmnist",
-    "vcl-split-fmnist-search", "vcl-split-fmnist-selected", "graves-mnist", "graves-mnist-lstm",
+    "vcl-split-fmnist-search", "vcl-split-fmnist-selected", "graves-mnist", "graves-mnist-lstm", "graves-prune",
+    "graves-prune-lstm", "soap-bubble",
 )  # fmt: skip
 # and every config of the generic runner (varbnn.experiments.registry.CONFIGS: mnist-mlp, ktied-*, lenet5-*, ...)
 """The experiments whose runs :mod:`varbnn.experiments.engine` executes: they take ``--workers``, ``--shard`` and
 ``--no-train``."""
-ENGINE_TEXT = "every experiment but soap-bubble and graves-prune(-lstm)"
+ENGINE_TEXT = "every experiment of `varbnn reproduce`"
 
 DEVICE_CHOICES = "cpu, cuda, cuda:N (N < the number of GPUs), mps, or auto (cuda if available, else cpu)"
 """The values ``--device`` accepts (a device that this machine lacks is refused before anything runs)."""
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--distributed",
         action="store_true",
         help="data-parallel training across the processes of `torchrun --nproc_per_node N -m varbnn.cli reproduce ...` "
-        "(gloo on CPU, nccl on CUDA); the generic runner's configs, vcl-split-fmnist* and retina-*",
+        "(gloo on CPU, nccl on CUDA); every experiment",
     )
     common(rep, None, "benchmarks/results/NAME/, one folder per experiment")
     sub.add_parser("list", help="list the experiment names")
@@ -217,10 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = "demo" if args.command == "demo" else args.name
     distributed = bool(getattr(args, "distributed", False))
-    if distributed and (name == "demo" or name.startswith("uci") or name.startswith(("graves-", "soap-"))):
-        parser.error(
-            f"--distributed is supported by the generic runner's configs, vcl-split-fmnist* and retina-*, not by {name!r}"
-        )
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     shard = None
     if args.command == "reproduce":
@@ -249,10 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             learned = apply_overrides(quick_config() if args.quick else UCILearnedConfig(), args.overrides)
             learned_result = run_uci_learned(learned, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                                              progress=not args.no_progress, command=command, shard=shard,
-                                             train=not args.no_train, workers=args.workers)  # fmt: skip
+                                             train=not args.no_train, workers=args.workers,
+                                             distributed=distributed)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
         out = results_dir(learned.name, args.out)
+        if learned_result.get("written") is False:
+            return 0  # not rank 0
         if shard is not None:
             print(f"wrote {out}/{learned.name}_runs.shard{shard[0]}.jsonl")
             return 0
@@ -280,9 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                                  progress=not args.no_progress, command=command, shard=shard,
-                                 train=not args.no_train, workers=args.workers)  # fmt: skip
+                                 train=not args.no_train, workers=args.workers, distributed=distributed)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
+        if uci_result.get("written") is False:
+            return 0  # not rank 0
         out = results_dir(uci.name, args.out)
         runs = f"{uci.name}_runs" + ("" if shard is None else f".shard{shard[0]}") + ".jsonl"
         print(f"wrote {out}/{uci.name}.json, {out}/{uci.name}.md, {out}/{runs}")
@@ -306,12 +308,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             soap = apply_overrides(soap_bubble_config(args.quick), args.overrides)
+            soap_result = run_soap_bubble(soap, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                          progress=not args.no_progress, command=command, shard=shard,
+                                          train=not args.no_train, workers=args.workers, distributed=distributed)  # fmt: skip
         except ValueError as error:
             parser.error(str(error))
-        run_soap_bubble(soap, device=args.device, out_dir=args.out, data_dir=args.data_dir, progress=not args.no_progress,
-                        command=command)  # fmt: skip
         out = results_dir(soap.name, args.out)
-        print(f"wrote {out}/{soap.name}.json, {out}/{soap.name}.md and figures")
+        if shard is not None:
+            print(f"wrote {out}/{soap.name}_runs.shard{shard[0]}.jsonl")
+        elif soap_result.get("written", True):
+            print(f"wrote {out}/{soap.name}.json, {out}/{soap.name}.md and figures")
         return 0
     if name in ("vcl-split-fmnist", "vcl-split-fmnist-search", "vcl-split-fmnist-selected"):
         from varbnn.experiments.continual import run_vcl, vcl_config
@@ -341,20 +347,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             parser.error(str(error))
         out = results_dir(graves.name, args.out)
-        if name.startswith("graves-prune"):
-            run_graves_prune(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                             progress=not args.no_progress, command=command)  # fmt: skip
-        else:
-            try:
-                run_graves_mnist(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                 progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
-                                 workers=args.workers)  # fmt: skip
-            except ValueError as error:
-                parser.error(str(error))
-            if shard is not None:
-                print(f"wrote {out}/{graves.name}_runs.shard{shard[0]}.jsonl")
-                return 0
-        print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
+        run = run_graves_prune if name.startswith("graves-prune") else run_graves_mnist
+        try:
+            graves_result = run(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                                progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
+                                workers=args.workers, distributed=distributed)  # fmt: skip
+        except ValueError as error:
+            parser.error(str(error))
+        if shard is not None:
+            print(f"wrote {out}/{graves.name}_runs.shard{shard[0]}.jsonl")
+        elif graves_result.get("written", True):
+            print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
         return 0
     try:
         config = apply_overrides(get_config(name, quick=args.quick), getattr(args, "overrides", []))

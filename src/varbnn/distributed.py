@@ -31,6 +31,8 @@ __all__ = [
     "data_loader",
     "all_reduce_mean_",
     "rank_seed",
+    "barrier",
+    "equal_share",
 ]
 
 BACKENDS = ("gloo", "nccl")
@@ -128,6 +130,13 @@ def world_size() -> int:
 def is_main_process() -> bool:
     """Rank 0 (or a single process): the one that writes checkpoints and results."""
     return rank() == 0
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (no-op in a single process): e.g. before the other ranks read a file rank 0
+    wrote."""
+    if is_distributed():
+        dist.barrier()
 
 
 def rank_seed(seed: int, process_rank: int | None = None) -> int:

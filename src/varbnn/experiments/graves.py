@@ -37,10 +37,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, describe_device, execute, expand, git_commit, provenance, select_shard
+from varbnn.experiments.engine import (
+    RunKey,
+    RunStore,
+    describe_device,
+    execute,
+    expand,
+    for_this_rank,
+    git_commit,
+    processes,
+    provenance,
+    select_shard,
+)
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
@@ -48,11 +60,11 @@ from varbnn.objectives import NATS_PER_BIT, complexity_costs, complexity_is_fini
 from varbnn.predict import predict
 from varbnn.priors import make_prior
 from varbnn.prune import SAFE_LAMBDA, classification_error, prune_by_density_ratio
-from varbnn.train import fit, resolve_device, save_checkpoint, seed_everything
+from varbnn.train import fit, save_checkpoint, seed_everything
 
 __all__ = [
     "GravesVariant", "GravesConfig", "graves_config", "graves_store", "run_graves_mnist", "run_graves_prune",
-    "network_experiment", "GRAVES_VARIANTS",
+    "network_experiment", "GRAVES_VARIANTS", "prune_store", "prune_protocol",
 ]  # fmt: skip
 
 AWN = "adaptive weight noise"
@@ -259,8 +271,9 @@ def _train(
         log.append(entry)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    fit(model, _Batches(data["x_train"], data["y_train"], config.batch_size), n_data=n, epochs=epochs, optimizer=optimizer,
-        beta=1.0, device=dev, progress=progress, on_epoch_end=on_epoch_end)  # fmt: skip
+    batches = _Batches(*vdist.equal_share(data["x_train"], data["y_train"], config.batch_size))  # data-parallel: a share
+    fit(model, batches, n_data=n, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev, progress=progress,
+        on_epoch_end=on_epoch_end)  # fmt: skip
     return log, int(best["epoch"]), best["state"]
 
 
@@ -300,8 +313,9 @@ def _run_variant(
     log, best_epoch, state = _train(config, model, data, config.epochs, variant.early_stopping, dev, progress)
     seconds = time.perf_counter() - t0
     model.load_state_dict(state)
-    if variant.label == AWN:
+    if variant.label == AWN and vdist.is_main_process():
         save_checkpoint(_awn_checkpoint(out, config, seed), model, epoch=best_epoch)
+    vdist.barrier()  # data-parallel: the checkpoint is written before any rank reads it
     record = {"variant": variant.label, "seed": seed, "epochs": best_epoch, "train_seconds": round(seconds, 1),
               "n_train": int(data["x_train"].shape[0]), "log": log, **_evaluate(config, model, data)}  # fmt: skip
     if progress:
@@ -339,23 +353,28 @@ def run_graves_mnist(
     shard: tuple[int, int] | None = None,
     train: bool = True,
     workers: int = 1,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Table 1 analogue: train every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``/``.md``
     /``.png``. ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
     (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
-    (appended to ``<name>_runs.shard<k>.jsonl``; the page is written once all shards are done), none if not ``train``."""
+    (appended to ``<name>_runs.shard<k>.jsonl``; the page is written once all shards are done), none if not ``train``.
+    ``distributed`` (under ``torchrun``): each run trains data-parallel (every rank an equal share of the training set,
+    batch ``batch_size // world_size``; the Graves estimator's per-example gradients averaged like the others'); rank 0
+    alone writes."""
     from varbnn.metrics import mean_and_standard_error
 
     start = time.perf_counter()
-    commit, dev = git_commit(), resolve_device(device)
+    commit = git_commit()
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
     runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
-    run = functools.partial(_run_key, config, data_dir, dev, out, progress and workers == 1)
-    done = execute(runs, run, graves_store(config, out, shard), device=dev, workers=workers, commit=commit)
-    if shard is not None:
-        return {"name": config.name, "rows": []}
+    run = functools.partial(_run_key, config, data_dir, dev, out, progress and workers == 1 and vdist.is_main_process())
+    done = execute(runs, run, for_this_rank(graves_store(config, out, shard)), device=dev, workers=workers, commit=commit)
+    if shard is not None or not vdist.is_main_process():
+        return {"name": config.name, "rows": [], "written": False}
     rows = []
     for variant in config.variants:
         records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
@@ -371,7 +390,7 @@ def run_graves_mnist(
         rows.append(row)
     result = {
         "name": config.name,
-        **provenance(command, commit, describe_device(dev), start),
+        **provenance(command, commit, _device_text(dev, world), start),
         "run_devices": sorted({r["device"] for r in done.values()}),
         "config": dataclasses.asdict(config),
         "rows": rows,
@@ -382,6 +401,10 @@ def run_graves_mnist(
     figure = graves_curves([done[k] for k in done if k[0] in hashes], out / f"{config.name}.png")
     (out / f"{config.name}.md").write_text(render_graves_markdown(result, figure.name))
     return result
+
+
+def _device_text(dev: torch.device, world: int) -> str:
+    return describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
 
 
 def _cell(entry: Any, digits: int = 4, percent: bool = False) -> str:
@@ -446,74 +469,127 @@ def run_graves_prune(
     progress: bool = True,
     command: str | None = None,
     network_dir: str | os.PathLike[str] | None = None,
+    shard: tuple[int, int] | None = None,
+    train: bool = True,
+    workers: int = 1,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Table 2 analogue: prune the adaptive-weight-noise network (trained by ``graves-mnist``'s protocol; trained here
     if its checkpoint is missing) at every lambda, evaluate, retrain ``retrain_epochs`` with the same optimisation and
     evaluate again; per-weight complexity heat maps of ``config.heatmap_tensor`` (figures 3-4).
 
-    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. ``network_dir``: the folder whose ``.checkpoints/``
-    holds the trained network (a missing one is trained and saved there); by default ``out_dir`` when that is given,
-    else the folder of the experiment that trains it (:func:`network_experiment`, e.g. ``graves-mnist``'s)."""
+    Each lambda is one run of the engine (:func:`varbnn.experiments.engine.execute`; records in
+    ``OUT/<name>_runs*.jsonl`` under :func:`prune_protocol`): resumable, ``workers`` CPU processes, ``shard=(k, n)``
+    (the page is written once all shards are done), ``train=False`` only renders, ``distributed`` retrains
+    data-parallel under ``torchrun`` (rank 0 writes). ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``.
+    ``network_dir``: the folder whose ``.checkpoints/`` holds the trained network (a missing one is trained and saved
+    there); by default ``out_dir`` when that is given, else the folder of the experiment that trains it
+    (:func:`network_experiment`, e.g. ``graves-mnist``'s)."""
     start = time.perf_counter()
-    commit, dev = git_commit(), resolve_device(device)
+    commit = git_commit()
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if network_dir is None:
         network_dir = out if out_dir is not None else results_dir(network_experiment(config.name))
     variant = next(v for v in config.variants if v.label == AWN)
-    seed = config.seeds[0]
-    checkpoint = _awn_checkpoint(Path(network_dir), config, seed)
-    if not checkpoint.exists():
-        _run_variant(config, variant, seed, data_dir, dev, Path(network_dir), progress)
-    data = _data(config, data_dir, variant.early_stopping)
-    trained = build_graves_model(config, variant).to(dev)
-    trained.load_state_dict(torch.load(checkpoint, map_location=dev, weights_only=True)["model"])
-    costs = {k: v.cpu() for k, v in complexity_costs(trained).items()}
-    layer_key = config.heatmap_tensor
-    if layer_key not in costs:
-        raise ValueError(f"heatmap_tensor {layer_key!r} is not a Bayesian tensor of the model; allowed: {sorted(costs)}")
-    module_name, tensor_name = layer_key.rsplit(".", 1)
-    rows, masks = [], {}
-    for lam in config.lambdas:
-        model = copy.deepcopy(trained)
-        report = prune_by_density_ratio(model, lam)
-        row: dict[str, Any] = {
-            "lambda": lam,
-            "weights": report["kept"],
-            "total": report["total"],
-            "percent": 100.0 * report["fraction"],
-            "initial_error": mode_error(model, data["x_test"], data["y_test"]),
-            "bits_per_weight": _bits_per_kept_weight(model),
-        }
-        layer = model.get_submodule(module_name)
-        masks[lam] = layer.posteriors[tensor_name].weight_mask  # type: ignore[index, union-attr]
-        if lam > 0 and config.retrain_epochs > 0:
-            seed_everything(seed + 1)
-            log, epoch, state = _train(config, model, data, config.retrain_epochs, False, dev, progress)
-            model.load_state_dict(state)
-            row.update(retrain_error=mode_error(model, data["x_test"], data["y_test"]), retrain_epochs=epoch,
-                       retrain_bits_per_weight=_bits_per_kept_weight(model), retrain_log=log)  # fmt: skip
-        else:
-            row.update(retrain_error=row["initial_error"], retrain_epochs=0, retrain_bits_per_weight=row["bits_per_weight"])
-        rows.append(row)
-        if progress:
-            print(f"[graves-prune] lambda {lam}: {row['percent']:.1f}% kept, error {row['initial_error']:.4f} -> "
-                  f"{row['retrain_error']:.4f}", file=sys.stderr)  # fmt: skip
+    checkpoint = _awn_checkpoint(Path(network_dir), config, config.seeds[0])
+    runs = select_shard([(lam,) for lam in config.lambdas], shard) if train else []
+    store = prune_store(config, out, shard)
+    if not checkpoint.exists() and any(key not in store.load() for key in runs):
+        _run_variant(config, variant, config.seeds[0], data_dir, dev, Path(network_dir), progress)  # before any worker
+    run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, progress and workers == 1)
+    done = execute(runs, run, for_this_rank(store), device=dev, workers=workers, commit=commit, on_record=(
+        lambda key, row: print(f"[graves-prune] lambda {row['lambda']}: {row['percent']:.1f}% kept, error "
+                               f"{row['initial_error']:.4f} -> {row['retrain_error']:.4f}", file=sys.stderr)
+        if progress and vdist.is_main_process() else None
+    ))  # fmt: skip
+    if shard is not None or not vdist.is_main_process():
+        return {"name": config.name, "rows": [], "written": False}
+    rows = [done[(lam,)] for lam in config.lambdas if (lam,) in done]
     result = {
         "name": config.name,
-        **provenance(command, commit, describe_device(dev), start),
+        **provenance(command, commit, _device_text(dev, world), start),
+        "run_devices": sorted({r["device"] for r in rows}),
         "config": dataclasses.asdict(config),
-        "heatmap_layer": layer_key,
+        "heatmap_layer": config.heatmap_tensor,
         "rows": rows,
         "claims": prune_claims(rows),
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    from varbnn.plots import complexity_heatmaps
+    figures = []
+    if checkpoint.exists():  # figures 3-4 from the network (the masks are the rule's, recomputed: no training)
+        from varbnn.plots import complexity_heatmaps
 
-    kept = {lam: masks[lam].cpu() for lam in config.heatmap_lambdas if lam in masks and masks[lam] is not None}
-    figure = complexity_heatmaps(costs[layer_key] / NATS_PER_BIT, kept, out / f"{config.name}.png", title=layer_key)
-    (out / f"{config.name}.md").write_text(render_prune_markdown(result, figure.name))
+        trained = _load_network(config, checkpoint, dev)
+        layer_key = config.heatmap_tensor
+        module_name, tensor_name = layer_key.rsplit(".", 1)
+        costs = {k: v.cpu() for k, v in complexity_costs(trained).items()}
+        kept = {}
+        for lam in config.heatmap_lambdas:
+            model = copy.deepcopy(trained)
+            prune_by_density_ratio(model, lam)
+            mask = model.get_submodule(module_name).posteriors[tensor_name].weight_mask  # type: ignore[index, union-attr]
+            if mask is not None:
+                kept[lam] = mask.cpu()
+        figures.append(complexity_heatmaps(costs[layer_key] / NATS_PER_BIT, kept, out / f"{config.name}.png",
+                                           title=layer_key).name)  # fmt: skip
+    (out / f"{config.name}.md").write_text(render_prune_markdown(result, figures[0] if figures else None))
     return result
+
+
+def prune_protocol(config: GravesConfig) -> str:
+    """The protocol hash of ``graves-prune``'s runs: the network's (:meth:`GravesConfig.protocol_hash` of adaptive
+    weight noise), its seed and the retraining length."""
+    variant = next(v for v in config.variants if v.label == AWN)
+    text = json.dumps([config.protocol_hash(variant), config.seeds[0], config.retrain_epochs, config.heatmap_tensor])
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def prune_store(config: GravesConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
+    """The runs of ``graves-prune`` in folder ``out``, one per lambda, keyed by ``(lambda,)``."""
+    protocol = prune_protocol(config)
+    return RunStore(Path(out), config.name, key=lambda r: (r["lambda"],), protocol=lambda key: protocol, shard=shard)
+
+
+def _load_network(config: GravesConfig, checkpoint: Path, dev: torch.device) -> nn.Module:
+    variant = next(v for v in config.variants if v.label == AWN)
+    model = build_graves_model(config, variant).to(dev)
+    model.load_state_dict(torch.load(checkpoint, map_location=dev, weights_only=True)["model"])
+    return model
+
+
+def _prune_run(
+    config: GravesConfig, data_dir: str | None, dev: torch.device, checkpoint: Path, progress: bool, key: RunKey
+) -> dict[str, Any]:
+    """The engine's run function of ``graves-prune``: prune the trained network at ``key = (lambda,)``, evaluate,
+    retrain and evaluate again."""
+    (lam,) = key
+    data = _data(config, data_dir, False)
+    model = _load_network(config, checkpoint, dev)
+    if config.heatmap_tensor not in complexity_costs(model):
+        raise ValueError(
+            f"heatmap_tensor {config.heatmap_tensor!r} is not a Bayesian tensor of the model; allowed: "
+            f"{sorted(complexity_costs(model))}"
+        )
+    report = prune_by_density_ratio(model, lam)
+    row: dict[str, Any] = {
+        "lambda": lam,
+        "weights": report["kept"],
+        "total": report["total"],
+        "percent": 100.0 * report["fraction"],
+        "initial_error": mode_error(model, data["x_test"], data["y_test"]),
+        "bits_per_weight": _bits_per_kept_weight(model),
+    }
+    if lam > 0 and config.retrain_epochs > 0:
+        seed_everything(config.seeds[0] + 1)
+        log, epoch, state = _train(config, model, data, config.retrain_epochs, False, dev, progress)
+        model.load_state_dict(state)
+        row.update(retrain_error=mode_error(model, data["x_test"], data["y_test"]), retrain_epochs=epoch,
+                   retrain_bits_per_weight=_bits_per_kept_weight(model), retrain_log=log)  # fmt: skip
+    else:
+        row.update(retrain_error=row["initial_error"], retrain_epochs=0, retrain_bits_per_weight=row["bits_per_weight"])
+    return row
 
 
 def prune_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -308,7 +308,9 @@ class _BestOfLast:
         self._export()
 
     def _export(self) -> None:
-        if self.path is None or self.best is None:
+        from varbnn.distributed import is_main_process
+
+        if self.path is None or self.best is None or not is_main_process():  # data-parallel: every rank holds it; one writes
             return
         buffer = io.BytesIO()
         torch.save(self.best, buffer)
@@ -541,8 +543,6 @@ def run_experiment(
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
     out_dir = results_dir(config.name, out_dir)
-    if distributed and config.select_best_of_last:
-        raise ValueError(f"{config.name}: select_best_of_last is not supported with distributed training")
     dev, world = processes(device, distributed, workers)
     progress = progress and vdist.is_main_process()
     data = _data(config, data_dir)

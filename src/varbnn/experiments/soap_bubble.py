@@ -11,35 +11,46 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
-import shlex
-import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import load_mnist
 from varbnn.distributions.radial import chi_log_density
-from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.continual import TensorBatches
-from varbnn.experiments.engine import describe_device, git_commit
+from varbnn.experiments.engine import (
+    RunKey,
+    RunStore,
+    describe_device,
+    execute,
+    for_this_rank,
+    git_commit,
+    processes,
+    provenance,
+    select_shard,
+)
 from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.nn.base import BayesianModule
 from varbnn.priors import Normal
-from varbnn.train import resolve_device, seed_everything
+from varbnn.train import fit, seed_everything
 
 __all__ = [
     "SoapBubbleConfig", "soap_bubble_config", "run_soap_bubble", "render_soap_bubble_markdown", "distance_from_mode",
-    "chi_log_density",
+    "chi_log_density", "soap_bubble_store",
 ]  # fmt: skip
 
 
@@ -82,26 +93,28 @@ def distance_from_mode(model: nn.Module, samples: int = 8) -> float:
     return total / samples
 
 
-def _kernel_distances(config: SoapBubbleConfig, dev: torch.device) -> dict[str, Any]:
+def _kernel_distances(config: SoapBubbleConfig, family_name: str, dev: torch.device) -> dict[str, Any]:
+    """The kernel run of ``family_name``: ``kernel_samples`` distances from the mode at every sigma (6 digits)."""
     from varbnn.families import MeanField, Radial
 
-    d = math.prod(config.kernel_shape)
-    out: dict[str, Any] = {"dim": d, "sigmas": list(config.sigmas), "samples": {}}
-    for family_name, cls in (("meanfield", MeanField), ("radial", Radial)):
-        for sigma in config.sigmas:
-            family = cls(init_std=sigma).build(config.kernel_shape, torch.zeros(config.kernel_shape)).to(dev)
-            with torch.no_grad():
-                dist = torch.cat([
-                    (family.rsample((100,)) - family.mode).flatten(1).norm(dim=1).cpu()
-                    for _ in range(math.ceil(config.kernel_samples / 100))
-                ])[: config.kernel_samples]  # fmt: skip
-            out["samples"][f"{family_name}@{sigma:g}"] = dist.tolist()
-    return out
+    cls = {"meanfield": MeanField, "radial": Radial}[family_name]
+    torch.manual_seed(config.seed)
+    samples = {}
+    for sigma in config.sigmas:
+        family = cls(init_std=sigma).build(config.kernel_shape, torch.zeros(config.kernel_shape)).to(dev)
+        with torch.no_grad():
+            dist = torch.cat([
+                (family.rsample((100,)) - family.mode).flatten(1).norm(dim=1).cpu()
+                for _ in range(math.ceil(config.kernel_samples / 100))
+            ])[: config.kernel_samples]  # fmt: skip
+        samples[f"{family_name}@{sigma:g}"] = [float(f"{v:.6g}") for v in dist.tolist()]
+    return {"run": "kernel", "family": family_name, "samples": samples}
 
 
 def _train(config: SoapBubbleConfig, family_name: str, dev: torch.device, data_dir: str | None, progress: bool) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
+    """The training run of ``family_name`` by :func:`varbnn.train.fit` (data-parallel under ``torchrun``): per epoch,
+    the training loss (-ELBO / N), the training accuracy of the weight draw each batch was trained with, and the
+    distance of sampled weights from the mode."""
     seed_everything(config.seed)
     x, y = load_mnist("train", data_dir)
     if config.train_limit:
@@ -110,25 +123,39 @@ def _train(config: SoapBubbleConfig, family_name: str, dev: torch.device, data_d
     n = x.shape[0]
     family = make_family(family_name, init_std=config.init_std)
     model = bayesianize(mlp(784, config.hidden, 10), family, Normal(0, 1), pretrained=False).to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    loader = TensorBatches(x, y, config.batch_size)
     history = [{"epoch": 0, "distance": distance_from_mode(model, config.distance_samples)}]
-    t0 = time.perf_counter()
-    for epoch in tqdm(range(1, config.epochs + 1), desc=family_name, disable=not progress):
-        model.train()
-        loss_sum = correct = 0.0
-        for xb, yb in loader:
-            logits = model(xb)
-            loss = F.cross_entropy(logits, yb) + model_kl(model) / n
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach()) * xb.shape[0]
-            correct += float((logits.argmax(-1) == yb).sum())
-        history.append({"epoch": epoch, "train_loss": loss_sum / n, "train_accuracy": correct / n,
+    counts = torch.zeros(2, dtype=torch.float64, device=dev)  # correct, seen: this epoch, this rank
+
+    def nll(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        counts.add_(torch.stack([(logits.detach().argmax(-1) == target).sum(), torch.tensor(target.shape[0], device=dev)]))
+        return F.cross_entropy(logits, target)
+
+    def on_epoch_end(epoch: int, record: dict[str, float]) -> None:
+        vdist.all_reduce_mean_([counts])  # the ranks' shares are equal: the mean of the counts is their sum's ratio
+        history.append({"epoch": epoch, "train_loss": record["loss"], "train_accuracy": float(counts[0] / counts[1]),
                         "distance": distance_from_mode(model, config.distance_samples)})  # fmt: skip
-    return {"family": family_name, "history": history, "seconds": round(time.perf_counter() - t0, 1),
+        counts.zero_()
+
+    t0 = time.perf_counter()
+    fit(model, TensorBatches(*vdist.equal_share(x, y, config.batch_size)), n_data=n, epochs=config.epochs, nll=nll,
+        beta=1.0, optimizer=torch.optim.Adam(model.parameters(), lr=config.lr), device=dev, progress=progress,
+        on_epoch_end=on_epoch_end, diagnose=False)  # fmt: skip
+    return {"run": "train", "family": family_name, "history": history, "seconds": round(time.perf_counter() - t0, 1),
             "weights": sum(p.numel() for n_, p in model.named_parameters() if n_.endswith(".loc"))}  # fmt: skip
+
+
+def _run_key(config: SoapBubbleConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey) -> dict[str, Any]:
+    """The engine's run function: ``("kernel", family)`` or ``("train", family)``."""
+    kind, family = key
+    return _kernel_distances(config, family, dev) if kind == "kernel" else _train(config, family, dev, data_dir, progress)
+
+
+def soap_bubble_store(config: SoapBubbleConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
+    """The runs of ``config`` in folder ``out``, keyed by (``"kernel"`` or ``"train"``, family), under one protocol hash
+    of every field but the name."""
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "name"}
+    protocol = hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return RunStore(Path(out), config.name, key=lambda r: (r["run"], r["family"]), protocol=lambda key: protocol, shard=shard)
 
 
 def run_soap_bubble(
@@ -139,24 +166,38 @@ def run_soap_bubble(
     data_dir: str | None = None,
     progress: bool = True,
     command: str | None = None,
+    shard: tuple[int, int] | None = None,
+    train: bool = True,
+    workers: int = 1,
+    distributed: bool = False,
 ) -> dict[str, Any]:
+    """Run the kernel runs (both families) and the training runs (``config.families``) not yet in
+    ``OUT/<name>_runs*.jsonl`` by the engine (:func:`varbnn.experiments.engine.execute`: resumable, ``workers`` CPU
+    processes, ``shard=(k, n)``, none if not ``train``; ``distributed``: each training run data-parallel under
+    ``torchrun``, rank 0 writes), then write ``<name>.json``, ``.md`` and the figures (not for a shard).
+    ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
     from varbnn.plots import soap_bubble_figures
 
-    start = time.perf_counter()
-    dev = resolve_device(device)
+    start, commit = time.perf_counter(), git_commit()
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)
-    kernel = _kernel_distances(config, dev)
-    training = [_train(config, f, dev, data_dir, progress) for f in config.families]
+    runs = [("kernel", "meanfield"), ("kernel", "radial"), *(("train", f) for f in config.families)]
+    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
+    done = execute(select_shard(runs, shard) if train else [], run, for_this_rank(soap_bubble_store(config, out, shard)),
+                   device=dev, workers=workers, commit=commit)  # fmt: skip
+    if shard is not None or not vdist.is_main_process() or any(key not in done for key in runs):
+        return {"name": config.name, "written": False}
+    samples = {k: v for family in ("meanfield", "radial") for k, v in done[("kernel", family)]["samples"].items()}
+    kernel = {"dim": math.prod(config.kernel_shape), "sigmas": list(config.sigmas), "samples": samples}
+    training = [{k: v for k, v in done[("train", f)].items() if k not in ("run", "protocol", "commit")}
+                for f in config.families]  # fmt: skip
+    device_text = describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
     result: dict[str, Any] = {
         "name": config.name,
-        "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": git_commit(),
-        "device": describe_device(dev),
-        "seconds": round(time.perf_counter() - start, 1),
+        **provenance(command, commit, device_text, start),
         "config": dataclasses.asdict(config),
-        "kernel": {"dim": kernel["dim"], "mean_distance": {k: sum(v) / len(v) for k, v in kernel["samples"].items()}},
+        "kernel": {"dim": kernel["dim"], "mean_distance": {k: sum(v) / len(v) for k, v in samples.items()}},
         "training": training,
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
@@ -44,10 +45,11 @@ from varbnn.experiments.config import results_dir
 from varbnn.experiments.engine import (
     RunKey,
     RunStore,
-    check_workers,
     describe_device,
     execute,
+    for_this_rank,
     git_commit,
+    processes,
     provenance,
     select_shard,
 )
@@ -57,7 +59,7 @@ from varbnn.metrics import mean_and_standard_error
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.train import default_optimizer, fit, resolve_device, seed_everything
+from varbnn.train import default_optimizer, fit, seed_everything
 
 __all__ = [
     "UCIVariant",
@@ -249,7 +251,8 @@ def _run_split(
     steps_per_epoch = math.ceil(n / config.batch_size)
     epochs = max(config.epochs, math.ceil(config.min_steps / steps_per_epoch))
     warmup = round(config.anneal_fraction * epochs * steps_per_epoch)
-    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=config.batch_size, shuffle=True)
+    x_train, y_train, batch = vdist.equal_share(data.x_train, data.y_train, config.batch_size)  # this rank's share
+    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=batch, shuffle=True)
 
     closed_form = config.noise_update == "closed_form"
     decay = max(0.0, 1.0 - config.batch_size / n)  # the running mean spans about one epoch
@@ -261,6 +264,7 @@ def _run_split(
         return -likelihood.expected_log_likelihood(y, f).mean() + likelihood.kl() / n
 
     def after_step(step: int, terms: Any) -> None:
+        vdist.all_reduce_mean_([likelihood.mean_square])  # data-parallel: the union batch's residuals, on every rank
         likelihood.update_posterior_(n)  # q(tau) at its optimum given the current q(w)
 
     noise_parameters = [] if closed_form else list(likelihood.parameters())
@@ -359,6 +363,7 @@ def run_uci(
     shard: tuple[int, int] | None = None,
     train: bool = True,
     workers: int = 1,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json`` / ``.md``.
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/`` (the Gamma(6, 6), 40-epoch protocol's folder; give
@@ -367,24 +372,27 @@ def run_uci(
     The engine (:func:`varbnn.experiments.engine.execute`) runs them: ``workers=N`` (> 1, CPU only) in N worker
     processes with one thread each; ``shard=(k, n)`` only every n-th job from the k-th, appended to
     ``<name>_runs.shard<k>.jsonl`` (shards may share one ``out_dir``; every runs file there is read back). Jobs run
-    smallest dataset first. ``train=False`` only renders the table from the saved runs."""
+    smallest dataset first. ``train=False`` only renders the table from the saved runs. ``distributed`` (under
+    ``torchrun``): each run trains data-parallel, every rank on its equal share of the split with a batch of
+    ``batch_size // world_size``, the noise posterior fitted to the union batch's residuals; rank 0 alone writes."""
     start = time.perf_counter()
     commit = git_commit()
-    dev = resolve_device(device)
-    check_workers(workers, dev)
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     protocol = config.protocol_hash()
-    store = uci_store(config, out, shard)
+    store = for_this_rank(uci_store(config, out, shard))
 
     def report(key: RunKey, record: dict[str, Any]) -> None:
-        if progress:
+        if progress and vdist.is_main_process():
             print(f"[uci] {record['dataset']} {record['variant']} split {record['split']}: rmse={record['rmse']:.4g} "
                   f"ll={record['ll']:.4g}", file=sys.stderr)  # fmt: skip
 
     runs = [(d, v.label, k) for d, v, k in uci_jobs(config, shard)] if train else []
     run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
     done = execute(runs, run, store, device=dev, workers=workers, commit=commit, on_record=report)
+    if not vdist.is_main_process():
+        return {"name": config.name, "rows": [], "written": False}
     rows = []
     for dataset in config.datasets:
         row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
@@ -402,6 +410,7 @@ def run_uci(
             }
         rows.append(row)
     device_text = describe_device(dev) + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else "")
+    device_text += f" x {world} processes (data-parallel)" if world > 1 else ""
     result = {
         "name": config.name,
         **provenance(command, commit, device_text, start),

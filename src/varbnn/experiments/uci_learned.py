@@ -44,6 +44,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from varbnn import distributed as vdist
 from varbnn.baselines import DeepEnsemble, MCDropout
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
@@ -52,10 +53,11 @@ from varbnn.experiments.config import results_dir
 from varbnn.experiments.engine import (
     RunKey,
     RunStore,
-    check_workers,
     describe_device,
     execute,
+    for_this_rank,
     git_commit,
+    processes,
     provenance,
     select_shard,
 )
@@ -66,7 +68,7 @@ from varbnn.metrics import mean_and_standard_error
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.train import default_optimizer, fit, resolve_device, seed_everything
+from varbnn.train import default_optimizer, fit, seed_everything
 
 __all__ = [
     "UCILearnedConfig", "LEARNED_VARIANTS", "DEEP_ENSEMBLE_LL", "quick_config", "run_uci_learned", "render_uci_learned_markdown",
@@ -168,14 +170,18 @@ def _standardise(x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any]:
 def _log_likelihood(
     model: nn.Module, likelihood: Likelihood, x: torch.Tensor, y: torch.Tensor, samples: int, y_std: torch.Tensor
 ) -> tuple[float, float, torch.Tensor]:
-    """Per-point predictive log-likelihood and RMSE in original units (``y`` standardised, ``y_std`` its scale)."""
+    """Per-point predictive log-likelihood and RMSE in original units (``y`` standardised, ``y_std`` its scale). Under
+    data-parallel training both are averaged over the ranks (each drew its own weights), so that every rank makes the
+    same validation choice."""
     model.eval()
     with torch.no_grad():
         outputs = predict(model, x, samples=samples)
-        ll = float((likelihood.log_predictive(outputs, y) - y_std.log()).mean())
+        ll = (likelihood.log_predictive(outputs, y) - y_std.log()).mean()
         mean = likelihood.summary(outputs).mean.reshape(y.shape)
+        scores = torch.stack([ll, (mean - y).square().mean().sqrt() * y_std]).double()
+        vdist.all_reduce_mean_([scores])
     model.train()
-    return ll, float((mean - y).square().mean().sqrt() * y_std), outputs
+    return float(scores[0]), float(scores[1]), outputs
 
 
 def _train(
@@ -190,8 +196,9 @@ def _train(
     warmup = round(0.25 * min(_lengths(config, x.shape[0])) * steps_per_epoch)
     bayesian = variant.family not in BASELINE_FAMILIES
     trained = list(model.members) if isinstance(model, DeepEnsemble) else [model]
+    x_share, y_share, batch = vdist.equal_share(x, y, config.batch_size)  # data-parallel: this rank's share
     for net in trained:  # an ensemble's members one after the other (its likelihood has no parameters to share)
-        loader = DataLoader(TensorDataset(x, y), batch_size=config.batch_size, shuffle=True)
+        loader = DataLoader(TensorDataset(x_share, y_share), batch_size=batch, shuffle=True)
         fit(
             net, loader, n_data=x.shape[0], epochs=epochs, device=dev, progress=False, likelihood=likelihood,
             optimizer=default_optimizer([*net.parameters(), *likelihood.parameters()], config.lr),
@@ -250,30 +257,35 @@ def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, 
 def run_uci_learned(
     config: UCILearnedConfig, *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None, progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None,
-    train: bool = True, workers: int = 1,
+    train: bool = True, workers: int = 1, distributed: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run every (dataset, variant, split) not yet saved in ``OUT/<name>_runs*.jsonl`` (smallest set first; resumable,
-    ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md``; ``train=False`` only renders."""
-    start, commit, dev = time.perf_counter(), git_commit(), resolve_device(device)
-    check_workers(workers, dev)
+    ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md``; ``train=False`` only renders.
+    ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
+    ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes."""
+    start, commit = time.perf_counter(), git_commit()
+    dev, world = processes(device, distributed, workers)
     out = results_dir(config.name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
     protocol = config.protocol_hash()
     store = RunStore(out, config.name, key=lambda r: (r["dataset"], r["variant"], r["split"]), protocol=lambda k: protocol,
                      shard=shard)  # fmt: skip
+    store = for_this_rank(store)
     jobs = []
     for dataset in sorted(config.datasets, key=SMALLEST_FIRST.index):
         splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
         jobs += [(dataset, v.label, k) for v in config.active_variants for k in range(splits)]
 
     def report(key: RunKey, record: dict[str, Any]) -> None:
-        if progress:
+        if progress and vdist.is_main_process():
             print(f"[{config.name}] {' '.join(map(str, key))}: ll={record['ll']:.4g} rmse={record['rmse']:.4g} "
                   f"knob={record['knob']} epochs={record['epochs']}", file=sys.stderr)  # fmt: skip
 
     run = functools.partial(_run_key, config, data_dir, dev)
     done = execute(select_shard(jobs, shard) if train else [], run, store, device=dev, workers=workers, commit=commit,
                    on_record=report)  # fmt: skip
+    if not vdist.is_main_process():
+        return {"name": config.name, "rows": [], "written": False}
     rows = []
     for dataset in config.datasets:
         row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
@@ -287,7 +299,8 @@ def run_uci_learned(
                     "seconds": sum(r["seconds"] for r in records),
                 }  # fmt: skip
         rows.append(row)
-    result = {"name": config.name, **provenance(command, commit, describe_device(dev), start),
+    device_text = describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
+    result = {"name": config.name, **provenance(command, commit, device_text, start),
               "config": dataclasses.asdict(config), "protocol": protocol, "rows": rows}  # fmt: skip
     if shard is None:
         (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
