@@ -8,17 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["main", "max_threads", "DEVICE_CHOICES", "ENGINE_EXPERIMENTS"]
-
-ENGINE_EXPERIMENTS = (
-    "uci", "uci-learned", "retina-referral", "retina-robustness", "vcl-split-fmnist",
-    "vcl-split-fmnist-search", "vcl-split-fmnist-selected", "graves-mnist", "graves-mnist-lstm", "graves-prune",
-    "graves-prune-lstm", "soap-bubble",
-)  # fmt: skip
-# and every config of the generic runner (varbnn.experiments.registry.CONFIGS: mnist-mlp, ktied-*, lenet5-*, ...)
-"""The experiments whose runs :mod:`varbnn.experiments.engine` executes: they take ``--workers``, ``--shard`` and
-``--no-train``."""
-ENGINE_TEXT = "every experiment of `varbnn reproduce`"
+__all__ = ["main", "max_threads", "DEVICE_CHOICES"]
 
 DEVICE_CHOICES = "cpu, cuda, cuda:N (N < the number of GPUs), mps, or auto (cuda if available, else cpu)"
 """The values ``--device`` accepts (a device that this machine lacks is refused before anything runs)."""
@@ -123,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rep.add_argument(
         "--workers", type=int, default=1,
-        help=f"N worker processes of one thread each run the pending runs (CPU; default 1); {ENGINE_TEXT}",
+        help="N worker processes of one thread each run the pending runs (CPU; default 1)",
     )  # fmt: skip
     rep.add_argument(
         "--splits", type=int, default=None, help="uci only: run only the first N splits of each dataset (a partial run)"
@@ -154,10 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variants", default=None,
         help="generic runner's configs only: comma-separated variant labels to run now (the page shows every run saved)",
     )  # fmt: skip
-    rep.add_argument("--no-train", action="store_true", help=f"render the results from the runs already saved; {ENGINE_TEXT}")
+    rep.add_argument("--no-train", action="store_true", help="render the results from the runs already saved")
     rep.add_argument(
         "--shard", default=None,
-        help=f"K/N runs every N-th run from the K-th (0-based), for parallel processes or machines; {ENGINE_TEXT}",
+        help="K/N runs every N-th run from the K-th (0-based), for parallel processes or machines",
     )  # fmt: skip
     rep.add_argument(
         "--distributed",
@@ -173,7 +163,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ren.add_argument("results", nargs="+", help="saved result files NAME.json")
     args = parser.parse_args(argv)
 
-    from varbnn.experiments import CONFIGS, get_config, run_experiment
     from varbnn.experiments.config import apply_overrides, results_dir
 
     if args.command == "render":
@@ -188,20 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(str(error))
         return 0
     if args.command == "list":
-        for name, config in sorted(CONFIGS.items()):
-            print(f"{name:20s} {config.description}")
-        print(f"{'uci':20s} UCI regression, 9 sets x standard splits, every family (Oh et al. 2020 Table 1 protocol)")
-        print(f"{'uci-learned':20s} UCI regression with learned noise and a validation search, every family and baseline")
-        print(f"{'retina-referral':20s} Referral by mutual information on RetinaMNIST, radial vs mean-field, 5 seeds")
-        print(f"{'retina-robustness':20s} Random hyperparameter search, radial vs mean-field (Farquhar et al. 2020 Fig. 7)")
-        print(f"{'soap-bubble':20s} Distance of samples from the mode: analytic/sampled densities and during training")
-        print(f"{'vcl-split-fmnist':20s} VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)")
-        print(f"{'vcl-split-fmnist-search':20s} vcl-split-fmnist's grid search: the same 8 settings for radial and mean-field")
-        print(f"{'vcl-split-fmnist-selected':20s} each family's setting chosen by vcl-split-fmnist-search, 5 seeds")
-        print(f"{'graves-mnist':20s} Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL")
-        print(f"{'graves-prune':20s} Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining")
-        print(f"{'graves-mnist-lstm':20s} graves-mnist on a row LSTM (the recurrent case)")
-        print(f"{'graves-prune-lstm':20s} graves-prune on the row LSTM of graves-mnist-lstm")
+        from varbnn.experiments.catalog import EXPERIMENTS
+
+        for name, spec in sorted(EXPERIMENTS.items()):
+            print(f"{name:20s} {spec.description}")
         return 0
     prog = f"varbnn {args.command}"
     if getattr(args, "threads", None) is not None:
@@ -224,12 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from varbnn.experiments.engine import parse_shard
         from varbnn.experiments.registry import CONFIGS
 
-        engine = name.removesuffix("-quick") in ENGINE_EXPERIMENTS or name in CONFIGS
-        used = [
-            flag for flag, on in (("--shard", args.shard), ("--workers", args.workers != 1), ("--no-train", args.no_train)) if on
-        ]
-        if used and not engine:
-            parser.error(f"{', '.join(used)}: supported by {ENGINE_TEXT}, not by {name!r}")
+        uci_only = [f"--{k}" for k in ("datasets", "families", "splits", "epochs") if getattr(args, k) is not None]
+        uci_only += ["--rdp-defaults"] if args.rdp_defaults else []
+        if uci_only and name != "uci":
+            parser.error(f"{', '.join(uci_only)}: options of uci only (use --set FIELD=VALUE for {name!r})")
         if args.variants and name not in CONFIGS:
             parser.error(f"--variants: supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
         if args.workers < 1:
@@ -239,149 +216,56 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shard = parse_shard(args.shard)
             except ValueError as error:
                 parser.error(str(error))
-    if name == "uci-learned":
-        from varbnn.experiments.uci_learned import UCILearnedConfig, quick_config, run_uci_learned
+    from varbnn.experiments.catalog import experiment
 
-        try:
-            learned = apply_overrides(quick_config() if args.quick else UCILearnedConfig(), args.overrides)
-            learned_result = run_uci_learned(learned, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                             progress=not args.no_progress, command=command, shard=shard,
-                                             train=not args.no_train, workers=args.workers,
-                                             distributed=distributed)  # fmt: skip
-        except ValueError as error:
-            parser.error(str(error))
-        out = results_dir(learned.name, args.out)
-        if learned_result.get("written") is False:
-            return 0  # not rank 0
-        if shard is not None:
-            print(f"wrote {out}/{learned.name}_runs.shard{shard[0]}.jsonl")
-            return 0
-        print(f"wrote {out}/{learned.name}.json, {out}/{learned.name}.md")
-        return 0 if any(len(row) > 3 for row in learned_result["rows"]) else 1
-    if name == "uci":
-        from varbnn.experiments.uci import run_uci, uci_config
-
-        try:
-            try:
-                a0, b0 = (float(v) for v in args.noise_prior.split(","))
-            except ValueError:
-                parser.error(f"--noise-prior must be A,B (two positive numbers), got {args.noise_prior!r}")
-            datasets = tuple(args.datasets.split(",")) if args.datasets else None
-            if args.splits is not None and args.splits < 1:
-                parser.error(f"--splits must be a positive integer, got {args.splits}")
-            if args.epochs is not None and args.epochs < 1:
-                parser.error(f"--epochs must be a positive integer, got {args.epochs}")
-            families = tuple(args.families.split(",")) if args.families else None
-            uci = uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits, args.rdp_defaults,
-                             args.epochs, families)  # fmt: skip
-            uci = apply_overrides(uci, args.overrides)
-        except ValueError as error:
-            parser.error(str(error))
-        try:
-            uci_result = run_uci(uci, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                 progress=not args.no_progress, command=command, shard=shard,
-                                 train=not args.no_train, workers=args.workers, distributed=distributed)  # fmt: skip
-        except ValueError as error:
-            parser.error(str(error))
-        if uci_result.get("written") is False:
-            return 0  # not rank 0
-        out = results_dir(uci.name, args.out)
-        runs = f"{uci.name}_runs" + ("" if shard is None else f".shard{shard[0]}") + ".jsonl"
-        print(f"wrote {out}/{uci.name}.json, {out}/{uci.name}.md, {out}/{runs}")
-        return 0 if uci_result["rows"] else 1
-    if name in ("retina-referral", "retina-robustness"):
-        from varbnn.experiments.retina import retina_config, run_retina
-
-        try:
-            retina = apply_overrides(retina_config(name, args.quick), args.overrides)
-            retina_result = run_retina(retina, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                       progress=not args.no_progress, command=command, shard=shard,
-                                       train=not args.no_train, workers=args.workers, distributed=distributed)  # fmt: skip
-        except ValueError as error:
-            parser.error(str(error))
-        if shard is None and retina_result.get("written", True):
-            out = results_dir(retina.name, args.out)
-            print(f"wrote {out}/{retina.name}.json, {out}/{retina.name}.md, {out}/{retina.name}.png")
-        return 0
-    if name == "soap-bubble":
-        from varbnn.experiments.soap_bubble import run_soap_bubble, soap_bubble_config
-
-        try:
-            soap = apply_overrides(soap_bubble_config(args.quick), args.overrides)
-            soap_result = run_soap_bubble(soap, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                          progress=not args.no_progress, command=command, shard=shard,
-                                          train=not args.no_train, workers=args.workers, distributed=distributed)  # fmt: skip
-        except ValueError as error:
-            parser.error(str(error))
-        out = results_dir(soap.name, args.out)
-        if shard is not None:
-            print(f"wrote {out}/{soap.name}_runs.shard{shard[0]}.jsonl")
-        elif soap_result.get("written", True):
-            print(f"wrote {out}/{soap.name}.json, {out}/{soap.name}.md and figures")
-        return 0
-    if name in ("vcl-split-fmnist", "vcl-split-fmnist-search", "vcl-split-fmnist-selected"):
-        from varbnn.experiments.continual import run_vcl, vcl_config
-
-        try:
-            vcl = apply_overrides(vcl_config(args.quick, name), args.overrides)
-            vcl_result = run_vcl(vcl, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                 progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
-                                 workers=args.workers, distributed=distributed)  # fmt: skip
-        except ValueError as error:
-            parser.error(str(error))
-        if shard is not None:
-            print(f"wrote {results_dir(vcl.name, args.out)}/{vcl.name}_runs.shard{shard[0]}.jsonl")
-            return 0
-        if vcl_result.get("written") is False:
-            return 0  # not rank 0
-        final = [r for r in vcl_result["rows"] if r["after_task"] == len(vcl.tasks)]
-        print(_table([{"variant": r["variant"], "mean accuracy": r["mean"][0]} for r in final], ("variant", "mean accuracy")))
-        out = results_dir(vcl.name, args.out)
-        print(f"wrote {out}/{vcl.name}.json, {out}/{vcl.name}.md, {out}/{vcl.name}.png")
-        return 0
-    if name.startswith("graves-"):
-        from varbnn.experiments.graves import graves_config, run_graves_mnist, run_graves_prune
-
-        try:
-            graves = apply_overrides(graves_config(name, args.quick), args.overrides)
-        except ValueError as error:
-            parser.error(str(error))
-        out = results_dir(graves.name, args.out)
-        run = run_graves_prune if name.startswith("graves-prune") else run_graves_mnist
-        try:
-            graves_result = run(graves, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                progress=not args.no_progress, command=command, shard=shard, train=not args.no_train,
-                                workers=args.workers, distributed=distributed)  # fmt: skip
-        except ValueError as error:
-            parser.error(str(error))
-        if shard is not None:
-            print(f"wrote {out}/{graves.name}_runs.shard{shard[0]}.jsonl")
-        elif graves_result.get("written", True):
-            print(f"wrote {out}/{graves.name}.json, {out}/{graves.name}.md, {out}/{graves.name}.png")
-        return 0
     try:
-        config = apply_overrides(get_config(name, quick=args.quick), getattr(args, "overrides", []))
+        spec = experiment(name)
+        if name == "uci":
+            config = _uci_config(args, parser)
+        else:
+            config = spec.config(name, args.quick)
+        config = apply_overrides(config, getattr(args, "overrides", []))
+        options: dict[str, object] = {}
+        if spec.generic:
+            options["only"] = args.variants.split(",") if getattr(args, "variants", None) else None
+        result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                          progress=not args.no_progress, command=command, shard=shard,
+                          train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
+                          distributed=distributed, **options)  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
-    try:
-        result = run_experiment(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                                progress=not args.no_progress, command=command, distributed=distributed, shard=shard,
-                                train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
-                                only=args.variants.split(",") if getattr(args, "variants", None) else None)  # fmt: skip
-    except ValueError as error:
-        parser.error(str(error))
-    if "runs_file" in result:
-        print(f"wrote {result['runs_file']}")
-        return 0
-    if not result.get("written", True):
-        return 0  # not rank 0
-    columns = ("variant", "accuracy", "nll", "ece", "nelbo", "parameters", "train_seconds")
-    keys = [k for k in columns if any(k in row for row in result["rows"])]
-    print(_table(result["rows"], keys))
     out = results_dir(config.name, args.out)
-    print(f"\nwrote {out}/{config.name}.json, {out}/{config.name}.md" + "".join(f", {out}/{f}" for f in result["figures"]))
+    if shard is not None:
+        print(f"wrote {out}/{config.name}_runs.shard{shard[0]}.jsonl")
+        return 0
+    if result.get("written") is False:
+        return 0  # a rank other than 0 of a distributed run
+    if spec.generic:
+        columns = ("variant", "accuracy", "nll", "ece", "nelbo", "parameters", "train_seconds")
+        keys = [k for k in columns if any(k in row for row in result["rows"])]
+        print(_table(result["rows"], keys) + "\n")
+    figures = result.get("figures") or sorted(p.name for p in out.glob(f"{config.name}*.png"))
+    print(f"wrote {out}/{config.name}.json, {out}/{config.name}.md" + "".join(f", {out}/{f}" for f in figures))
     return 0
 
+
+def _uci_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> object:
+    """``uci``'s config from its own options (``--datasets``, ``--families``, ``--splits``, ``--epochs``,
+    ``--noise-update``, ``--noise-prior``, ``--rdp-defaults``)."""
+    from varbnn.experiments.uci import uci_config
+
+    try:
+        a0, b0 = (float(v) for v in args.noise_prior.split(","))
+    except ValueError:
+        parser.error(f"--noise-prior must be A,B (two positive numbers), got {args.noise_prior!r}")
+    if args.splits is not None and args.splits < 1:
+        parser.error(f"--splits must be a positive integer, got {args.splits}")
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs must be a positive integer, got {args.epochs}")
+    datasets = tuple(args.datasets.split(",")) if args.datasets else None
+    families = tuple(args.families.split(",")) if args.families else None
+    return uci_config(args.quick, datasets, args.noise_update, (a0, b0), args.splits, args.rdp_defaults, args.epochs,
+                      families)  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,9 +1,9 @@
 """``varbnn render OUT/NAME/NAME.json``: one entry point that rewrites the page of ANY experiment from its saved JSON.
 
 The numbers and the run's provenance (command, commit, device, seconds) are the JSON's; only the layout is today's.
-Each experiment's page is drawn by its own module's renderer (:func:`renderer_for` names it): the generic runner's
-configs by :func:`varbnn.experiments.runner.render_markdown`, ``uci``, ``retina-*``, ``graves-*``, ``vcl-split-fmnist``
-and ``soap-bubble`` by theirs. Figures are linked when their files lie beside the JSON (they are not redrawn).
+Each experiment's page is drawn by the renderer its entry in :data:`varbnn.experiments.catalog.EXPERIMENTS` names
+(:func:`renderer_for`); the generic runner's configs by :func:`render_markdown`. Figures are linked when their files
+lie beside the JSON (they are not redrawn).
 """
 
 from __future__ import annotations
@@ -17,60 +17,27 @@ from varbnn.experiments.engine import git_commit, read_result
 
 __all__ = ["renderer_for", "render_result", "render_saved", "SPECIAL_PAGES"]
 
-SPECIAL_PAGES = (
-    "uci", "uci-learned", "retina-referral", "retina-robustness", "graves-mnist", "graves-prune", "vcl-split-fmnist",
-    "soap-bubble",
-)  # fmt: skip
-"""The experiments (and their ``-lstm`` / ``-quick`` forms) whose pages are not the generic runner's."""
-
-
-def _base(name: str) -> str:
-    name = name.removesuffix("-quick").removesuffix("-lstm")
-    return name
-
 
 def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | None:
-    """The page renderer of experiment ``name`` as ``render(result, folder)`` (``folder``: where the JSON lies, to find
-    the figures), or ``None`` for a config of the generic runner."""
-    base = _base(name)
+    """The page renderer of experiment ``name`` (its ``-quick`` form too) as ``render(result, folder)`` (``folder``:
+    where the JSON lies, to find the figures): the catalog's (:data:`varbnn.experiments.catalog.EXPERIMENTS`), or
+    ``None`` for a config of the generic runner or a name the catalog does not know."""
+    from varbnn.experiments.catalog import experiment
 
-    def figure(result: dict[str, Any], folder: Path | None, suffix: str = ".png") -> str | None:
-        file = f"{result['name']}{suffix}"
-        return file if folder is None or (folder / file).exists() else None
+    try:
+        return experiment(name).render
+    except ValueError:
+        return None
 
-    if base == "uci-learned":
-        from varbnn.experiments.uci_learned import render_uci_learned_markdown
 
-        return lambda result, folder: render_uci_learned_markdown(result)
-    if base == "uci":
-        from varbnn.experiments.uci import render_uci_markdown
+def _special_pages() -> tuple[str, ...]:
+    from varbnn.experiments.catalog import EXPERIMENTS
 
-        return lambda result, folder: render_uci_markdown(result)
-    if base in ("retina-referral", "retina-robustness"):
-        from varbnn.experiments.retina import render_retina_markdown
+    return tuple(n for n, e in EXPERIMENTS.items() if e.render is not None and not n.endswith("-lstm"))
 
-        return lambda result, folder: render_retina_markdown(result, f"{result['name']}.png")
-    if base == "graves-prune":
-        from varbnn.experiments.graves import render_prune_markdown
 
-        return lambda result, folder: render_prune_markdown(result, figure(result, folder))
-    if base == "graves-mnist":
-        from varbnn.experiments.graves import render_graves_markdown
-
-        return lambda result, folder: render_graves_markdown(result, figure(result, folder))
-    if base.startswith("vcl-split-fmnist"):
-        from varbnn.experiments.continual import render_vcl_markdown
-
-        return lambda result, folder: render_vcl_markdown(result, figure(result, folder))
-    if base == "soap-bubble":
-        from varbnn.experiments.soap_bubble import render_soap_bubble_markdown
-
-        def soap(result: dict[str, Any], folder: Path | None) -> str:
-            files = [figure(result, folder, f"_{kind}.png") for kind in ("kernel", "training")]
-            return render_soap_bubble_markdown(result, [f for f in files if f is not None])
-
-        return soap
-    return None
+SPECIAL_PAGES = _special_pages()
+"""The experiments whose pages are not the generic runner's (their ``-lstm`` forms share their renderers)."""
 
 
 def render_result(result: dict[str, Any], folder: Path | None = None, rendered_at: str | None = None) -> str:
