@@ -48,6 +48,8 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.distributed", "distributed", "Data-parallel training under torchrun."),
     ("varbnn.ops", "ops", "Fused elementwise operations."),
     ("varbnn.experiments", "experiments", "The experiment configs and the runner."),
+    ("varbnn.experiments.catalog", "experiments-catalog", "Every experiment of varbnn reproduce: config, run, page."),
+    ("varbnn.experiments.engine", "experiments-engine", "Runs, records, resuming, workers, shards, provenance."),
 ]
 
 

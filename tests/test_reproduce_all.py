@@ -9,6 +9,7 @@ times that while other jobs share the cores). A name in ``varbnn list`` that is 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import warnings
 from pathlib import Path
@@ -111,3 +112,50 @@ def test_set_overrides_typed_fields_and_variants_picks_the_runs(data_dir, tmp_pa
     with pytest.raises(SystemExit):
         main(["reproduce", "soap-bubble", "--quick", "--set", "nope=1"])
     assert "not a settable field of SoapBubbleConfig" in capsys.readouterr().err
+
+
+ENGINE_OPTIONS = ("device", "out_dir", "data_dir", "progress", "command", "shard", "train", "workers", "distributed")
+
+
+def test_every_experiment_is_one_catalog_entry_with_the_same_signatures(capsys):
+    """The catalog is the one table the CLI dispatches through: every listed name resolves to an entry whose config
+    builds from (name, quick), whose run takes the engine's options, and whose saved pages have a renderer."""
+    import inspect
+
+    from varbnn.experiments.catalog import SPECIAL, experiment, experiments
+
+    assert sorted(experiments()) == sorted(_listed(capsys))
+    for name, spec in experiments().items():
+        assert spec.name == name and spec.description
+        config = spec.config(name, True)
+        assert config.name.removesuffix("-quick") == name, (name, config.name)
+        assert experiment(config.name) is not None  # a quick result's name finds its experiment
+        assert (spec.render is None) == spec.generic == (name not in SPECIAL)
+    for module, function in (("uci", "run_uci"), ("uci_learned", "run_uci_learned"), ("retina", "run_retina"),
+                             ("soap_bubble", "run_soap_bubble"), ("continual", "run_vcl"), ("graves", "run_graves_mnist"),
+                             ("graves", "run_graves_prune"), ("runner", "run_experiment")):  # fmt: skip
+        parameters = inspect.signature(getattr(importlib.import_module(f"varbnn.experiments.{module}"), function)).parameters
+        assert set(ENGINE_OPTIONS) <= set(parameters), f"{function} lacks {sorted(set(ENGINE_OPTIONS) - set(parameters))}"
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; allowed: \\['demo'"):
+        experiment("nope")
+
+
+def test_a_registered_config_is_listed_and_runs_through_the_catalog(capsys):
+    import dataclasses
+
+    from varbnn.experiments.catalog import experiment
+    from varbnn.experiments.registry import CONFIGS, get_config, register_config
+
+    config = dataclasses.replace(get_config("mnist-mlp", quick=True), name="my-experiment", description="mine")
+    register_config(config)
+    try:
+        assert experiment("my-experiment").generic
+        assert "my-experiment" in _listed(capsys)
+    finally:
+        CONFIGS.pop("my-experiment")
+
+
+def test_uci_options_are_refused_for_other_experiments(capsys):
+    with pytest.raises(SystemExit):
+        main(["reproduce", "mnist-mlp", "--quick", "--datasets", "yacht"])
+    assert "--datasets: options of uci only" in capsys.readouterr().err

@@ -177,9 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(str(error))
         return 0
     if args.command == "list":
-        from varbnn.experiments.catalog import EXPERIMENTS
+        from varbnn.experiments.catalog import experiments
 
-        for name, spec in sorted(EXPERIMENTS.items()):
+        for name, spec in sorted(experiments().items()):
             print(f"{name:20s} {spec.description}")
         return 0
     prog = f"varbnn {args.command}"

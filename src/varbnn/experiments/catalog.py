@@ -1,8 +1,9 @@
 """Every experiment of ``varbnn reproduce`` in one table: its name, what it reproduces, how its config is built, which
 function runs it and which draws its page.
 
-An experiment is registered once, here (:data:`EXPERIMENTS`), with three callables that take the same arguments for
-every experiment:
+An experiment is registered once: here (:data:`SPECIAL`), or, for a config of the generic runner, with
+:func:`varbnn.experiments.registry.register_config`. :func:`experiments` lists both; each entry has three callables
+that take the same arguments for every experiment:
 
 - ``config(name, quick)``: the config (a frozen dataclass; ``--set FIELD=VALUE`` overrides its fields);
 - ``run(config, *, device, out_dir, data_dir, progress, command, shard, train, workers, distributed)``: runs what is
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Experiment", "EXPERIMENTS", "experiment", "base_name"]
+__all__ = ["Experiment", "SPECIAL", "experiments", "experiment", "base_name"]
 
 
 @dataclass(frozen=True)
@@ -128,19 +129,21 @@ _SPECIAL = (
 )  # fmt: skip
 
 
-def _generic() -> list[Experiment]:
+SPECIAL: dict[str, Experiment] = {e.name: e for e in _SPECIAL}
+"""The experiments with a run function of their own (not the generic runner's)."""
+
+
+def experiments() -> dict[str, Experiment]:
+    """Every experiment by name: the generic runner's configs registered now (:data:`varbnn.experiments.registry.CONFIGS`,
+    including any a user registered with ``register_config``) and :data:`SPECIAL`."""
     from varbnn.experiments.registry import CONFIGS, get_config
 
-    return [
-        Experiment(name, config.description, lambda name, quick: get_config(name, quick=quick),
-                   _lazy("runner", "run_experiment"), generic=True)  # fmt: skip
+    generic = {
+        name: Experiment(name, config.description, lambda name, quick: get_config(name, quick=quick),
+                         _lazy("runner", "run_experiment"), generic=True)  # fmt: skip
         for name, config in CONFIGS.items()
-    ]
-
-
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (*_generic(), *_SPECIAL)}
-"""Every experiment by name: the generic runner's configs (:data:`varbnn.experiments.registry.CONFIGS`) and those with
-their own run function."""
+    }
+    return {**generic, **SPECIAL}
 
 
 def base_name(name: str) -> str:
@@ -151,7 +154,8 @@ def base_name(name: str) -> str:
 
 def experiment(name: str) -> Experiment:
     """The experiment called ``name`` (its ``-quick`` form's name too); an unknown name is an error listing them all."""
-    found = EXPERIMENTS.get(base_name(name))
+    every = experiments()
+    found = every.get(base_name(name))
     if found is None:
-        raise ValueError(f"unknown experiment {name!r}; allowed: {sorted(EXPERIMENTS)}")
+        raise ValueError(f"unknown experiment {name!r}; allowed: {sorted(every)}")
     return found

@@ -1,7 +1,7 @@
 """``varbnn render OUT/NAME/NAME.json``: one entry point that rewrites the page of ANY experiment from its saved JSON.
 
 The numbers and the run's provenance (command, commit, device, seconds) are the JSON's; only the layout is today's.
-Each experiment's page is drawn by the renderer its entry in :data:`varbnn.experiments.catalog.EXPERIMENTS` names
+Each experiment's page is drawn by the renderer its entry in :func:`varbnn.experiments.catalog.experiment` names
 (:func:`renderer_for`); the generic runner's configs by :func:`render_markdown`. Figures are linked when their files
 lie beside the JSON (they are not redrawn).
 """
@@ -20,7 +20,7 @@ __all__ = ["renderer_for", "render_result", "render_saved", "SPECIAL_PAGES"]
 
 def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | None:
     """The page renderer of experiment ``name`` (its ``-quick`` form too) as ``render(result, folder)`` (``folder``:
-    where the JSON lies, to find the figures): the catalog's (:data:`varbnn.experiments.catalog.EXPERIMENTS`), or
+    where the JSON lies, to find the figures): the catalog's (:func:`varbnn.experiments.catalog.experiment`), or
     ``None`` for a config of the generic runner or a name the catalog does not know."""
     from varbnn.experiments.catalog import experiment
 
@@ -31,9 +31,9 @@ def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | No
 
 
 def _special_pages() -> tuple[str, ...]:
-    from varbnn.experiments.catalog import EXPERIMENTS
+    from varbnn.experiments.catalog import SPECIAL
 
-    return tuple(n for n, e in EXPERIMENTS.items() if e.render is not None and not n.endswith("-lstm"))
+    return tuple(n for n, e in SPECIAL.items() if not n.endswith("-lstm"))
 
 
 SPECIAL_PAGES = _special_pages()
