@@ -211,7 +211,7 @@ def test_runner_best_of_last_stays_consistent_with_the_epoch_checkpoint_across_k
 def test_runner_reconciles_a_best_file_one_epoch_behind_an_old_checkpoint(tmp_path):
     """Checkpoints written before the best state was committed with them: the best file missed the checkpoint's
     last epoch (a kill between the two writes) -> that epoch is applied as the selector would have."""
-    from varbnn.experiments.runner import _BestOfLast
+    from varbnn.experiments.hooks import BestOfLast as _BestOfLast
 
     model = nn.Linear(2, 1)
     checkpoint = tmp_path / "run.pt"

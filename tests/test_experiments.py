@@ -14,7 +14,9 @@ from varbnn import Delta, KTied, MeanField, bayesianize
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments import get_config, run_experiment
 from varbnn.experiments.config import ExperimentConfig, Variant
-from varbnn.experiments.runner import _BestOfLast, _checkpoint_path, build_model, render_markdown, std_parameters
+from varbnn.experiments.hooks import BestOfLast as _BestOfLast
+from varbnn.experiments.hooks import std_parameters
+from varbnn.experiments.runner import _checkpoint_path, build_model, render_markdown
 from varbnn.models import lenet5, make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
 from varbnn.train import evaluate_weight_samples, fit, read_checkpoint

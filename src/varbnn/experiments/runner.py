@@ -16,7 +16,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,17 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from varbnn import data as datasets
-from varbnn.analysis import GradientSNR, replace_stds_with_rank_k, std_matrix, variance_explained
+from varbnn.analysis import replace_stds_with_rank_k, std_matrix, variance_explained
 from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
 from varbnn.experiments.engine import RunStore, describe_device, execute, expand, git_commit, processes, select_shard
+from varbnn.experiments.evaluation import evaluate_variant, ood_scores, parameter_count, prune_scores
+from varbnn.experiments.hooks import BestOfLast, Sidecar, Tracer, committed_state
 from varbnn.experiments.render import render_markdown, render_saved  # noqa: F401 (re-exported)
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
-from varbnn.metrics import auroc, mean_and_standard_error
+from varbnn.metrics import mean_and_standard_error
 from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
 from varbnn.objectives import default_kl_weight, linear_kl_annealing
@@ -45,16 +47,10 @@ from varbnn.plots import (
     trace_figure,
     variance_explained_figure,
 )
-from varbnn.predict import classification_summary, predict
 from varbnn.priors import make_prior
 from varbnn.train import (
-    CheckpointError,
-    _write_atomically,
     default_optimizer,
-    evaluate_classifier,
-    evaluate_weight_samples,
     fit,
-    read_checkpoint,
     seed_everything,
 )
 
@@ -147,368 +143,12 @@ def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimiz
     return default_optimizer(parameters, lr, amsgrad=name == "amsgrad")
 
 
-def std_parameters(model: torch.nn.Module, tensor: str) -> list[torch.nn.Parameter]:
-    """The standard-deviation parameters (every parameter but the mean ``loc``) of the posterior of one random
-    tensor, named ``"<module>.<tensor>"`` (e.g. ``"3.weight"``, ``"lstm.weight_hh_l0"``): ``rho`` for MeanField,
-    ``log_u``/``log_v`` for KTied."""
-    module_name, _, tensor_name = tensor.rpartition(".")
-    try:
-        module = model.get_submodule(module_name)
-    except AttributeError:
-        raise ValueError(f"snr_tensor {tensor!r}: {module_name!r} is not a module of the model") from None
-    if not isinstance(module, BayesianModule) or tensor_name not in module.posteriors:
-        allowed = [f"{n}.{t}" for n, m in model.named_modules() if isinstance(m, BayesianModule) for t in m.posteriors]
-        raise ValueError(f"snr_tensor {tensor!r} is not a random tensor of the model; allowed: {allowed}")
-    params = [p for name, p in module.posteriors[tensor_name].named_parameters() if name != "loc"]
-    if not params:
-        raise ValueError(f"snr_tensor {tensor!r}: its posterior has no standard-deviation parameters")
-    return params
-
-
-class _Tracer:
-    """Validation -ELBO and gradient SNR at chosen steps of one training run (an ``on_step_end`` callback)."""
-
-    def __init__(
-        self,
-        config: ExperimentConfig,
-        model: torch.nn.Module,
-        validation: tuple[torch.Tensor, torch.Tensor] | None,
-        n_train: int,
-        total_steps: int,
-        seed: int,
-        device: torch.device,
-    ) -> None:
-        self.config, self.model, self.validation, self.n_train, self.seed, self.device = (
-            config,
-            model,
-            validation,
-            n_train,
-            seed,
-            device,
-        )
-        steps = set(config.log_steps)
-        if config.log_every:
-            steps |= set(range(config.log_every, total_steps + 1, config.log_every))
-        self.steps = sorted(s for s in steps if s <= total_steps)
-        self.snr = None
-        if config.snr_tensor is not None:
-            self.snr = GradientSNR({config.snr_tensor: std_parameters(model, config.snr_tensor)}, window=config.snr_window)
-        self.records: list[dict[str, float]] = []
-        self.seconds = 0.0
-        self._next = set(self.steps)
-        self._window = {s - k for s in self.steps for k in range(config.snr_window)}
-
-    def __call__(self, step: int, terms: Any) -> None:
-        t0 = time.perf_counter()
-        if self.snr is not None and step in self._window:  # only the window before each logged step is kept
-            self.snr.update()
-        if step in self._next:
-            record: dict[str, float] = {"step": step, "beta": terms.beta, "train_loss": float(terms.loss.detach())}
-            if self.snr is not None:
-                record["snr"] = self.snr.snr()[self.config.snr_tensor]  # type: ignore[index]
-            if self.validation is not None:
-                scores = evaluate_weight_samples(
-                    self.model, *self.validation, n_train=self.n_train, samples=self.config.trace_samples,
-                    seed=self.seed + 7919 * step, device=self.device,
-                )  # fmt: skip
-                record["val_nelbo"] = float(scores["nelbo"].mean())
-                record["val_nll"] = float(scores["nll"].mean())
-            self.records.append(record)
-        self.seconds += time.perf_counter() - t0
-
-
-def _committed_state(checkpoint: Path | None) -> dict[str, Any] | None:
-    """The content of a resumable run's epoch checkpoint (verified), or None when there is none or it cannot be
-    read (``fit`` then refuses it with the reason when it resumes)."""
-    if checkpoint is None or not checkpoint.exists():
-        return None
-    import warnings
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a checkpoint without checksum: fit warns when it loads it
-            return read_checkpoint(checkpoint)
-    except (CheckpointError, OSError):
-        return None
-
-
-class _Sidecar:
-    """For resumable runs: the traces and training time so far. They are committed inside the epoch checkpoint
-    (``fit(checkpoint_extra=...)``, entry ``"traces"``), so they always belong to the checkpoint's epoch, and read
-    back on resume, so a continued run reports the whole run; ``<checkpoint>.traces.json`` holds a readable copy
-    (read only for checkpoints written before the traces were committed with them). (The SNR window is not saved: a
-    logged step within ``snr_window`` steps after a resume sees a shorter window.)"""
-
-    def __init__(self, checkpoint: Path | None, tracer: _Tracer | None, t0: float) -> None:
-        self.path = checkpoint.with_suffix(".traces.json") if checkpoint is not None else None
-        self.tracer, self.t0, self.previous_seconds = tracer, t0, 0.0
-        self._state: dict[str, Any] = {}
-        committed = _committed_state(checkpoint)
-        saved: dict[str, Any] | None = None
-        if committed is not None and isinstance(committed.get("extra"), dict) and "traces" in committed["extra"]:
-            saved = committed["extra"]["traces"]
-        elif self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
-            saved = json.loads(self.path.read_text())
-        if saved is not None:
-            self.previous_seconds = float(saved.get("train_seconds", 0.0))
-            if tracer is not None:
-                tracer.records = [dict(r) for r in saved.get("records", [])]
-
-    def __call__(self, epoch: int, record: dict[str, float]) -> None:
-        from varbnn.distributed import is_main_process
-
-        seconds = self.previous_seconds + time.perf_counter() - self.t0 - (self.tracer.seconds if self.tracer else 0.0)
-        self._state = {"epoch": epoch, "train_seconds": seconds, "records": self.tracer.records if self.tracer else []}
-        if self.path is None or not is_main_process():
-            return
-        _write_atomically(self.path, json.dumps(self._state).encode())
-
-    def state(self) -> dict[str, Any]:
-        """What the epoch checkpoint commits (plain data)."""
-        return {k: ([dict(r) for r in v] if k == "records" else v) for k, v in self._state.items()}
-
-
-class _BestOfLast:
-    """``select_best_of_last``: keeps the state of the epoch with the lowest mean training NLL among the last K
-    epochs. For resumable runs the best state is committed inside the epoch checkpoint (``fit(checkpoint_extra=...)``,
-    entry ``"best"``): the pair cannot disagree, whenever the run is killed. ``<checkpoint>.best.pt`` is an export of
-    it for other tools (rewritten by :meth:`restore` from the committed state); it is read back only for checkpoints
-    written before the best state was committed with them, and then checked against the checkpoint's last epoch
-    (a kill between the two writes left it one epoch behind)."""
-
-    def __init__(self, model: torch.nn.Module, epochs: int, last: int, checkpoint: Path | None) -> None:
-        self.model, self.first = model, epochs - last + 1
-        self.path = checkpoint.with_suffix(".best.pt") if checkpoint is not None else None
-        self.best: dict[str, Any] | None = None
-        self._exported: int | None = None  # the epoch whose state .best.pt holds, when known
-        committed = _committed_state(checkpoint)
-        if committed is not None and isinstance(committed.get("extra"), dict) and "best" in committed["extra"]:
-            self.best = committed["extra"]["best"]
-        elif self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
-            self.best = torch.load(self.path, map_location="cpu", weights_only=True)
-            self._exported = int(self.best["epoch"])
-            if committed is not None and "epoch" in committed and "history" in committed:
-                self._reconcile(committed)
-
-    def _reconcile(self, committed: dict[str, Any]) -> None:
-        """An old pair (best file beside a checkpoint without the committed best): apply the checkpoint's last epoch
-        if the best file missed it, exactly as :meth:`__call__` would have."""
-        epoch, history = int(committed["epoch"]), committed["history"]
-        if not 1 <= epoch <= len(history) or self.best is None:
-            return
-        nll = float(history[epoch - 1]["nll"])
-        if epoch >= self.first and int(self.best["epoch"]) < epoch and nll < float(self.best["nll"]):
-            self.best = {"epoch": epoch, "nll": nll, "model": committed["model"]}
-
-    def __call__(self, epoch: int, record: dict[str, float]) -> None:
-        if epoch < self.first or (self.best is not None and record["nll"] >= self.best["nll"]):
-            return
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        self.best = {"epoch": epoch, "nll": float(record["nll"]), "model": state}
-        self._export()
-
-    def _export(self) -> None:
-        from varbnn.distributed import is_main_process
-
-        if self.path is None or self.best is None or not is_main_process():  # data-parallel: every rank holds it; one writes
-            return
-        buffer = io.BytesIO()
-        torch.save(self.best, buffer)
-        _write_atomically(self.path, buffer.getvalue())
-        self._exported = int(self.best["epoch"])
-
-    def state(self) -> dict[str, Any] | None:
-        """What the epoch checkpoint commits: the best epoch so far, its training NLL and its state dict."""
-        return self.best
-
-    def restore(self) -> int:
-        """Load the selected state into the model (and make ``.best.pt`` hold it); returns its epoch."""
-        if self.best is None:
-            raise RuntimeError("select_best_of_last: no epoch was recorded (did training run?)")
-        self.model.load_state_dict(self.best["model"])
-        if self._exported != int(self.best["epoch"]):
-            self._export()
-        return int(self.best["epoch"])
-
-
-def _sem(values: torch.Tensor) -> float:
-    return float(values.std() / math.sqrt(values.numel())) if values.numel() > 1 else float("nan")
-
-
-def _evaluate(
-    config: ExperimentConfig,
-    variant: Variant,
-    model: torch.nn.Module,
-    test: tuple[torch.Tensor, torch.Tensor],
-    n_train: int,
-    seed: int,
-    dev: torch.device,
-) -> tuple[dict[str, float], torch.Tensor]:
-    deterministic = variant.family in DETERMINISTIC
-    start = time.perf_counter()
-    scores, probs = evaluate_classifier(model, *test, samples=1 if deterministic else config.eval_samples, device=dev)
-    scores["predict_seconds"] = time.perf_counter() - start
-    if config.eval_weight_samples and variant.family not in ("plain", *BASELINES):
-        per_draw = evaluate_weight_samples(
-            model, *test, n_train=n_train, samples=1 if deterministic else config.eval_weight_samples, seed=seed, device=dev
-        )
-        for key, label in (("nelbo", "nelbo"), ("nll", "sample_nll"), ("accuracy", "sample_accuracy")):
-            scores[label] = float(per_draw[key].mean())
-            scores[f"{label}_wsem"] = _sem(per_draw[key])
-    return scores, probs
-
-
-@torch.no_grad()
-def _uncertainties(model: torch.nn.Module, x: torch.Tensor, samples: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Predictive entropy and mutual information per example (nats), batches of 1,000."""
-    model.eval()
-    entropy, information = [], []
-    for start in range(0, x.shape[0], 1000):
-        summary = classification_summary(predict(model, x[start : start + 1000].to(dev), samples=samples))
-        entropy.append(summary.predictive_entropy.cpu())
-        information.append(summary.mutual_information.cpu())
-    return torch.cat(entropy), torch.cat(information)
-
-
-def _ood_scores(
-    config: ExperimentConfig,
-    variant: Variant,
-    model: torch.nn.Module,
-    x_test: torch.Tensor,
-    x_ood: torch.Tensor,
-    dev: torch.device,
-) -> tuple[dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
-    """AUROC of telling ``x_ood`` (positives) from ``x_test`` by predictive entropy and by mutual information, and the
-    two entropy vectors (for the figure). A deterministic model's mutual information is 0 everywhere: AUROC 0.5."""
-    samples = 1 if variant.family in DETERMINISTIC else config.eval_samples
-    h_in, mi_in = _uncertainties(model, x_test, samples, dev)
-    h_out, mi_out = _uncertainties(model, x_ood, samples, dev)
-    labels = torch.cat([torch.zeros(len(h_in)), torch.ones(len(h_out))])
-    scores = {
-        "ood_auroc_entropy": auroc(torch.cat([h_in, h_out]), labels),
-        "ood_auroc_mi": auroc(torch.cat([mi_in, mi_out]), labels),
-    }
-    return scores, (h_in, h_out)
-
-
 def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
     """``OUT/.checkpoints/NAME-<hash>/<variant>-seed<seed>.pt``, the hash over :meth:`ExperimentConfig.training_dict`:
     a changed training setup never resumes a stale run; a changed evaluation or pruning reuses the finished one."""
     digest = hashlib.sha1(json.dumps(config.training_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
     slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
     return Path(out_dir) / ".checkpoints" / f"{config.name}-{digest}" / f"{slug}-seed{seed}.pt"
-
-
-def _prune_scores(
-    config: ExperimentConfig,
-    model: torch.nn.Module,
-    test: tuple[torch.Tensor, torch.Tensor],
-    train: tuple[torch.Tensor, torch.Tensor],
-    validation: tuple[torch.Tensor, torch.Tensor] | None,
-    seed: int,
-    dev: torch.device,
-    progress: bool,
-) -> tuple[dict[str, Any], dict[tuple[str, str], float] | None]:
-    """The exported model by the config's threshold rule (``pruned_*``) and, given a validation set, by
-    :func:`varbnn.prune.validation_thresholds` (``prune_validation_tolerance``; ``val_pruned_*``) and by
-    :func:`varbnn.prune.budget_units` (``prune_budget``; ``budget_pruned_*``), each optionally retrained
-    (``*_finetuned_test_error``), and by :func:`varbnn.prune.iterative_budget` (``prune_stages``; ``iter_pruned_*``,
-    always retrained). Returns the scores and the validation rule's thresholds (for the figure)."""
-    from varbnn.prune import (
-        budget_units,
-        classification_error,
-        export,
-        finetune,
-        iterative_budget,
-        predictive_targets,
-        reinitialize,
-        validation_thresholds,
-    )
-
-    x_test, y_test = test
-    example = x_test[:2].to(dev)
-    exported, report = export(model, example, threshold=config.prune_threshold, min_gap=config.prune_min_gap)
-    scores: dict[str, Any] = {
-        **_sizes("pruned", report),
-        "dense_parameters": float(report["dense_parameters"]),  # type: ignore[arg-type]
-        "pruned_test_error": classification_error(exported, x_test, y_test),
-    }
-    if validation is None:
-        return scores, None
-    rules: list[tuple[str, Any]] = []
-    if config.prune_validation_tolerance:
-        rules.append(("val", lambda: validation_thresholds(
-            model, *validation, tolerance=config.prune_validation_tolerance, start=config.prune_threshold,
-            min_gap=config.prune_min_gap, progress=progress,
-        )))  # fmt: skip
-    if config.prune_budget is not None:
-        rules.append(("budget", lambda: budget_units(
-            model, *validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
-            start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress,
-        )))  # fmt: skip
-    soft_targets = None  # the trained model's predictive on the training set, distilled by every retraining
-    if config.prune_distill_weight and (config.prune_finetune_epochs or config.prune_stages):
-        soft_targets = predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
-    cuts = None
-    for prefix, rule in rules:
-        keep, search = rule()
-        exported, report = export(model, example, keep=keep)
-        scores.update({
-            **_sizes(f"{prefix}_pruned", report),
-            f"{prefix}_pruned_validation_error": float(search["error"]),
-            f"{prefix}_pruned_test_error": classification_error(exported, x_test, y_test),
-        })  # fmt: skip
-        if config.prune_finetune_epochs:
-            retrained_model, retrained = finetune(
-                exported, train, validation, epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr,
-                batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule, progress=progress,
-                soft_targets=soft_targets, distill_weight=config.prune_distill_weight,
-            )  # fmt: skip
-            scores[f"{prefix}_pruned_finetuned_epoch"] = float(retrained["epoch"])
-            scores[f"{prefix}_pruned_finetuned_test_error"] = classification_error(retrained_model, x_test, y_test)
-        if prefix == "val":
-            cuts = search["thresholds"]
-    if config.prune_stages and config.prune_budget is not None:
-        staged, staged_report = iterative_budget(
-            model, train, validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
-            stages=config.prune_stages, epochs=config.prune_stage_epochs, final_epochs=config.prune_finetune_epochs,
-            lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule,
-            start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress, soft_targets=soft_targets,
-            distill_weight=config.prune_distill_weight,
-        )  # fmt: skip
-        scores.update({
-            "iter_pruned_stages": " > ".join(str(stage["architecture"]) for stage in staged_report["stages"]),
-            **_sizes("iter_pruned", staged_report),
-            "iter_pruned_validation_error": float(staged_report["validation_error"]),
-            "iter_pruned_test_error": classification_error(staged, x_test, y_test),
-        })  # fmt: skip
-        if config.prune_scratch_epochs:  # the same architecture from a random initialisation (Liu et al. 2019)
-            scratch, retrained = finetune(
-                reinitialize(staged, seed=seed), train, validation, epochs=config.prune_scratch_epochs,
-                lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed,
-                schedule=config.prune_finetune_schedule, progress=progress, soft_targets=soft_targets,
-                distill_weight=config.prune_distill_weight,
-            )  # fmt: skip
-            scores.update({
-                **_sizes("scratch_pruned", staged_report),
-                "scratch_pruned_validation_error": float(retrained["validation_error"]),
-                "scratch_pruned_finetuned_epoch": float(retrained["epoch"]),
-                "scratch_pruned_finetuned_test_error": classification_error(scratch, x_test, y_test),
-            })  # fmt: skip
-    return scores, cuts
-
-
-def _sizes(prefix: str, report: Mapping[str, Any]) -> dict[str, Any]:
-    """An exported model's ``architecture``, ``parameters`` and ``FLOPs`` as the score keys ``{prefix}_...``."""
-    return {
-        f"{prefix}_architecture": str(report["architecture"]),
-        f"{prefix}_parameters": float(report["parameters"]),
-        f"{prefix}_flops": float(report["flops"]),
-    }
-
-
-def _parameter_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def run_experiment(
@@ -726,21 +366,21 @@ def _run_seed(
         loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
     tracer = None
     if (config.log_every or config.log_steps) and variant.family not in ("plain", *BASELINES):
-        tracer = _Tracer(config, model, validation, n_train, total_steps, seed, dev)
+        tracer = Tracer(config, model, validation, n_train, total_steps, seed, dev)
     t0 = time.perf_counter()
     checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
     _reuse_plain_training(config, out_dir, variant, seed, checkpoint)
-    sidecar = _Sidecar(checkpoint, tracer, t0)
+    sidecar = Sidecar(checkpoint, tracer, t0)
     best = None
     if config.select_best_of_last:
-        best = _BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
+        best = BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
     callbacks = [c for c in (sidecar if checkpoint is not None else None, best) if c is not None]
 
     def on_epoch_end(epoch: int, record: dict[str, float], callbacks: list[Any] = callbacks) -> None:
         for callback in callbacks:
             callback(epoch, record)
 
-    def checkpoint_extra(sidecar: _Sidecar = sidecar, best: _BestOfLast | None = best) -> dict[str, Any]:
+    def checkpoint_extra(sidecar: Sidecar = sidecar, best: BestOfLast | None = best) -> dict[str, Any]:
         return {"traces": sidecar.state(), **({"best": best.state()} if best is not None else {})}
 
     trained = members(model)  # a deep ensemble's members are trained one after the other
@@ -765,22 +405,22 @@ def _run_seed(
     for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
         results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
     for key, (evaluated, label) in results.items():
-        scores, probs = _evaluate(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
+        scores, probs = evaluate_variant(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
         if key == "":
             scores.update(
-                parameters=float(_parameter_count(model)),
+                parameters=float(parameter_count(model)),
                 train_seconds=train_seconds,
                 final_train_loss=history[-1]["loss"] if history else float("nan"),
             )
             if selected_epoch is not None:
                 scores["selected_epoch"] = float(selected_epoch)
             if x_ood is not None:
-                ood, entropies = _ood_scores(config, variant, model, x_test, x_ood, dev)
+                ood, entropies = ood_scores(config, variant, model, x_test, x_ood, dev)
                 scores.update(ood)
                 if seed == config.seeds[0]:
                     figure_data["entropies"] = entropies
             if config.prune and variant.family not in ("plain", *BASELINES):
-                pruned, thresholds = _prune_scores(
+                pruned, thresholds = prune_scores(
                     config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
                 )
                 scores.update(pruned)
@@ -829,7 +469,7 @@ def _reuse_plain_training(config: ExperimentConfig, out_dir: str, variant: Varia
     if plain is None:
         return
     source = _checkpoint_path(config, out_dir, plain, seed)
-    state = _committed_state(source)
+    state = committed_state(source)
     if state is None or state.get("epoch") != config.epochs:
         return
     checkpoint.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,196 @@
+"""What the generic runner (:mod:`varbnn.experiments.runner`) measures on a trained run: test metrics (and per-draw
+ELBO terms), out-of-distribution AUROC by entropy and mutual information, and the pruning rules' exported models."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from varbnn.experiments.baselines import BASELINES, DETERMINISTIC
+from varbnn.experiments.config import ExperimentConfig, Variant
+from varbnn.metrics import auroc
+from varbnn.predict import classification_summary, predict
+from varbnn.train import evaluate_classifier, evaluate_weight_samples
+
+__all__ = ["evaluate_variant", "uncertainties", "ood_scores", "prune_scores", "sizes", "parameter_count"]
+
+
+def _sem(values: torch.Tensor) -> float:
+    return float(values.std() / math.sqrt(values.numel())) if values.numel() > 1 else float("nan")
+
+
+def evaluate_variant(
+    config: ExperimentConfig,
+    variant: Variant,
+    model: torch.nn.Module,
+    test: tuple[torch.Tensor, torch.Tensor],
+    n_train: int,
+    seed: int,
+    dev: torch.device,
+) -> tuple[dict[str, float], torch.Tensor]:
+    """The test metrics of one trained run (:func:`varbnn.train.evaluate_classifier`: accuracy, NLL, ECE, Brier,
+    ``eval_samples`` draws; one for a deterministic model) and the prediction time, plus, with ``eval_weight_samples``,
+    each weight draw's -ELBO, NLL and accuracy (mean and ``_wsem``, the standard error over draws); and the predictive
+    probabilities (for the figures)."""
+    deterministic = variant.family in DETERMINISTIC
+    start = time.perf_counter()
+    scores, probs = evaluate_classifier(model, *test, samples=1 if deterministic else config.eval_samples, device=dev)
+    scores["predict_seconds"] = time.perf_counter() - start
+    if config.eval_weight_samples and variant.family not in ("plain", *BASELINES):
+        per_draw = evaluate_weight_samples(
+            model, *test, n_train=n_train, samples=1 if deterministic else config.eval_weight_samples, seed=seed, device=dev
+        )
+        for key, label in (("nelbo", "nelbo"), ("nll", "sample_nll"), ("accuracy", "sample_accuracy")):
+            scores[label] = float(per_draw[key].mean())
+            scores[f"{label}_wsem"] = _sem(per_draw[key])
+    return scores, probs
+
+
+@torch.no_grad()
+def uncertainties(model: torch.nn.Module, x: torch.Tensor, samples: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predictive entropy and mutual information per example (nats), batches of 1,000."""
+    model.eval()
+    entropy, information = [], []
+    for start in range(0, x.shape[0], 1000):
+        summary = classification_summary(predict(model, x[start : start + 1000].to(dev), samples=samples))
+        entropy.append(summary.predictive_entropy.cpu())
+        information.append(summary.mutual_information.cpu())
+    return torch.cat(entropy), torch.cat(information)
+
+
+def ood_scores(
+    config: ExperimentConfig,
+    variant: Variant,
+    model: torch.nn.Module,
+    x_test: torch.Tensor,
+    x_ood: torch.Tensor,
+    dev: torch.device,
+) -> tuple[dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
+    """AUROC of telling ``x_ood`` (positives) from ``x_test`` by predictive entropy and by mutual information, and the
+    two entropy vectors (for the figure). A deterministic model's mutual information is 0 everywhere: AUROC 0.5."""
+    samples = 1 if variant.family in DETERMINISTIC else config.eval_samples
+    h_in, mi_in = uncertainties(model, x_test, samples, dev)
+    h_out, mi_out = uncertainties(model, x_ood, samples, dev)
+    labels = torch.cat([torch.zeros(len(h_in)), torch.ones(len(h_out))])
+    scores = {
+        "ood_auroc_entropy": auroc(torch.cat([h_in, h_out]), labels),
+        "ood_auroc_mi": auroc(torch.cat([mi_in, mi_out]), labels),
+    }
+    return scores, (h_in, h_out)
+
+
+def prune_scores(
+    config: ExperimentConfig,
+    model: torch.nn.Module,
+    test: tuple[torch.Tensor, torch.Tensor],
+    train: tuple[torch.Tensor, torch.Tensor],
+    validation: tuple[torch.Tensor, torch.Tensor] | None,
+    seed: int,
+    dev: torch.device,
+    progress: bool,
+) -> tuple[dict[str, Any], dict[tuple[str, str], float] | None]:
+    """The exported model by the config's threshold rule (``pruned_*``) and, given a validation set, by
+    :func:`varbnn.prune.validation_thresholds` (``prune_validation_tolerance``; ``val_pruned_*``) and by
+    :func:`varbnn.prune.budget_units` (``prune_budget``; ``budget_pruned_*``), each optionally retrained
+    (``*_finetuned_test_error``), and by :func:`varbnn.prune.iterative_budget` (``prune_stages``; ``iter_pruned_*``,
+    always retrained). Returns the scores and the validation rule's thresholds (for the figure)."""
+    from varbnn.prune import (
+        budget_units,
+        classification_error,
+        export,
+        finetune,
+        iterative_budget,
+        predictive_targets,
+        reinitialize,
+        validation_thresholds,
+    )
+
+    x_test, y_test = test
+    example = x_test[:2].to(dev)
+    exported, report = export(model, example, threshold=config.prune_threshold, min_gap=config.prune_min_gap)
+    scores: dict[str, Any] = {
+        **sizes("pruned", report),
+        "dense_parameters": float(report["dense_parameters"]),  # type: ignore[arg-type]
+        "pruned_test_error": classification_error(exported, x_test, y_test),
+    }
+    if validation is None:
+        return scores, None
+    rules: list[tuple[str, Any]] = []
+    if config.prune_validation_tolerance:
+        rules.append(("val", lambda: validation_thresholds(
+            model, *validation, tolerance=config.prune_validation_tolerance, start=config.prune_threshold,
+            min_gap=config.prune_min_gap, progress=progress,
+        )))  # fmt: skip
+    if config.prune_budget is not None:
+        rules.append(("budget", lambda: budget_units(
+            model, *validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
+            start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress,
+        )))  # fmt: skip
+    soft_targets = None  # the trained model's predictive on the training set, distilled by every retraining
+    if config.prune_distill_weight and (config.prune_finetune_epochs or config.prune_stages):
+        soft_targets = predictive_targets(model, train[0], config.prune_distill_samples, seed=seed)
+    cuts = None
+    for prefix, rule in rules:
+        keep, search = rule()
+        exported, report = export(model, example, keep=keep)
+        scores.update({
+            **sizes(f"{prefix}_pruned", report),
+            f"{prefix}_pruned_validation_error": float(search["error"]),
+            f"{prefix}_pruned_test_error": classification_error(exported, x_test, y_test),
+        })  # fmt: skip
+        if config.prune_finetune_epochs:
+            retrained_model, retrained = finetune(
+                exported, train, validation, epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr,
+                batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule, progress=progress,
+                soft_targets=soft_targets, distill_weight=config.prune_distill_weight,
+            )  # fmt: skip
+            scores[f"{prefix}_pruned_finetuned_epoch"] = float(retrained["epoch"])
+            scores[f"{prefix}_pruned_finetuned_test_error"] = classification_error(retrained_model, x_test, y_test)
+        if prefix == "val":
+            cuts = search["thresholds"]
+    if config.prune_stages and config.prune_budget is not None:
+        staged, staged_report = iterative_budget(
+            model, train, validation, max_flops=config.prune_budget[0], max_parameters=config.prune_budget[1],
+            stages=config.prune_stages, epochs=config.prune_stage_epochs, final_epochs=config.prune_finetune_epochs,
+            lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule,
+            start=config.prune_threshold, min_gap=config.prune_min_gap, progress=progress, soft_targets=soft_targets,
+            distill_weight=config.prune_distill_weight,
+        )  # fmt: skip
+        scores.update({
+            "iter_pruned_stages": " > ".join(str(stage["architecture"]) for stage in staged_report["stages"]),
+            **sizes("iter_pruned", staged_report),
+            "iter_pruned_validation_error": float(staged_report["validation_error"]),
+            "iter_pruned_test_error": classification_error(staged, x_test, y_test),
+        })  # fmt: skip
+        if config.prune_scratch_epochs:  # the same architecture from a random initialisation (Liu et al. 2019)
+            scratch, retrained = finetune(
+                reinitialize(staged, seed=seed), train, validation, epochs=config.prune_scratch_epochs,
+                lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed,
+                schedule=config.prune_finetune_schedule, progress=progress, soft_targets=soft_targets,
+                distill_weight=config.prune_distill_weight,
+            )  # fmt: skip
+            scores.update({
+                **sizes("scratch_pruned", staged_report),
+                "scratch_pruned_validation_error": float(retrained["validation_error"]),
+                "scratch_pruned_finetuned_epoch": float(retrained["epoch"]),
+                "scratch_pruned_finetuned_test_error": classification_error(scratch, x_test, y_test),
+            })  # fmt: skip
+    return scores, cuts
+
+
+def sizes(prefix: str, report: Mapping[str, Any]) -> dict[str, Any]:
+    """An exported model's ``architecture``, ``parameters`` and ``FLOPs`` as the score keys ``{prefix}_...``."""
+    return {
+        f"{prefix}_architecture": str(report["architecture"]),
+        f"{prefix}_parameters": float(report["parameters"]),
+        f"{prefix}_flops": float(report["flops"]),
+    }
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """The number of trained parameters (the variational parameters of a Bayesian model)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
