@@ -68,7 +68,7 @@ def _generated_pages() -> set[str]:
     """Pages ``docs/gen_pages.py`` writes at build time, relative to ``docs/`` (the results pages: any under
     ``results/``, written by ``docs/gen_results.py``)."""
     source = (DOCS / "gen_pages.py").read_text(encoding="utf-8")
-    titles = re.findall(r'^\s*\("varbnn[\w.]*", "(\w+)",', source, flags=re.M)
+    titles = re.findall(r'^\s*\("varbnn[\w.]*", "([\w-]+)",', source, flags=re.M)
     return {"changelog.md", "reference/index.md", *(f"reference/{title}.md" for title in titles)}
 
 
