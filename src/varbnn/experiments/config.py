@@ -48,6 +48,18 @@ class Variant:
     module_families: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-module overrides ``{qualified module name: {"family": name, **options}}`` (e.g. a mean-field head
     under a k-tied LSTM); every other layer gets ``family``. All layers share the one prior."""
+    convert_epochs: int = 0
+    """0 (default): the Bayesian model is trained from its initialisation for the config's ``epochs``. N > 0: the
+    user's path for a network they already have: the config's ``plain`` network is trained first (exactly as the
+    ``plain`` variant trains it; its finished checkpoint is reused), converted with ``bayesianize(pretrained=True)``
+    (its weights become the posterior means) and trained N more epochs with the family's defaults. The training time
+    counts both phases."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.convert_epochs, bool) or not isinstance(self.convert_epochs, int) or self.convert_epochs < 0:
+            raise ValueError(f"{self.label}: convert_epochs must be an integer >= 0, got {self.convert_epochs!r}")
+        if self.convert_epochs and self.family in ("plain", "temperature", "laplace", "mc-dropout", "ensemble"):
+            raise ValueError(f"{self.label}: convert_epochs applies to the varbnn families, not to {self.family!r}")
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,13 @@ class ExperimentConfig:
             raise ValueError(f"{self.name}: prune_scratch_epochs retrains the staged rule's architecture: set prune_stages")
         if self.prune_stages and self.prune_budget is None:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
+        converted = [v.label for v in self.variants if v.convert_epochs]
+        if converted and not any(v.family == "plain" and not v.family_options for v in self.variants):
+            raise ValueError(f"{self.name}: {converted} convert the plain network: add a variant with family='plain'")
+        if converted and not self.resumable:
+            raise ValueError(f"{self.name}: {converted} reuse the plain run's checkpoint: set resumable=True")
+        if converted and self.select_best_of_last:
+            raise ValueError(f"{self.name}: select_best_of_last is not supported with convert_epochs")
         if self.select_best_of_last and any(v.family == "ensemble" for v in self.variants):
             raise ValueError(f"{self.name}: select_best_of_last is not supported for the 'ensemble' baseline (members)")
         if {"ood", "overview"} & set(self.figures) and not self.ood_dataset:
@@ -224,6 +243,9 @@ class ExperimentConfig:
         the first protocols left out while they hold their defaults (so older runs keep their protocol hashes)."""
         data = dataclasses.asdict(self)
         data.pop("quick")
+        for variant in data["variants"]:  # added later: variants trained from scratch keep their hashes
+            if variant.get("convert_epochs") == 0:
+                variant.pop("convert_epochs")
         for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", "")):
             if data[name] == default:  # added later: configs that keep the default keep their checkpoint hashes
                 data.pop(name)

@@ -94,12 +94,13 @@ def load_classification(name: str, split: str, data_dir: str | None = None) -> t
     return _LOADERS[name](split, data_dir)
 
 
-def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
+def build_model(config: ExperimentConfig, variant: Variant, trained: torch.nn.Module | None = None) -> torch.nn.Module:
     """The config's plain model, made Bayesian with the variant's family and prior (unless ``plain``); modules
-    named in ``variant.module_families`` get their own family (sharing the one prior)."""
+    named in ``variant.module_families`` get their own family (sharing the one prior). ``trained``: a trained plain
+    network to convert instead (``bayesianize(pretrained=True)``: its weights become the posterior means)."""
     if variant.family in BASELINES:
         return build_baseline(variant.family, lambda: make_model(config.model, **config.model_options), variant.family_options)
-    plain = make_model(config.model, **config.model_options)
+    plain = make_model(config.model, **config.model_options) if trained is None else trained
     if variant.family == "plain":
         return plain
     names = dict(plain.named_modules())
@@ -110,6 +111,8 @@ def build_model(config: ExperimentConfig, variant: Variant) -> torch.nn.Module:
         )
     prior = make_prior(variant.prior, **variant.prior_options)
     initial = {} if config.pretrained is None else {"pretrained": config.pretrained}
+    if trained is not None:
+        initial = {"pretrained": True}
     model = bayesianize(
         plain, make_family(variant.family, **variant.family_options), prior, exclude=tuple(variant.module_families), **initial
     )
@@ -203,9 +206,9 @@ def run_experiment(
     run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress)
     if train:
         pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
-        post_hoc = {v.label for v in config.variants if v.family in POST_HOC}
-        # seed by seed (a partial run still compares every variant), the post-hoc baselines after the plain run whose
-        # training they reuse
+        post_hoc = {v.label for v in config.variants if v.family in POST_HOC or v.convert_epochs}
+        # seed by seed (a partial run still compares every variant), the post-hoc baselines and the converted networks
+        # after the plain run whose training they reuse
         pending.sort(key=lambda k: (config.seeds.index(k[1]), k[0] in post_hoc))
         done = execute(pending, run, store, device=dev, workers=workers, commit=commit)
     else:
@@ -359,11 +362,16 @@ def _run_seed(
     scored: list[tuple[str, dict[str, Any]]] = []
     figure_data: dict[str, Any] = {}
     seed_everything(seed)
-    model = build_model(config, variant).to(dev)
     if distributed:
         loader = vdist.data_loader(TensorDataset(x_train, y_train), max(1, config.batch_size // world), seed=seed)
     else:
         loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
+    plain_seconds = 0.0
+    if variant.convert_epochs:  # the user's path: the plain network trained as the plain run trains it, then converted
+        trained_plain, plain_seconds = _train_plain(config, out_dir, seed, loader, n_train, warmup, dev, progress, distributed)
+        model = build_model(config, variant, trained=trained_plain).to(dev)
+    else:
+        model = build_model(config, variant).to(dev)
     tracer = None
     if (config.log_every or config.log_steps) and variant.family not in ("plain", *BASELINES):
         tracer = Tracer(config, model, validation, n_train, total_steps, seed, dev)
@@ -389,9 +397,9 @@ def _run_seed(
         if checkpoint is not None and len(trained) > 1:
             member_checkpoint = checkpoint.with_name(f"{checkpoint.stem}-member{index}{checkpoint.suffix}")
         history = fit(
-            member, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
+            member, loader, n_data=n_train, epochs=variant.convert_epochs or config.epochs, device=dev, progress=progress,
             optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
-            **_kl_weight(config, warmup, member),
+            **_kl_weight(config, 0 if variant.convert_epochs else warmup, member),
             on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
             on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
             checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
@@ -400,7 +408,7 @@ def _run_seed(
     selected_epoch = best.restore() if best is not None else None  # before any post-hoc step fits on it
     if variant.family in BASELINES:
         model = after_training(variant.family, model, loader, validation, dev)
-    train_seconds = sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
+    train_seconds = plain_seconds + sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
     results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
     for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
         results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
@@ -457,16 +465,33 @@ POST_HOC = ("temperature", "laplace")
 """Baselines that are a post-hoc step on the plain network, trained exactly as the ``plain`` variant trains it."""
 
 
-def _reuse_plain_training(config: ExperimentConfig, out_dir: str, variant: Variant, seed: int, checkpoint: Path | None) -> None:
-    """Temperature scaling and last-layer Laplace start from the plain network trained exactly as the config's
-    ``plain`` variant trains it (the same initial weights, batches and optimizer for the same seed): when that run's
-    final checkpoint exists, copy it to this run's checkpoint, so that ``fit`` resumes at the last epoch instead of
-    training the same network again. The copied checkpoint carries the plain run's training seconds, so the record's
-    ``train_seconds`` still counts the training (plus the post-hoc fit). Resumable configs only."""
-    if checkpoint is None or checkpoint.exists() or variant.family not in POST_HOC:
-        return
+def _train_plain(
+    config: ExperimentConfig, out_dir: str, seed: int, loader: Any, n_train: int, warmup: int, dev: torch.device,
+    progress: bool, distributed: bool,
+) -> tuple[torch.nn.Module, float]:  # fmt: skip
+    """The config's plain network for seed ``seed``, trained exactly as the ``plain`` variant's run trains it (its
+    finished checkpoint copied and resumed, so nothing is trained twice; else trained here from the same seed), and
+    its training seconds."""
+    plain = next(v for v in config.variants if v.family == "plain" and not v.family_options)
+    seed_everything(seed)
+    model = build_model(config, plain).to(dev)
+    checkpoint = _checkpoint_path(config, out_dir, plain, seed)
+    checkpoint = checkpoint.with_name(f"{checkpoint.stem}-for-conversion{checkpoint.suffix}")
+    _copy_plain_checkpoint(config, out_dir, seed, checkpoint)
+    t0 = time.perf_counter()
+    sidecar = Sidecar(checkpoint, None, t0)
+    fit(model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
+        optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr), **_kl_weight(config, warmup, model),
+        checkpoint=checkpoint, resume=True, on_epoch_end=sidecar, distributed=distributed,
+        checkpoint_extra=lambda: {"traces": sidecar.state()})  # fmt: skip
+    return model, sidecar.previous_seconds + time.perf_counter() - t0
+
+
+def _copy_plain_checkpoint(config: ExperimentConfig, out_dir: str, seed: int, checkpoint: Path) -> None:
+    """Copy the ``plain`` variant's finished checkpoint for ``seed`` (if there is one) to ``checkpoint`` (if that does
+    not exist yet)."""
     plain = next((v for v in config.variants if v.family == "plain" and not v.family_options), None)
-    if plain is None:
+    if plain is None or checkpoint.exists():
         return
     source = _checkpoint_path(config, out_dir, plain, seed)
     state = committed_state(source)
@@ -476,6 +501,16 @@ def _reuse_plain_training(config: ExperimentConfig, out_dir: str, variant: Varia
     tmp = checkpoint.with_suffix(".copy")
     shutil.copyfile(source, tmp)
     os.replace(tmp, checkpoint)
+
+
+def _reuse_plain_training(config: ExperimentConfig, out_dir: str, variant: Variant, seed: int, checkpoint: Path | None) -> None:
+    """Temperature scaling and last-layer Laplace start from the plain network trained exactly as the config's
+    ``plain`` variant trains it (the same initial weights, batches and optimizer for the same seed): when that run's
+    final checkpoint exists, copy it to this run's checkpoint, so that ``fit`` resumes at the last epoch instead of
+    training the same network again. The copied checkpoint carries the plain run's training seconds, so the record's
+    ``train_seconds`` still counts the training (plus the post-hoc fit). Resumable configs only."""
+    if checkpoint is not None and variant.family in POST_HOC:
+        _copy_plain_checkpoint(config, out_dir, seed, checkpoint)
 
 
 def _figures(
