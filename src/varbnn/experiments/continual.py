@@ -48,6 +48,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )  # fmt: skip
+from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.families import make_family
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
@@ -342,6 +343,8 @@ def run_vcl(
 
 
 def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+    """The page of a saved ``vcl-split-fmnist*`` result: the accuracy of every head after every task per variant
+    (``mean ± se`` over seeds), the final mean accuracies and, for the search, each family's choice."""
     n_tasks = len(result["config"]["tasks"])
     lines = [
         f"# {result['name']}",
@@ -350,32 +353,23 @@ def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> st
         "accuracy of each head after each task (Monte Carlo predictive), mean ± standard error over seeds; `mean` is the "
         "average over the heads seen so far, `val mean` the same on the held-out 10% of the training set.",
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}` (each run's own commit and device are in the `_runs.jsonl` file)",
-        f"- device of this invocation: {result['device']}; devices that trained the runs: {', '.join(result['run_devices'])}",
-        f"- wall time of this invocation: {result['seconds']:.1f} s; training seconds per run: "
+        *provenance_lines(result, runs_note=True, run_devices=True),
+        "- training seconds per run: "
         + "; ".join(f"{k}: {sum(v) / max(len(v), 1):.0f}" for k, v in result["train_seconds"].items()),
         "",
-        "| variant | after task | seeds | " + " | ".join(f"head {j + 1}" for j in range(n_tasks)) + " | mean | val mean |",
-        "|" + "---|" * (n_tasks + 5),
     ]
-
-    def cell(entry: Any) -> str:
-        if entry is None:
-            return ""
-        mean, se = entry
-        return f"{mean:.4f}" + (f" ± {se:.4f}" if not math.isnan(se) else "")
-
-    for row in result["rows"]:
-        heads = [cell(row.get(f"head{j + 1}")) for j in range(n_tasks)]
-        lines.append(
-            f"| {row['variant']} | {row['after_task']} | {row['seeds']} | " + " | ".join(heads)
-            + f" | {cell(row['mean'])} | {cell(row['val_mean'])} |"
-        )  # fmt: skip
+    header = ["variant", "after task", "seeds", *(f"head {j + 1}" for j in range(n_tasks)), "mean", "val mean"]
+    rows = [
+        [row["variant"], str(row["after_task"]), str(row["seeds"]),
+         *(mean_se(row.get(f"head{j + 1}"), 4, missing="") for j in range(n_tasks)),
+         mean_se(row["mean"], 4), mean_se(row["val_mean"], 4)]
+        for row in result["rows"]
+    ]  # fmt: skip
+    lines += markdown_table(header, rows)
     final = [r for r in result["rows"] if r["after_task"] == n_tasks]
     if final:
         lines += ["", "Mean accuracy over the 5 heads after the last task: "
-                  + "; ".join(f"{r['variant']} {cell(r['mean'])}" for r in final) + "."]  # fmt: skip
+                  + "; ".join(f"{r['variant']} {mean_se(r['mean'], 4)}" for r in final) + "."]  # fmt: skip
     if str(result["name"]).startswith("vcl-split-fmnist-search"):
         lines += ["", "Selected by the validation mean accuracy after the last task (the test columns play no part): "
                   + "; ".join(f"{family}: {label} ({value:.4f})" for family, (label, value) in selection(result).items())

@@ -53,6 +53,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )
+from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
@@ -407,16 +408,8 @@ def _device_text(dev: torch.device, world: int) -> str:
     return describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
 
 
-def _cell(entry: Any, digits: int = 4, percent: bool = False) -> str:
-    if entry is None:
-        return "–"
-    mean, se = entry
-    scale = 100.0 if percent else 1.0
-    text = f"{mean * scale:.{digits}f}"
-    return text + (f" ± {se * scale:.{digits}f}" if not math.isnan(se) else "")
-
-
 def render_graves_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+    """The page of a saved ``graves-mnist`` result: table 1's analogue, one row per variant (``mean ± se`` over seeds)."""
     config = result["config"]
     lines = [
         f"# {result['name']}",
@@ -429,22 +422,19 @@ def render_graves_markdown(result: dict[str, Any], figure: str | None = None) ->
         "their uniform code length (N log2 10 bits); defined only for Gaussian posteriors with a proper prior. "
         "Mean ± standard error over seeds.",
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}` (each run's own commit and device are in the `_runs.jsonl` file)",
-        f"- device of this invocation: {result['device']}; devices that trained the runs: {', '.join(result['run_devices'])}",
-        f"- wall time of this invocation: {result['seconds']:.1f} s",
+        *provenance_lines(result, runs_note=True, run_devices=True),
         "",
-        "| name | posterior | prior | early stop | error (mode) % | error (MC) % | test NLL (MC) | epochs | ratio | L^E bits "
-        "| L^C bits | bits/weight | train s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['variant']} | {r['posterior']} | {r['prior']} | {'yes' if r['early_stopping'] else 'no'} | "
-            f"{_cell(r['test_error_mode'], 2, True)} | {_cell(r['test_error_mc'], 2, True)} | {_cell(r['test_nll_mc'])} | "
-            f"{_cell(r['epochs'], 0)} | {_cell(r['ratio'])} | {_cell(r['error_bits'], 0)} | {_cell(r['complexity_bits'], 0)} | "
-            f"{_cell(r['bits_per_weight'], 3)} | {_cell(r['train_seconds'], 0)} |"
-        )
+    header = ["name", "posterior", "prior", "early stop", "error (mode) %", "error (MC) %", "test NLL (MC)", "epochs", "ratio",
+              "L^E bits", "L^C bits", "bits/weight", "train s"]  # fmt: skip
+    rows = [
+        [r["variant"], r["posterior"], r["prior"], "yes" if r["early_stopping"] else "no",
+         mean_se(r["test_error_mode"], 2, 100.0), mean_se(r["test_error_mc"], 2, 100.0), mean_se(r["test_nll_mc"], 4),
+         mean_se(r["epochs"], 0), mean_se(r["ratio"], 4), mean_se(r["error_bits"], 0), mean_se(r["complexity_bits"], 0),
+         mean_se(r["bits_per_weight"], 3), mean_se(r["train_seconds"], 0)]
+        for r in result["rows"]
+    ]  # fmt: skip
+    lines += markdown_table(header, rows)
     if figure:
         lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"
@@ -611,6 +601,7 @@ def prune_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render_prune_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+    """The page of a saved ``graves-prune`` result: table 2's analogue, one row per lambda, and the paper's claims."""
     config, claims = result["config"], result["claims"]
     lines = [
         f"# {result['name']}",
@@ -621,19 +612,19 @@ def render_prune_markdown(result: dict[str, Any], figure: str | None = None) -> 
         "lowest training error loss, 'retrain epochs'). Bits/weight = mean complexity cost (eq. 13) of the kept weights, "
         "after pruning / after retraining.",
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}`; device: {result['device']}; wall time: {result['seconds']:.1f} s",
+        # results saved by the engine list the runs' devices; their runs are in the runs file
+        *provenance_lines(result, runs_note="run_devices" in result, run_devices=True),
         "",
-        "| lambda | weights | percent | initial error % | retrain error % | retrain epochs | bits/weight "
-        "| bits/weight after retrain |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['lambda']} | {r['weights']:,} | {r['percent']:.1f}% | {100 * r['initial_error']:.2f} | "
-            f"{100 * r['retrain_error']:.2f} | {r['retrain_epochs']} | {r['bits_per_weight']:.2f} | "
-            f"{r['retrain_bits_per_weight']:.2f} |"
-        )
+    header = ["lambda", "weights", "percent", "initial error %", "retrain error %", "retrain epochs", "bits/weight",
+              "bits/weight after retrain"]  # fmt: skip
+    rows = [
+        [str(r["lambda"]), f"{r['weights']:,}", f"{r['percent']:.1f}%", f"{100 * r['initial_error']:.2f}",
+         f"{100 * r['retrain_error']:.2f}", str(r["retrain_epochs"]), f"{r['bits_per_weight']:.2f}",
+         f"{r['retrain_bits_per_weight']:.2f}"]
+        for r in result["rows"]
+    ]  # fmt: skip
+    lines += markdown_table(header, rows)
     if claims:
         rise, sharp = claims["max_rise_up_to_0.5"], claims["max_rise_above_0.5"]
         lines += [

@@ -4,18 +4,88 @@ The numbers and the run's provenance (command, commit, device, seconds) are the 
 Each experiment's page is drawn by the renderer its entry in :func:`varbnn.experiments.catalog.experiment` names
 (:func:`renderer_for`); the generic runner's configs by :func:`render_markdown`. Figures are linked when their files
 lie beside the JSON (they are not redrawn).
+
+Every page is drawn with the same helpers: :func:`markdown_table` (a table from flat rows of formatted cells),
+:func:`mean_se` (a ``mean ± se`` cell) and :func:`provenance_lines` (the command, commit, device and wall-time bullets).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from varbnn.experiments.engine import git_commit, read_result
 
-__all__ = ["renderer_for", "render_result", "render_saved", "SPECIAL_PAGES"]
+__all__ = [
+    "renderer_for", "render_result", "render_saved", "SPECIAL_PAGES", "markdown_table", "mean_se", "provenance_lines",
+    "MISSING", "RIGHT",
+]  # fmt: skip
+
+MISSING = "–"
+"""The cell of a value a page does not have (a variant not run, a NaN)."""
+
+RIGHT = "---:"
+"""The separator of a right-aligned column of :func:`markdown_table` (``"---"``: the default, left as Markdown has it)."""
+
+
+# -- the helpers every experiment's page is drawn with ---------------------------------------------------------------
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: Sequence[str] | None = None) -> list[str]:
+    """The lines of a Markdown table: ``header``, a separator line of ``align`` (one entry per column, e.g. ``"---"``, the
+    default, or :data:`RIGHT`), and one line per row of ``rows``, each a flat sequence of already-formatted cells, one
+    per column. Raises ``ValueError`` for a row or an ``align`` of another length than the header."""
+    header = list(header)
+    align = ["---"] * len(header) if align is None else list(align)
+    if len(align) != len(header):
+        raise ValueError(f"align has {len(align)} entries for {len(header)} columns")
+    lines = ["| " + " | ".join(header) + " |", "|" + "".join(a + "|" for a in align)]
+    for row in rows:
+        cells = list(row)
+        if len(cells) != len(header):
+            raise ValueError(f"a row of {len(cells)} cells for {len(header)} columns: {cells}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def mean_se(
+    entry: Sequence[float] | None, digits: int, scale: float = 1.0, count: int | None = None, missing: str = MISSING
+) -> str:
+    """``"mean ± se"`` of ``entry = (mean, standard error)`` (as :func:`varbnn.metrics.mean_and_standard_error` gives
+    it), both times ``scale`` with ``digits`` decimals; the ``± se`` part left out when the standard error is NaN (one
+    run); ``" [count]"`` appended when ``count`` is given. ``missing`` for ``entry=None``."""
+    if entry is None:
+        return missing
+    mean, se = entry
+    text = f"{mean * scale:.{digits}f}" + ("" if math.isnan(se) else f" ± {se * scale:.{digits}f}")
+    return text if count is None else f"{text} [{count}]"
+
+
+def provenance_lines(
+    result: Mapping[str, Any],
+    *,
+    runs_note: bool = False,
+    run_commits: bool = False,
+    run_devices: bool = False,
+    seconds_digits: int = 1,
+) -> list[str]:
+    """The provenance bullets of a page, the same on every page: the command, the commit, the device and the wall time
+    of the invocation that wrote ``result`` (a saved result: ``command``, ``commit``, ``device``, ``seconds``, as
+    :func:`varbnn.experiments.engine.provenance` gives them; ``seconds`` with ``seconds_digits`` decimals).
+    ``runs_note``: the commit's bullet says that each run's own commit and device are in the ``_runs.jsonl`` file;
+    ``run_commits`` / ``run_devices``: a bullet listing the result's ``run_commits`` / ``run_devices`` (the commits and
+    devices that trained its runs), left out when the result has none."""
+    note = " (each run's own commit and device are in the `_runs.jsonl` file)" if runs_note else ""
+    lines = [f"- command: `{result['command']}`", f"- commit: `{result['commit']}`{note}"]
+    if run_commits and result.get("run_commits"):
+        lines.append("- commits that trained the runs: " + ", ".join(f"`{c}`" for c in result["run_commits"]))
+    lines.append(f"- device: {result['device']}")
+    if run_devices and result.get("run_devices"):
+        lines.append("- devices that trained the runs: " + ", ".join(result["run_devices"]))
+    lines.append(f"- wall time of this invocation: {result['seconds']:.{seconds_digits}f} s")
+    return lines
 
 
 def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | None:
@@ -71,7 +141,7 @@ def render_saved(path: str | Path, rendered_at: str | None = None) -> Path:
 def _format(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
-            return "–"
+            return MISSING
         if value.is_integer() and abs(value) >= 1000:
             return f"{int(value):,}"
         return f"{value:.4g}"
@@ -91,18 +161,17 @@ _LEGEND = {
 }
 
 
+def _cell(row: Mapping[str, Any], key: str) -> str:
+    """``row[key]`` formatted, with ``± row[key_sem]`` where the row has a finite SEM (not for ``*_wsem`` columns)."""
+    cell = _format(row.get(key, float("nan")))
+    sem = row.get(f"{key}_sem")
+    if not key.endswith("_wsem") and isinstance(sem, float) and not math.isnan(sem):
+        cell += f" ± {_format(sem)}"
+    return cell
+
+
 def _table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for row in rows:
-        cells = []
-        for key in keys:
-            cell = _format(row.get(key, float("nan")))
-            sem = row.get(f"{key}_sem")
-            if not key.endswith("_wsem") and isinstance(sem, float) and not math.isnan(sem):
-                cell += f" ± {_format(sem)}"
-            cells.append(cell)
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return markdown_table(keys, ([_cell(row, key) for key in keys] for row in rows))
 
 
 # Published numbers shown beside a config's own results (kept out of ExperimentConfig, whose hash names the
@@ -113,16 +182,20 @@ PAPER_TABLES: dict[str, list[str]] = {
         "MNIST; architecture = units kept per layer. Goal of this reproduction: <= 1.0% error with <= 15K parameters "
         "and <= 120K FLOPs.",
         "",
-        "| method | architecture | FLOPs | parameters | error |",
-        "|---|---|---:|---:|---:|",
-        "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |",
-        "| BC-GNJ | 8-13-88-13 | 307K | 22K | 1.0% |",
-        "| BC-GHS | 5-10-76-16 | 169K | 15K | 1.0% |",
-        "| FDOO(100K) | 2-7-112-478 | 119K | 66K | 1.1% |",
-        "| FDOO(200K) | 3-8-128-499 | 163K | 81K | 1.0% |",
-        "| GL | 3-12-192-500 | 236K | 134K | 1.0% |",
-        "| GD | 7-13-208-16 | 298K | 49K | 1.1% |",
-        "| SBP | 3-18-284-283 | 295K | 164K | 0.9% |",
+        *markdown_table(
+            ["method", "architecture", "FLOPs", "parameters", "error"],
+            [
+                ["RDP (paper)", "4-7-110-66", "125K", "20K", "1.0%"],
+                ["BC-GNJ", "8-13-88-13", "307K", "22K", "1.0%"],
+                ["BC-GHS", "5-10-76-16", "169K", "15K", "1.0%"],
+                ["FDOO(100K)", "2-7-112-478", "119K", "66K", "1.1%"],
+                ["FDOO(200K)", "3-8-128-499", "163K", "81K", "1.0%"],
+                ["GL", "3-12-192-500", "236K", "134K", "1.0%"],
+                ["GD", "7-13-208-16", "298K", "49K", "1.1%"],
+                ["SBP", "3-18-284-283", "295K", "164K", "0.9%"],
+            ],
+            ["---", "---", RIGHT, RIGHT, RIGHT],
+        ),
     ],
 }
 PAPER_TABLES["lenet5-prune-published"] = PAPER_TABLES["lenet5-prune"]
@@ -153,7 +226,7 @@ _PRUNE_COLUMNS = (  # (header, key suffix after the rule's prefix; for the stage
 
 
 def _percent(value: Any) -> str:
-    return "–" if isinstance(value, float) and math.isnan(value) else f"{100 * float(value):.2f}%"
+    return MISSING if isinstance(value, float) and math.isnan(value) else f"{100 * float(value):.2f}%"
 
 
 def _prune_keys(keys: list[str]) -> list[str]:
@@ -165,8 +238,8 @@ def _prune_table(rows: list[dict[str, Any]]) -> list[str]:
     """One row per (variant, pruning rule): the exported model's architecture, size, errors and retraining. The staged
     rule's model is retrained inside each stage, so its errors go in the retrained columns."""
     header = ["variant", "rule", *(h for h, _ in _PRUNE_COLUMNS)]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|---|" + "---:|" * (len(header) - 3)]
-    stages = []
+    table: list[list[str]] = []
+    stages: list[str] = []
     for row in rows:
         for label, prefix, _ in _PRUNE_RULES:
             if f"{prefix}_architecture" not in row:
@@ -175,9 +248,10 @@ def _prune_table(rows: list[dict[str, Any]]) -> list[str]:
             if prefix == "iter_pruned":
                 values["finetuned_test_error"], values["test_error"] = values["test_error"], float("nan")
                 values["finetuned_epoch"] = f"{len(str(row.get('iter_pruned_stages', '')).split(' > '))} stages"
-                stages.append(f"- {row['variant']}, staged rule: {row.get('iter_pruned_stages', '–')}")
+                stages.append(f"- {row['variant']}, staged rule: {row.get('iter_pruned_stages', MISSING)}")
             cells = [_percent(v) if suffix.endswith("error") else _format(v) for suffix, v in values.items()]
-            lines.append("| " + " | ".join([str(row["variant"]), label, *cells]) + " |")
+            table.append([str(row["variant"]), label, *cells])
+    lines = markdown_table(header, table, ["---"] * 3 + [RIGHT] * (len(header) - 3))
     rules = [f"- {label}: {text}" for label, _, text in _PRUNE_RULES]
     notes = [
         "Pruning rules (architecture = units kept per layer; parameters and FLOPs of the exported plain model, Oh et "
@@ -208,10 +282,7 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
         "",
         result["config"].get("description", ""),
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}`",
-        f"- device: {result['device']}",
-        f"- wall time: {result['seconds']:.1f} s",
+        *provenance_lines(result),
     ]
     if "n_train" in result:
         lines.append(f"- training examples: {result['n_train']}, optimizer steps per run: {result['steps']}")

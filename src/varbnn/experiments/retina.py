@@ -65,6 +65,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )  # fmt: skip
+from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.families import make_family
 from varbnn.metrics import auroc, mean_and_standard_error
 from varbnn.nn.base import sample_mode
@@ -417,6 +418,8 @@ def _summarise(config: RetinaConfig, records: list[dict[str, Any]]) -> list[dict
 
 
 def render_retina_markdown(result: dict[str, Any], figure: str) -> str:
+    """The page of a saved ``retina-*`` result: the referral table (AUROC and accuracy per referred fraction, ``mean ±
+    se`` over seeds) or the robustness table (shares of configurations per family)."""
     config = result["config"]
     lines = [
         f"# {result['name']}",
@@ -432,31 +435,24 @@ def render_retina_markdown(result: dict[str, Any], figure: str) -> str:
             "The paper: mean-field 82% / 11%, radial 39% / 44%."
         ),
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}`; runs trained at {', '.join(f'`{c}`' for c in result['run_commits'])}",
-        f"- device of the runs: {', '.join(result['run_devices'])}",
+        *provenance_lines(result, runs_note=True, run_commits=True, run_devices=True),
         f"- training time, all runs: {result['train_seconds']:.0f} s; epochs {config['epochs']}, VGG width {config['width']}",
         "",
     ]
-
-    def cell(entry: Any) -> str:
-        mean, se = entry
-        return f"{mean:.4f}" + (f" ± {se:.4f}" if not math.isnan(se) else "")
-
     if config["kind"] == "referral":
-        lines += ["| family | referred | seeds | AUROC | accuracy |", "|---|---|---|---|---|"]
-        for row in result["rows"]:
-            lines.append(
-                f"| {row['family']} | {row['referred']:.0%} | {row['seeds']} | {cell(row['auroc'])} | {cell(row['accuracy'])} |"
-            )
+        rows = [
+            [row["family"], f"{row['referred']:.0%}", str(row["seeds"]), mean_se(row["auroc"], 4), mean_se(row["accuracy"], 4)]
+            for row in result["rows"]
+        ]
+        lines += markdown_table(["family", "referred", "seeds", "AUROC", "accuracy"], rows)
     else:
-        lines += ["| family | configs (distinct) | no better than chance | good AUROC | median AUROC | best AUROC | diverged |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for row in result["rows"]:
-            lines.append(
-                f"| {row['family']} | {row['configs']} ({row['distinct']}) | {row['no_better_than_chance']:.0%} | "
-                f"{row['good']:.0%} "
-                f"(>= {row['good_threshold']:.3f}) | {row['median_auroc']:.4f} | {row['best_auroc']:.4f} | {row['diverged']} |"
-            )
+        rows = [
+            [row["family"], f"{row['configs']} ({row['distinct']})", f"{row['no_better_than_chance']:.0%}",
+             f"{row['good']:.0%} (>= {row['good_threshold']:.3f})", f"{row['median_auroc']:.4f}", f"{row['best_auroc']:.4f}",
+             str(row["diverged"])]
+            for row in result["rows"]
+        ]  # fmt: skip
+        header = ["family", "configs (distinct)", "no better than chance", "good AUROC", "median AUROC", "best AUROC", "diverged"]
+        lines += markdown_table(header, rows)
     lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"

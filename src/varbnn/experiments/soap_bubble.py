@@ -42,6 +42,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )
+from varbnn.experiments.render import markdown_table, provenance_lines
 from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.nn.base import BayesianModule
@@ -210,14 +211,24 @@ def render_soap_bubble_markdown(result: dict[str, Any], figures: list[str]) -> s
     """The page of a saved ``soap-bubble`` result (``figures``: the file names of its figures)."""
     config = result["config"]
     kernel_shape = tuple(config["kernel_shape"])
+    distance = result["kernel"]["mean_distance"]
+    kernel_rows = [
+        [f"{s:g}", f"{distance[f'meanfield@{s:g}']:.4g}", f"{distance[f'radial@{s:g}']:.4g}"] for s in config["sigmas"]
+    ]
+    shown = (0, 1, 2, 5, 10, 20, 30, config["epochs"])  # the epochs in the training table
+    training_rows = [
+        [run["family"], f"{run['weights']:,}", str(h["epoch"]), f"{h.get('train_loss', float('nan')):.4f}",
+         f"{h.get('train_accuracy', float('nan')):.4f}", f"{h['distance']:.4g}"]
+        for run in result["training"]
+        for h in run["history"]
+        if h["epoch"] in shown and "train_loss" in h or h["epoch"] == 0
+    ]  # fmt: skip
     lines = [
         f"# {result['name']}",
         "",
         "The soap bubble (Farquhar et al. 2020, Fig. 1, 3, 8): distance of weight samples from the mode.",
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}`",
-        f"- device: {result['device']}; wall time {result['seconds']:.0f} s",
+        *provenance_lines(result, seconds_digits=0),
         "",
         f"Kernel {kernel_shape} (D = {result['kernel']['dim']:,}), mean distance ||w - mu|| of {config['kernel_samples']} "
         "samples "
@@ -225,26 +236,16 @@ def render_soap_bubble_markdown(result: dict[str, Any], figures: list[str]) -> s
         f"{math.sqrt(result['kernel']['dim']):.0f} sigma; "
         "radial sigma * sqrt(2/pi) = 0.80 sigma):",
         "",
-        "| sigma | mean-field | radial |",
-        "|---|---|---|",
-        *[
-            f"| {s:g} | {result['kernel']['mean_distance'][f'meanfield@{s:g}']:.4g} | "
-            f"{result['kernel']['mean_distance'][f'radial@{s:g}']:.4g} |"
-            for s in config["sigmas"]
-        ],  # fmt: skip
+        *markdown_table(["sigma", "mean-field", "radial"], kernel_rows),
         "",
         f"Training MLP 784-{'-'.join(map(str, config['hidden']))}-10 on MNIST with the full ELBO (no KL down-weighting), Adam "
         f"{config['lr']:g}, batch {config['batch_size']}, initial sigma {config['init_std']:.3g}, {config['epochs']} epochs:",
         "",
-        "| family | weights | epoch | train loss (-ELBO / N) | train accuracy (one draw) | distance from mode |",
-        "|---|---|---|---|---|---|",
+        *markdown_table(
+            ["family", "weights", "epoch", "train loss (-ELBO / N)", "train accuracy (one draw)", "distance from mode"],
+            training_rows,
+        ),
+        "",
+        *[f"![{f}]({f})" for f in figures],
     ]
-    for run in result["training"]:
-        for h in run["history"]:
-            if h["epoch"] in (0, 1, 2, 5, 10, 20, 30, config["epochs"]) and "train_loss" in h or h["epoch"] == 0:
-                lines.append(
-                    f"| {run['family']} | {run['weights']:,} | {h['epoch']} | {h.get('train_loss', float('nan')):.4f} | "
-                    f"{h.get('train_accuracy', float('nan')):.4f} | {h['distance']:.4g} |"
-                )
-    lines += ["", *[f"![{f}]({f})" for f in figures]]
     return "\n".join(lines) + "\n"

@@ -53,6 +53,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )
+from varbnn.experiments.render import MISSING, markdown_table, mean_se, provenance_lines
 from varbnn.families import make_family
 from varbnn.likelihoods import GammaPrecisionGaussian
 from varbnn.metrics import mean_and_standard_error
@@ -424,8 +425,11 @@ def run_uci(
 
 
 def render_uci_markdown(result: dict[str, Any]) -> str:
-    only = result["config"].get("only")
-    labels = [v["label"] for v in result["config"]["variants"] if only is None or v["label"] in only]
+    """The page of a saved ``uci`` result: test LL per dataset and variant against the reference (and the protocol's LL
+    ceiling where saved), then RMSE, each ``mean ± se [splits]`` over the splits run."""
+    config = result["config"]
+    only = config.get("only")
+    labels = [v["label"] for v in config["variants"] if only is None or v["label"] in only]
     has_ceiling = any("ll_ceiling" in row for row in result["rows"])  # results saved before the ceiling: no column
     lines = [
         f"# {result['name']}",
@@ -433,35 +437,21 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
         "UCI regression, test log-likelihood (nats per point, original units) and RMSE, mean ± standard error over the "
         "splits run (count in brackets). Reference: best of VI / PBP / Dropout / VMG as listed by Oh et al.",
         "",
-        f"- command: `{result['command']}`",
-        f"- commit: `{result['commit']}` (each split's own commit and device are in the `_runs.jsonl` file)",
-        f"- device: {result['device']}",
-        f"- wall time of this invocation: {result['seconds']:.1f} s",
-        f"- noise precision: Gamma({result['config']['prior_shape']:g}, {result['config']['prior_rate']:g}) prior, "
-        f"Gamma posterior fitted {NOISE_UPDATE_TEXT[result['config'].get('noise_update', 'gradient')]}; protocol hash "
-        f"`{result['protocol']}`",
-        f"- training: {result['config'].get('epochs', 40)} epochs per split, at least {result['config'].get('min_steps', 5000)} "
-        f"optimizer steps, batch {result['config'].get('batch_size', 32)}, Adam {result['config'].get('lr', 1e-3):g}",
+        *provenance_lines(result, runs_note=True),
+        f"- noise precision: Gamma({config['prior_shape']:g}, {config['prior_rate']:g}) prior, Gamma posterior fitted "
+        f"{NOISE_UPDATE_TEXT[config.get('noise_update', 'gradient')]}; protocol hash `{result['protocol']}`",
+        f"- training: {config.get('epochs', 40)} epochs per split, at least {config.get('min_steps', 5000)} optimizer "
+        f"steps, batch {config.get('batch_size', 32)}, Adam {config.get('lr', 1e-3):g}",
         "",
-        "| dataset | reference LL | " + ("LL ceiling | " if has_ceiling else "")
-        + " | ".join(f"{label} LL" for label in labels)
-        + " | best varbnn beats reference |",
-        "|" + "---|" * (len(labels) + 3 + has_ceiling),
-    ]  # fmt: skip
+    ]
+    ll_rows: list[list[str]] = []
+    rmse_rows: list[list[str]] = []
     wins = compared = 0
     unreachable: list[str] = []
     for row in result["rows"]:
-        cells, best = [], -math.inf
-        for label in labels:
-            entry = row.get(label)
-            if entry is None:
-                cells.append("–")
-                continue
-            (ll, ll_se), splits = entry["ll"], entry["splits"]
-            se = f" ± {ll_se:.2f}" if not math.isnan(ll_se) else ""
-            cells.append(f"{ll:.2f}{se} [{splits}]")
-            best = max(best, ll)
-        verdict = "–"
+        entries = [row.get(label) for label in labels]
+        best = max([-math.inf, *(e["ll"][0] for e in entries if e is not None)])  # NaN: not counted
+        verdict = MISSING
         if best > -math.inf:
             compared += 1
             wins += best > row["reference_ll"]
@@ -469,13 +459,12 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
         ceiling = row.get("ll_ceiling")
         if ceiling is not None and row["reference_ll"] > ceiling:
             unreachable.append(row["dataset"])
-        ceiling_text = "–" if ceiling is None else f"{ceiling:.2f}"
-        lines.append(
-            f"| {row['dataset']} | {row['reference_ll']:.2f} | "
-            + (f"{ceiling_text} | " if has_ceiling else "")
-            + " | ".join(cells)
-            + f" | {verdict} |"
-        )
+        ceiling_cells = [MISSING if ceiling is None else f"{ceiling:.2f}"] if has_ceiling else []
+        ll_cells = [mean_se(e["ll"], 2, count=e["splits"]) if e else MISSING for e in entries]
+        ll_rows.append([row["dataset"], f"{row['reference_ll']:.2f}", *ceiling_cells, *ll_cells, verdict])
+        rmse_rows.append([row["dataset"], *(mean_se(e["rmse"], 3) if e else MISSING for e in entries)])
+    ll_header = ["dataset", "reference LL", *(["LL ceiling"] if has_ceiling else []), *(f"{label} LL" for label in labels)]
+    lines += markdown_table([*ll_header, "best varbnn beats reference"], ll_rows)
     lines += ["", f"Best varbnn family above the reference on {wins} of {compared} datasets run."]
     if any(row.get("ll_ceiling") is not None for row in result["rows"]):
         lines += [
@@ -490,16 +479,5 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
                 else "Every reference lies below it."
             ),
         ]
-    lines.append("")
-    lines += ["| dataset | " + " | ".join(f"{label} RMSE" for label in labels) + " |", "|" + "---|" * (len(labels) + 1)]
-    for row in result["rows"]:
-        cells = []
-        for label in labels:
-            entry = row.get(label)
-            if entry is None:
-                cells.append("–")
-                continue
-            rmse, rmse_se = entry["rmse"]
-            cells.append(f"{rmse:.3f}" + (f" ± {rmse_se:.3f}" if not math.isnan(rmse_se) else ""))
-        lines.append(f"| {row['dataset']} | " + " | ".join(cells) + " |")
+    lines += ["", *markdown_table(["dataset", *(f"{label} RMSE" for label in labels)], rmse_rows)]
     return "\n".join(lines) + "\n"

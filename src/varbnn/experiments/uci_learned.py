@@ -61,6 +61,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )
+from varbnn.experiments.render import MISSING, markdown_table, mean_se, provenance_lines
 from varbnn.experiments.uci import N_SPLITS, REFERENCE_LL, SMALLEST_FIRST, UCIVariant
 from varbnn.families import make_family
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
@@ -312,14 +313,6 @@ def _list(values: Any) -> str:
     return ", ".join(f"{v:g}" for v in values)
 
 
-def _cell(entry: dict[str, Any] | None, key: str, digits: int) -> str:
-    if entry is None:
-        return "–"
-    mean, se = entry[key]
-    text = f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
-    return text + (f" [{entry['splits']}]" if key == "ll" else "")
-
-
 def render_uci_learned_markdown(result: dict[str, Any]) -> str:
     """The page: LL and RMSE per dataset and variant, the two references, and issue 30's three goals."""
     config = result["config"]
@@ -329,20 +322,19 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         f"# {result['name']}", "",
         "UCI regression under the learned-noise protocol (`varbnn.experiments.uci_learned`): test log-likelihood (nats "
         "per point, original units) and RMSE, mean ± standard error over the splits run [count].", "",
-        f"- command: `{result['command']}`", f"- commit: `{result['commit']}` (each run's own commit and device are in "
-        "the `_runs.jsonl` file)", f"- device: {result['device']}", f"- wall time of this invocation: {result['seconds']:.1f} s",
+        *provenance_lines(result, runs_note=True),
         f"- search: prior scales {_list(config['prior_scales'])} (MC dropout: rates {_list(config['dropout_rates'])}) x "
         f"epochs {_list(config['epochs'])} (each at most {config['max_steps']} steps) by the log-likelihood of "
         f"{config['validation_fraction']:g} of each training split; protocol hash `{result['protocol']}`", "",
-        "| dataset | best of VI/PBP/Dropout/VMG | deep ensembles (paper) | " + " | ".join(labels) + " |",
-        "|" + "---|" * (len(labels) + 3),
     ]  # fmt: skip
+    ll_rows: list[list[str]] = []
+    rmse_rows: list[list[str]] = []
     wins_ref = wins_ens = rdp_ahead = compared = rdp_compared = 0
     for row in result["rows"]:
-        lines.append(
-            f"| {row['dataset']} | {row['reference_ll']:.2f} | {row['ensemble_ll']:.2f} | "
-            + " | ".join(_cell(row.get(label), "ll", 2) for label in labels) + " |"
-        )  # fmt: skip
+        entries = [row.get(label) for label in labels]
+        ll_rows.append([row["dataset"], f"{row['reference_ll']:.2f}", f"{row['ensemble_ll']:.2f}",
+                        *(mean_se(e["ll"], 2, count=e["splits"]) if e else MISSING for e in entries)])  # fmt: skip
+        rmse_rows.append([row["dataset"], *(mean_se(e["rmse"], 3) if e else MISSING for e in entries)])
         best = max((row[f]["ll"][0] for f in families if f in row), default=None)
         if best is not None:
             compared += 1
@@ -351,13 +343,12 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         if "RDP (double)" in row and "mean-field" in row:
             rdp_compared += 1
             rdp_ahead += row["RDP (double)"]["ll"][0] >= row["mean-field"]["ll"][0]
+    lines += markdown_table(["dataset", "best of VI/PBP/Dropout/VMG", "deep ensembles (paper)", *labels], ll_rows)
     lines += [
         "", f"- best varbnn family above the best of VI/PBP/Dropout/VMG on {wins_ref} of {compared} sets run (goal: >= 6 of 9)",
         f"- above the deep-ensemble paper's numbers on {wins_ens} of {compared} (goal: >= 4 of 9)",
         f"- RDP at or above mean-field on {rdp_ahead} of {rdp_compared} (goal: >= 5 of 9)", "",
-        "| dataset | " + " | ".join(f"{label} RMSE" for label in labels) + " |", "|" + "---|" * (len(labels) + 1),
+        *markdown_table(["dataset", *(f"{label} RMSE" for label in labels)], rmse_rows),
     ]  # fmt: skip
-    for row in result["rows"]:
-        lines.append(f"| {row['dataset']} | " + " | ".join(_cell(row.get(label), "rmse", 3) for label in labels) + " |")
     lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
     return "\n".join(lines) + "\n"
