@@ -611,6 +611,56 @@ def test_post_hoc_baselines_reuse_the_plain_runs_training(tmp_path):
     assert alone["rows"][0]["nll"] == pytest.approx(rows["temperature"]["nll"], rel=1e-6)
 
 
+def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_phases(tmp_path):
+    """convert_epochs: the plain network is the plain run's (reused from its finished checkpoint, or trained again
+    from the same seed: the same weights either way), converted with its weights as the posterior means, then trained
+    N epochs; the record's training time counts the plain phase too."""
+    from varbnn.experiments.runner import _train_plain
+
+    base = _baselines_config()
+    config = dataclasses.replace(
+        base, name="convert", eval_samples=2,
+        variants=(Variant("MeanField, converted", family="meanfield", convert_epochs=1), Variant("plain", family="plain")),
+    )  # fmt: skip
+    result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
+    rows = {r["variant"]: r for r in result["rows"]}
+    checkpoints = {p.stem: p for p in (tmp_path / ".checkpoints").rglob("*.pt")}
+    plain = read_checkpoint(checkpoints["plain-seed0"])
+    reused = read_checkpoint(checkpoints["plain-seed0-for-conversion"])  # copied, resumed at its last epoch
+    converted = read_checkpoint(checkpoints["MeanField--converted-seed0"])
+    assert reused["epoch"] == plain["epoch"] == 2 and converted["epoch"] == 1
+    for name, tensor in plain["model"].items():
+        assert torch.equal(tensor, reused["model"][name])
+    assert rows["MeanField, converted"]["train_seconds"] >= plain["extra"]["traces"]["train_seconds"] > 0
+    # without the plain run's checkpoint the plain phase trains the same network again
+    from varbnn.experiments.runner import _data
+
+    d = _data(config, None)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(d["x_train"], d["y_train"]), batch_size=128,
+                                         shuffle=True)  # fmt: skip
+    again, seconds = _train_plain(config, str(tmp_path / "fresh"), 0, loader, d["n_train"], d["warmup"],
+                                  torch.device("cpu"), False, False)  # fmt: skip
+    assert seconds > 0
+    for name, tensor in plain["model"].items():
+        assert torch.equal(tensor, again.state_dict()[name]), name
+    # the posterior means of the converted model start at those weights (bayesianize(pretrained=True))
+    from varbnn.experiments.runner import build_model
+
+    model = build_model(config, config.variants[0], trained=again)
+    means = {n.removesuffix(".loc"): p for n, p in model.named_parameters() if n.endswith(".loc")}
+    assert means and all(torch.equal(p, again.state_dict()[n.replace(".posteriors", "")]) for n, p in means.items())
+
+
+def test_convert_epochs_is_checked_and_leaves_old_hashes_alone():
+    with pytest.raises(ValueError, match="convert_epochs applies to the varbnn families"):
+        Variant("x", family="plain", convert_epochs=2)
+    with pytest.raises(ValueError, match="convert_epochs must be an integer >= 0"):
+        Variant("x", convert_epochs=-1)
+    with pytest.raises(ValueError, match="add a variant with family='plain'"):
+        dataclasses.replace(_baselines_config(), variants=(Variant("x", convert_epochs=1),))
+    assert all("convert_epochs" not in v for v in get_config("mnist-mlp").to_dict()["variants"])
+
+
 def test_uncertainty_goals_are_judged_from_the_rows():
     from varbnn.experiments.uncertainty import goal_lines, goals
 

@@ -47,6 +47,8 @@ RUN_HERE = {
     "ktied-snr-anneal": ("_traces.png",),
     "lenet5-prune-published": ("_prune_histograms.png",),
     "uncertainty-fmnist": (".png", "_cost.png"),
+    "uncertainty-mnist-converted": (".png", "_cost.png"),
+    "uncertainty-fmnist-converted": (".png", "_cost.png"),
     "graves-mnist-lstm": ("_runs.jsonl", ".png"),
     "graves-prune-lstm": (".png",),
     "vcl-split-fmnist-selected": (".png", "_runs.jsonl"),
