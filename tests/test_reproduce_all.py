@@ -135,7 +135,7 @@ def test_every_experiment_is_one_catalog_entry_with_the_same_signatures(capsys):
         assert (spec.render is None) == spec.generic == (name not in SPECIAL)
     for module, function in (("uci", "run_uci"), ("uci_learned", "run_uci_learned"), ("retina", "run_retina"),
                              ("soap_bubble", "run_soap_bubble"), ("continual", "run_vcl"), ("graves", "run_graves_mnist"),
-                             ("graves", "run_graves_prune"), ("runner", "run_experiment")):  # fmt: skip
+                             ("graves_prune", "run_graves_prune"), ("runner", "run_experiment")):  # fmt: skip
         parameters = inspect.signature(getattr(importlib.import_module(f"varbnn.experiments.{module}"), function)).parameters
         assert set(ENGINE_OPTIONS) <= set(parameters), f"{function} lacks {sorted(set(ENGINE_OPTIONS) - set(parameters))}"
     with pytest.raises(ValueError, match="unknown experiment 'nope'; allowed: \\['demo'"):

@@ -118,8 +118,8 @@ _SPECIAL = (
     ),
     *(
         Experiment(
-            name, text, _lazy("graves", "graves_config"), _lazy("graves", "run_graves_prune"),
-            lambda result, folder: _attr("graves", "render_prune_markdown")(result, _figure(result, folder)),
+            name, text, _lazy("graves", "graves_config"), _lazy("graves_prune", "run_graves_prune"),
+            lambda result, folder: _attr("graves_prune", "render_prune_markdown")(result, _figure(result, folder)),
         )
         for name, text in (
             ("graves-prune", "Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining"),
