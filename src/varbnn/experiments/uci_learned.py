@@ -275,7 +275,7 @@ def run_uci_learned(
     jobs = []
     for dataset in sorted(config.datasets, key=SMALLEST_FIRST.index):
         splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
-        jobs += [(dataset, v.label, k) for v in config.active_variants for k in range(splits)]
+        jobs += [(dataset, v.label, k) for k in range(splits) for v in config.active_variants]  # split by split
 
     def report(key: RunKey, record: dict[str, Any]) -> None:
         if progress and vdist.is_main_process():
