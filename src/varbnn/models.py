@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["mlp", "lenet5", "RowLSTM", "row_lstm", "BasicBlock", "ResNet", "resnet18", "MODELS", "make_model"]
+__all__ = [
+    "mlp", "lenet5", "RowLSTM", "row_lstm", "BasicBlock", "ResNet", "resnet18", "vgg_small", "MODELS", "make_model",
+]  # fmt: skip
 
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int, activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
@@ -131,7 +133,31 @@ def resnet18(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> Re
     return ResNet((2, 2, 2, 2), num_classes, in_channels, width)
 
 
-MODELS = {"mlp": mlp, "lenet5": lenet5, "row_lstm": row_lstm, "resnet18": resnet18}
+def vgg_small(in_channels: int = 3, width: int = 16, num_classes: int = 2) -> nn.Module:
+    """Three VGG blocks (two 3x3 convolutions + ReLU each, then 2x2 max-pool; ``width``, 2x, 4x channels), the
+    concatenated global mean and max pool, one dense layer."""
+    layers: list[nn.Module] = []
+    channels = in_channels
+    for out in (width, 2 * width, 4 * width):
+        layers += [
+            nn.Conv2d(channels, out, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(out, out, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
+        channels = out
+    return nn.Sequential(*layers, _MeanMaxPool(), nn.Linear(2 * channels, num_classes))
+
+
+class _MeanMaxPool(nn.Module):
+    """The global mean and the global max pool of each channel, concatenated: ``[N, C, H, W] -> [N, 2C]``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1)
+
+
+MODELS = {"mlp": mlp, "lenet5": lenet5, "row_lstm": row_lstm, "resnet18": resnet18, "vgg_small": vgg_small}
 """Every model builder by the name experiment configs use (:func:`make_model`)."""
 
 

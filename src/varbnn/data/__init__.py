@@ -7,6 +7,7 @@ written to a temporary file, verified and only then moved into place, so a faile
 replaces or leaves behind anything.
 """
 
+from varbnn.data.batches import TensorBatches
 from varbnn.data.files import ChecksumError, fetch, resolve_data_dir
 from varbnn.data.loaders import (
     UCI_DATASETS,
@@ -29,4 +30,5 @@ __all__ = [
     "load_fashion_mnist",
     "load_retinamnist",
     "load_uci",
+    "TensorBatches",
 ]

@@ -34,7 +34,7 @@ from torch import nn
 from varbnn import distributed as vdist
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
-from varbnn.data import load_fashion_mnist
+from varbnn.data import TensorBatches, load_fashion_mnist
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.engine import (
     RunKey,
@@ -167,29 +167,6 @@ def selection(result: dict[str, Any]) -> dict[str, tuple[str, float]]:
         if family not in best or row["val_mean"][0] > best[family][1]:
             best[family] = (row["variant"], row["val_mean"][0])
     return best
-
-
-class TensorBatches:
-    """Shuffled mini-batches of in-memory tensors, re-iterable (one pass per epoch), optionally dropping the final
-    incomplete batch; one ``randperm`` per epoch instead of per-example indexing."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = True, drop_last: bool = False):
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(f"x and y hold different numbers of examples: {x.shape[0]} and {y.shape[0]}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.x, self.y, self.batch_size, self.shuffle, self.drop_last = x, y, batch_size, shuffle, drop_last
-
-    def __len__(self) -> int:
-        n = self.x.shape[0]
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        n = self.x.shape[0]
-        order = torch.randperm(n) if self.shuffle else torch.arange(n)
-        for i in range(len(self)):
-            index = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self.x[index], self.y[index]
 
 
 def _task_data(

@@ -40,6 +40,7 @@ from torch import nn
 
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
+from varbnn.data import TensorBatches
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.engine import (
@@ -172,22 +173,6 @@ def graves_config(name: str = "graves-mnist", quick: bool = False) -> GravesConf
     return GravesConfig(**options)
 
 
-class _Batches:
-    """Shuffled in-memory mini-batches, one pass per epoch."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
-        self.x, self.y, self.batch_size = x, y, batch_size
-
-    def __len__(self) -> int:
-        return math.ceil(self.x.shape[0] / self.batch_size)
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        order = torch.randperm(self.x.shape[0])
-        for i in range(len(self)):
-            index = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self.x[index], self.y[index]
-
-
 def _data(config: GravesConfig, data_dir: str | None, early_stopping: bool) -> dict[str, torch.Tensor]:
     from varbnn.data import load_mnist
 
@@ -273,7 +258,7 @@ def _train(
         log.append(entry)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    batches = _Batches(*vdist.equal_share(data["x_train"], data["y_train"], config.batch_size))  # data-parallel: a share
+    batches = TensorBatches(*vdist.equal_share(data["x_train"], data["y_train"], config.batch_size))  # data-parallel: a share
     fit(model, batches, n_data=n, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev, progress=progress,
         on_epoch_end=on_epoch_end)  # fmt: skip
     return log, int(best["epoch"]), best["state"]

@@ -49,10 +49,9 @@ from torch import nn
 
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
-from varbnn.data import load_retinamnist
+from varbnn.data import TensorBatches, load_retinamnist
 from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.continual import TensorBatches
 from varbnn.experiments.engine import (
     RunKey,
     RunStore,
@@ -68,6 +67,7 @@ from varbnn.experiments.engine import (
 from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.families import make_family
 from varbnn.metrics import auroc, mean_and_standard_error
+from varbnn.models import vgg_small
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
@@ -163,28 +163,6 @@ def retina_config(name: str, quick: bool = False) -> RetinaConfig:
             train_limit=256,
         )  # fmt: skip
     return config
-
-
-def vgg_small(in_channels: int = 3, width: int = 16, num_classes: int = 2) -> nn.Module:
-    """Three VGG blocks (two 3x3 convolutions + ReLU each, then 2x2 max-pool; ``width``, 2x, 4x channels), the
-    concatenated global mean and max pool, one dense layer."""
-    layers: list[nn.Module] = []
-    channels = in_channels
-    for out in (width, 2 * width, 4 * width):
-        layers += [
-            nn.Conv2d(channels, out, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(out, out, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        ]
-        channels = out
-    return nn.Sequential(*layers, _MeanMaxPool(), nn.Linear(2 * channels, num_classes))
-
-
-class _MeanMaxPool(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1)
 
 
 def _data(data_dir: str | None, limit: int | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -27,10 +27,9 @@ from torch import nn
 
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
-from varbnn.data import load_mnist
+from varbnn.data import TensorBatches, load_mnist
 from varbnn.distributions.radial import chi_log_density
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.continual import TensorBatches
 from varbnn.experiments.engine import (
     RunKey,
     RunStore,
