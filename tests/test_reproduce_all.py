@@ -161,3 +161,23 @@ def test_uci_options_are_refused_for_other_experiments(capsys):
     with pytest.raises(SystemExit):
         main(["reproduce", "mnist-mlp", "--quick", "--datasets", "yacht"])
     assert "--datasets: options of uci only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "uci-learned", "--quick", "--noise-update", "gradient"])
+    assert "--noise-update: options of uci only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["uci-quick", "soap-bubble-quick", "mnist-mlp-quick"])
+def test_a_quick_forms_name_is_refused_with_the_way_to_run_it(name, capsys):
+    """A '-quick' name once ran the full experiment into the committed folder: it is refused, naming --quick."""
+    with pytest.raises(SystemExit):
+        main(["reproduce", name])
+    assert f"({name.removesuffix('-quick')} --quick)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["graves-prune", "soap-bubble"])
+def test_no_train_without_saved_runs_is_an_error_and_writes_nothing(name, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["reproduce", name, "--quick", "--no-train", "--out", str(tmp_path), "--no-progress"])
+    assert "nothing to render" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.md")) and not list(tmp_path.glob("*.json"))
+

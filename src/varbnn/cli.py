@@ -200,11 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "varbnn " + " ".join(sys.argv[1:] if argv is None else argv)
     shard = None
     if args.command == "reproduce":
+        from varbnn.experiments.catalog import base_name
         from varbnn.experiments.engine import parse_shard
         from varbnn.experiments.registry import CONFIGS
 
         uci_only = [f"--{k}" for k in ("datasets", "families", "splits", "epochs") if getattr(args, k) is not None]
         uci_only += ["--rdp-defaults"] if args.rdp_defaults else []
+        uci_only += ["--noise-update"] if args.noise_update != "closed_form" else []
+        uci_only += ["--noise-prior"] if args.noise_prior != "6,6" else []
+        if base_name(name) != name:
+            parser.error(f"{name!r}: give the experiment's name and --quick for its quick form ({base_name(name)} --quick)")
         if uci_only and name != "uci":
             parser.error(f"{', '.join(uci_only)}: options of uci only (use --set FIELD=VALUE for {name!r})")
         if args.variants and name not in CONFIGS:

@@ -807,10 +807,15 @@ def fit(
             else:
                 terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
             if distributed and outside:
+                has = torch.tensor([p.grad is not None for p in outside], dtype=torch.float32, device=dev)
+                vdist.all_reduce_mean_([has])  # a parameter no rank has a gradient for keeps none (the optimizer skips it)
                 for p in outside:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                 vdist.all_reduce_mean_([p.grad for p in outside])
+                for p, anyone in zip(outside, has.tolist()):
+                    if anyone == 0:
+                        p.grad = None
             loss = float(terms.loss.detach())
             if kind is None and not math.isfinite(loss):
                 kind = "loss"

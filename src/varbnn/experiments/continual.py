@@ -285,7 +285,7 @@ def run_vcl(
     out.mkdir(parents=True, exist_ok=True)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
     runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
-    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
+    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
     done = execute(runs, run, for_this_rank(vcl_store(config, out, shard)), device=dev, workers=workers, commit=commit)
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}

@@ -210,6 +210,14 @@ def execute(
     check_workers(workers, device)
     done = store.load()
     pending = [key for key in runs if key not in done]
+    from varbnn import distributed as vdist
+
+    if vdist.is_distributed():  # every rank runs rank 0's list (the ranks must train the same runs in the same order)
+        import torch.distributed as dist
+
+        shared: list[Any] = [pending]
+        dist.broadcast_object_list(shared, src=0)
+        pending = [tuple(key) for key in shared[0]]
     commit = git_commit() if commit is None else commit
 
     def save(key: RunKey, record: dict[str, Any], device_text: str) -> None:
@@ -275,7 +283,9 @@ def processes(device: str | torch.device | None, distributed: bool, workers: int
     from varbnn.train import resolve_device
 
     if not distributed:
-        return resolve_device(device), 1
+        dev = resolve_device(device)
+        check_workers(workers, dev)
+        return dev, 1
     if workers != 1:
         raise ValueError(f"--distributed runs every run in every process: workers must be 1, got {workers}")
     context = vdist.setup(device=device if device not in (None, "auto") else None)

@@ -305,7 +305,7 @@ def _run_variant(
     vdist.barrier()  # data-parallel: the checkpoint is written before any rank reads it
     record = {"variant": variant.label, "seed": seed, "epochs": best_epoch, "train_seconds": round(seconds, 1),
               "n_train": int(data["x_train"].shape[0]), "log": log, **_evaluate(config, model, data)}  # fmt: skip
-    if progress:
+    if progress and vdist.is_main_process():
         print(f"[graves] {variant.label}: mode error {record['test_error_mode']:.4f} (epoch {best_epoch}), "
               f"{seconds:.0f} s", file=sys.stderr)  # fmt: skip
     return record

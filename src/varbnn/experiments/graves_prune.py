@@ -86,8 +86,13 @@ def run_graves_prune(
     runs = select_shard([(lam,) for lam in config.lambdas], shard) if train else []
     store = prune_store(config, out, shard)
     if not checkpoint.exists() and any(key not in store.load() for key in runs):
+        if shard is not None:  # shards would each train (and on a GPU, differ in) the network they prune
+            raise ValueError(
+                f"--shard prunes one trained network: {checkpoint} is missing; train it first (`varbnn reproduce "
+                f"{network_experiment(config.name)}`, or {config.name} without --shard)"
+            )
         _run_variant(config, variant, config.seeds[0], data_dir, dev, Path(network_dir), progress)  # before any worker
-    run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, progress and workers == 1)
+    run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, progress and workers == 1 and vdist.is_main_process())
     done = execute(runs, run, for_this_rank(store), device=dev, workers=workers, commit=commit, on_record=(
         lambda key, row: print(f"[graves-prune] lambda {row['lambda']}: {row['percent']:.1f}% kept, error "
                                f"{row['initial_error']:.4f} -> {row['retrain_error']:.4f}", file=sys.stderr)
@@ -96,6 +101,8 @@ def run_graves_prune(
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
     rows = [done[(lam,)] for lam in config.lambdas if (lam,) in done]
+    if not rows:
+        raise ValueError(f"no runs of {config.name} saved in {out} (nothing to render; the page there is left as it is)")
     result = {
         "name": config.name,
         **provenance(command, commit, _device_text(dev, world), start),

@@ -210,6 +210,8 @@ def run_experiment(
         # seed by seed (a partial run still compares every variant), the post-hoc baselines and the converted networks
         # after the plain run whose training they reuse
         pending.sort(key=lambda k: (config.seeds.index(k[1]), k[0] in post_hoc))
+        if workers > 1:  # two passes: worker processes never start a run before the plain run it reuses has finished
+            execute([k for k in pending if k[0] not in post_hoc], run, store, device=dev, workers=workers, commit=commit)
         done = execute(pending, run, store, device=dev, workers=workers, commit=commit)
     else:
         done = store.load()
@@ -489,18 +491,19 @@ def _train_plain(
 
 def _copy_plain_checkpoint(config: ExperimentConfig, out_dir: str, seed: int, checkpoint: Path) -> None:
     """Copy the ``plain`` variant's finished checkpoint for ``seed`` (if there is one) to ``checkpoint`` (if that does
-    not exist yet)."""
+    not exist yet). Under data-parallel training rank 0 copies and every rank waits for it."""
+    from varbnn import distributed as vdist
+
     plain = next((v for v in config.variants if v.family == "plain" and not v.family_options), None)
-    if plain is None or checkpoint.exists():
-        return
-    source = _checkpoint_path(config, out_dir, plain, seed)
-    state = committed_state(source)
-    if state is None or state.get("epoch") != config.epochs:
-        return
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    tmp = checkpoint.with_suffix(".copy")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, checkpoint)
+    if plain is not None and not checkpoint.exists() and vdist.is_main_process():
+        source = _checkpoint_path(config, out_dir, plain, seed)
+        state = committed_state(source)
+        if state is not None and state.get("epoch") == config.epochs:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            tmp = checkpoint.with_suffix(f".copy{os.getpid()}")
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, checkpoint)
+    vdist.barrier()
 
 
 def _reuse_plain_training(config: ExperimentConfig, out_dir: str, variant: Variant, seed: int, checkpoint: Path | None) -> None:

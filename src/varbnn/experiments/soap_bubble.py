@@ -186,8 +186,12 @@ def run_soap_bubble(
     run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
     done = execute(select_shard(runs, shard) if train else [], run, for_this_rank(soap_bubble_store(config, out, shard)),
                    device=dev, workers=workers, commit=commit)  # fmt: skip
-    if shard is not None or not vdist.is_main_process() or any(key not in done for key in runs):
+    if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "written": False}
+    missing = [key for key in runs if key not in done]
+    if missing:
+        raise ValueError(f"{config.name}: runs {missing} are not saved in {out} (nothing to render; the page there is left "
+                         "as it is)")  # fmt: skip
     samples = {k: v for family in ("meanfield", "radial") for k, v in done[("kernel", family)]["samples"].items()}
     kernel = {"dim": math.prod(config.kernel_shape), "sigmas": list(config.sigmas), "samples": samples}
     training = [{k: v for k, v in done[("train", f)].items() if k not in ("run", "protocol", "commit")}

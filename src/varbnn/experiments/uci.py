@@ -390,7 +390,7 @@ def run_uci(
                   f"ll={record['ll']:.4g}", file=sys.stderr)  # fmt: skip
 
     runs = [(d, v.label, k) for d, v, k in uci_jobs(config, shard)] if train else []
-    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1)
+    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
     done = execute(runs, run, store, device=dev, workers=workers, commit=commit, on_record=report)
     if not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
