@@ -65,6 +65,11 @@ def _soap_page(result: dict[str, Any], folder: Path | None) -> str:
     return _attr("soap_bubble", "render_soap_bubble_markdown")(result, [f for f in files if f is not None])
 
 
+def _page(module: str, renderer: str) -> Callable[[dict[str, Any], Path | None], str]:
+    """A page renderer ``renderer(result, figure)`` of ``module`` as ``render(result, folder)``."""
+    return lambda result, folder: _attr(module, renderer)(result, _figure(result, folder))
+
+
 def _uci_learned_config(name: str, quick: bool) -> Any:
     return _attr("uci_learned", "quick_config")() if quick else _attr("uci_learned", "UCILearnedConfig")()
 
@@ -107,23 +112,16 @@ _SPECIAL = (
         )
     ),
     *(
-        Experiment(
-            name, text, _lazy("graves", "graves_config"), _lazy("graves", "run_graves_mnist"),
-            lambda result, folder: _attr("graves", "render_graves_markdown")(result, _figure(result, folder)),
-        )
-        for name, text in (
-            ("graves-mnist", "Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL"),
-            ("graves-mnist-lstm", "graves-mnist on a row LSTM (the recurrent case)"),
-        )
-    ),
-    *(
-        Experiment(
-            name, text, _lazy("graves", "graves_config"), _lazy("graves_prune", "run_graves_prune"),
-            lambda result, folder: _attr("graves_prune", "render_prune_markdown")(result, _figure(result, folder)),
-        )
-        for name, text in (
-            ("graves-prune", "Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining"),
-            ("graves-prune-lstm", "graves-prune on the row LSTM of graves-mnist-lstm"),
+        Experiment(name, text, _lazy("graves", "graves_config"), _lazy(module, run), _page(module, page))
+        for name, text, module, run, page in (
+            ("graves-mnist", "Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL",
+             "graves", "run_graves_mnist", "render_graves_markdown"),
+            ("graves-mnist-lstm", "graves-mnist on a row LSTM (the recurrent case)", "graves", "run_graves_mnist",
+             "render_graves_markdown"),
+            ("graves-prune", "Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining",
+             "graves_prune", "run_graves_prune", "render_prune_markdown"),
+            ("graves-prune-lstm", "graves-prune on the row LSTM of graves-mnist-lstm", "graves_prune", "run_graves_prune",
+             "render_prune_markdown"),
         )
     ),
 )  # fmt: skip
