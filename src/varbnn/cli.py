@@ -206,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         uci_only = [f"--{k}" for k in ("datasets", "families", "splits", "epochs") if getattr(args, k) is not None]
         uci_only += ["--rdp-defaults"] if args.rdp_defaults else []
-        uci_only += ["--noise-update"] if args.noise_update != "closed_form" else []
-        uci_only += ["--noise-prior"] if args.noise_prior != "6,6" else []
+        changed = [k for k in ("noise_update", "noise_prior") if getattr(args, k) != rep.get_default(k)]
+        uci_only += [f"--{k.replace('_', '-')}" for k in changed]
         if base_name(name) != name:
             parser.error(f"{name!r}: give the experiment's name and --quick for its quick form ({base_name(name)} --quick)")
         if uci_only and name != "uci":

@@ -219,7 +219,7 @@ class ExperimentConfig:
         if self.prune_stages and self.prune_budget is None:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
         converted = [v.label for v in self.variants if v.convert_epochs]
-        if converted and not any(v.family == "plain" and not v.family_options for v in self.variants):
+        if converted and self.plain_variant is None:
             raise ValueError(f"{self.name}: {converted} convert the plain network: add a variant with family='plain'")
         if converted and not self.resumable:
             raise ValueError(f"{self.name}: {converted} reuse the plain run's checkpoint: set resumable=True")
@@ -237,6 +237,12 @@ class ExperimentConfig:
     def quick_variant(self) -> ExperimentConfig:
         """This config with its ``quick`` overrides applied."""
         return dataclasses.replace(self, **self.quick)
+
+    @property
+    def plain_variant(self) -> Variant | None:
+        """The ``plain`` variant (family ``"plain"``, no options) whose trained network the post-hoc baselines and the
+        converted variants reuse, or None."""
+        return next((v for v in self.variants if v.family == "plain" and not v.family_options), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data for the results JSON: every field except ``quick``, with the fields added after

@@ -474,7 +474,8 @@ def _train_plain(
     """The config's plain network for seed ``seed``, trained exactly as the ``plain`` variant's run trains it (its
     finished checkpoint copied and resumed, so nothing is trained twice; else trained here from the same seed), and
     its training seconds."""
-    plain = next(v for v in config.variants if v.family == "plain" and not v.family_options)
+    plain = config.plain_variant
+    assert plain is not None  # ExperimentConfig refuses convert_epochs without a plain variant
     seed_everything(seed)
     model = build_model(config, plain).to(dev)
     checkpoint = _checkpoint_path(config, out_dir, plain, seed)
@@ -494,7 +495,7 @@ def _copy_plain_checkpoint(config: ExperimentConfig, out_dir: str, seed: int, ch
     not exist yet). Under data-parallel training rank 0 copies and every rank waits for it."""
     from varbnn import distributed as vdist
 
-    plain = next((v for v in config.variants if v.family == "plain" and not v.family_options), None)
+    plain = config.plain_variant
     if plain is not None and not checkpoint.exists() and vdist.is_main_process():
         source = _checkpoint_path(config, out_dir, plain, seed)
         state = committed_state(source)
