@@ -620,8 +620,10 @@ def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_
     base = _baselines_config()
     config = dataclasses.replace(
         base, name="convert", eval_samples=2,
-        variants=(Variant("MeanField, converted", family="meanfield", convert_epochs=1), Variant("plain", family="plain")),
+        variants=(Variant("MeanField, converted", family="meanfield", convert_epochs=1), Variant("plain", family="plain"),
+                  Variant("plain, 1 more epoch", family="plain", convert_epochs=1)),
     )  # fmt: skip
+    assert config.plain_variant.label == "plain"  # not the control
     result = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
     rows = {r["variant"]: r for r in result["rows"]}
     checkpoints = {p.stem: p for p in (tmp_path / ".checkpoints").rglob("*.pt")}
@@ -632,6 +634,11 @@ def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_
     for name, tensor in plain["model"].items():
         assert torch.equal(tensor, reused["model"][name])
     assert rows["MeanField, converted"]["train_seconds"] >= plain["extra"]["traces"]["train_seconds"] > 0
+    # the control: the same plain network trained one more epoch, not converted
+    control = read_checkpoint(checkpoints["plain--1-more-epoch-seed0"])
+    assert control["epoch"] == 1 and set(control["model"]) == set(plain["model"])
+    assert any(not torch.equal(t, control["model"][n]) for n, t in plain["model"].items())
+    assert rows["plain, 1 more epoch"]["train_seconds"] >= plain["extra"]["traces"]["train_seconds"]
     # without the plain run's checkpoint the plain phase trains the same network again
     from varbnn.experiments.runner import _data
 
@@ -653,7 +660,7 @@ def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_
 
 def test_convert_epochs_is_checked_and_leaves_old_hashes_alone():
     with pytest.raises(ValueError, match="convert_epochs applies to the varbnn families"):
-        Variant("x", family="plain", convert_epochs=2)
+        Variant("x", family="temperature", convert_epochs=2)
     with pytest.raises(ValueError, match="convert_epochs must be an integer >= 0"):
         Variant("x", convert_epochs=-1)
     with pytest.raises(ValueError, match="add a variant with family='plain'"):
@@ -685,3 +692,22 @@ def test_uncertainty_goals_are_judged_from_the_rows():
     assert goals(rows[:1])[1][1] is None  # rows missing: not measured, not "not met"
     page = "\n".join(goal_lines({"rows": rows}))
     assert "| ens | 0.0350 | 0.0060 | 0.9500 | 0.5000 | 5.00 | 1.00 |" in page and "**not met**" in page
+
+
+def test_a_variant_added_to_the_table_leaves_the_other_records_and_checkpoints_standing(tmp_path):
+    """Records and checkpoints are keyed by each variant's own protocol: adding a row trains that row only; changing
+    a training field retrains every row."""
+    base = dataclasses.replace(_baselines_config(), variants=(Variant("plain", family="plain"),))
+    run_experiment(base, out_dir=tmp_path, progress=False, command="one")
+    runs = tmp_path / "baselines_runs.jsonl"
+    first = runs.read_text().splitlines()
+    wider = dataclasses.replace(base, variants=(*base.variants, Variant("mean-field", family="meanfield")))
+    assert _checkpoint_path(wider, tmp_path, wider.variants[0], 0) == _checkpoint_path(base, tmp_path, base.variants[0], 0)
+    result = run_experiment(wider, out_dir=tmp_path, progress=False, command="two")
+    lines = runs.read_text().splitlines()
+    assert lines[0] == first[0] and len(lines) == 2  # the plain record stands, only the new row was trained
+    assert [r["variant"] for r in result["rows"]] == ["plain", "mean-field"]
+    slower = dataclasses.replace(wider, lr=2e-3)
+    assert _checkpoint_path(slower, tmp_path, slower.variants[0], 0) != _checkpoint_path(wider, tmp_path, wider.variants[0], 0)
+    run_experiment(slower, out_dir=tmp_path, progress=False, command="three")
+    assert len(runs.read_text().splitlines()) == 4  # both rows again under the new protocol

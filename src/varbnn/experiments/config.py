@@ -53,13 +53,17 @@ class Variant:
     user's path for a network they already have: the config's ``plain`` network is trained first (exactly as the
     ``plain`` variant trains it; its finished checkpoint is reused), converted with ``bayesianize(pretrained=True)``
     (its weights become the posterior means) and trained N more epochs with the family's defaults. The training time
-    counts both phases."""
+    counts both phases. On a ``plain`` variant, N > 0 is the control for that extra training: the same trained
+    network, not converted, trained N more epochs with a fresh optimizer (the same schedule the converted ones get)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.convert_epochs, bool) or not isinstance(self.convert_epochs, int) or self.convert_epochs < 0:
             raise ValueError(f"{self.label}: convert_epochs must be an integer >= 0, got {self.convert_epochs!r}")
-        if self.convert_epochs and self.family in ("plain", "temperature", "laplace", "mc-dropout", "ensemble"):
-            raise ValueError(f"{self.label}: convert_epochs applies to the varbnn families, not to {self.family!r}")
+        if self.convert_epochs and self.family in ("temperature", "laplace", "mc-dropout", "ensemble"):
+            raise ValueError(
+                f"{self.label}: convert_epochs applies to the varbnn families and to 'plain' (the control), "
+                f"not to {self.family!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -240,9 +244,9 @@ class ExperimentConfig:
 
     @property
     def plain_variant(self) -> Variant | None:
-        """The ``plain`` variant (family ``"plain"``, no options) whose trained network the post-hoc baselines and the
-        converted variants reuse, or None."""
-        return next((v for v in self.variants if v.family == "plain" and not v.family_options), None)
+        """The ``plain`` variant (family ``"plain"``, no options, not trained further) whose trained network the
+        post-hoc baselines and the converted variants reuse, or None."""
+        return next((v for v in self.variants if v.family == "plain" and not v.family_options and not v.convert_epochs), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data for the results JSON: every field except ``quick``, with the fields added after

@@ -368,6 +368,8 @@ CONVERT_EPOCHS = 2
 any run (10% of the configs' 20 epochs), not tuned."""
 _CONVERTED_VARIANTS = (
     Variant("plain", family="plain"),
+    # the control for the extra training: the same trained network, not converted, CONVERT_EPOCHS more epochs
+    Variant(f"plain, {CONVERT_EPOCHS} more epochs", family="plain", convert_epochs=CONVERT_EPOCHS),
     Variant("plain + temperature scaling", family="temperature"),
     Variant("MC dropout (p = 0.1)", family="mc-dropout"),
     Variant("last-layer Laplace (KFAC)", family="laplace"),
@@ -416,7 +418,8 @@ for _name, _dataset, _ood in (("uncertainty-mnist", "mnist", "fashion-mnist"), (
                 f"The user's path on {_dataset} (LeNet-5; OOD: {_ood}): the plain network trained as in {_name}, then "
                 f"converted with bayesianize(pretrained=True) (its weights become the posterior means) and trained "
                 f"{CONVERT_EPOCHS} more epochs with each family's defaults; against the plain network, temperature "
-                f"scaling, MC dropout and last-layer Laplace (the 5-member ensemble is on {_name}'s page)."
+                f"scaling, MC dropout, last-layer Laplace and the plain network trained {CONVERT_EPOCHS} more epochs "
+                f"without converting it (the 5-member ensemble is on {_name}'s page)."
             ),
             variants=_CONVERTED_VARIANTS,
         )

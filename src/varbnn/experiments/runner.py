@@ -147,9 +147,10 @@ def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimiz
 
 
 def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
-    """``OUT/.checkpoints/NAME-<hash>/<variant>-seed<seed>.pt``, the hash over :meth:`ExperimentConfig.training_dict`:
-    a changed training setup never resumes a stale run; a changed evaluation or pruning reuses the finished one."""
-    digest = hashlib.sha1(json.dumps(config.training_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    """``OUT/.checkpoints/NAME-<hash>/<variant>-seed<seed>.pt``, the hash over :meth:`ExperimentConfig.training_dict`
+    with this variant alone: a changed training setup never resumes a stale run; a changed evaluation or pruning, or
+    another variant added to the table, reuses the finished one."""
+    digest = _digest(_one_variant(config.training_dict(), config, variant))[:10]
     slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
     return Path(out_dir) / ".checkpoints" / f"{config.name}-{digest}" / f"{slug}-seed{seed}.pt"
 
@@ -196,12 +197,12 @@ def run_experiment(
     unknown = sorted(set(only or ()) - set(labels))
     if unknown:
         raise ValueError(f"{config.name}: unknown variants {unknown}; allowed: {labels}")
-    protocol = _protocol(config)
+    protocols = {v.label: _protocol(config, v) for v in config.variants}
     runs = expand(variant=labels, seed=config.seeds)
     known = set(runs)
     store = RunStore(
         Path(out_dir), config.name, key=lambda r: (r.get("variant"), r.get("seed")),
-        protocol=lambda k: protocol if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
+        protocol=lambda k: protocols[k[0]] if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
     )  # fmt: skip
     run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress)
     if train:
@@ -325,18 +326,29 @@ def _data(config: ExperimentConfig, data_dir: str | None) -> dict[str, Any]:
 _DATA_CACHE: dict[tuple[str, str | None], dict[str, Any]] = {}
 
 
-def _protocol(config: ExperimentConfig) -> str:
-    """The protocol hash of a run's record: over everything a record depends on (training and evaluation), so a changed
-    evaluation re-evaluates the finished checkpoints (keyed by :meth:`ExperimentConfig.training_dict` only)."""
+def _protocol(config: ExperimentConfig, variant: Variant) -> str:
+    """The protocol hash of one variant's records: over everything such a record depends on (training and evaluation;
+    of the variants, this one alone), so a changed evaluation re-evaluates the finished checkpoints (keyed by
+    :meth:`ExperimentConfig.training_dict` only) and a variant added to or removed from the table leaves the others'
+    records standing."""
     fields = {k: v for k, v in config.to_dict().items() if k not in ("name", "description")}
-    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _digest(_one_variant(fields, config, variant))[:16]
+
+
+def _one_variant(fields: dict[str, Any], config: ExperimentConfig, variant: Variant) -> dict[str, Any]:
+    """``fields`` (from :meth:`ExperimentConfig.to_dict`) with its ``variants`` list cut down to ``variant``'s entry."""
+    return {**fields, "variants": [fields["variants"][config.variants.index(variant)]]}
+
+
+def _digest(fields: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _figure_data_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
     """Where the first seed's run keeps what the figures need (test probabilities, OOD entropies, the trained model,
     validation thresholds): ``OUT/.checkpoints/NAME-<protocol>/<variant>-seed<seed>.figures`` (a torch file)."""
     slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
-    return Path(out_dir) / ".checkpoints" / f"{config.name}-{_protocol(config)}" / f"{slug}-seed{seed}.figures"
+    return Path(out_dir) / ".checkpoints" / f"{config.name}-{_protocol(config, variant)}" / f"{slug}-seed{seed}.figures"
 
 
 def _run_seed(
