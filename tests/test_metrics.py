@@ -79,6 +79,22 @@ def test_referral_curve_keeps_the_most_certain():
     assert rows[1] == {"referred": 0.5, "retained": 2, "accuracy": 1.0}
 
 
+def test_referral_curve_auroc_on_the_kept_examples_matches_sklearn():
+    g = torch.Generator().manual_seed(0)
+    p1 = torch.rand(200, generator=g, dtype=torch.float64)
+    p = torch.stack([1 - p1, p1], dim=1)
+    y = (torch.rand(200, generator=g) < p1).long()
+    uncertainty = torch.rand(200, generator=g)
+    rows = metrics.referral_curve(p, y, uncertainty, fractions=[0.0, 0.3, 0.995], with_auroc=True)
+    order = torch.argsort(uncertainty)
+    for row in rows[:2]:
+        kept = order[: row["retained"]]
+        assert row["auroc"] == pytest.approx(roc_auc_score(y[kept].numpy(), p1[kept].numpy()), abs=1e-12)
+    assert rows[2]["retained"] == 1 and math.isnan(rows[2]["auroc"])  # one class left
+    with pytest.raises(ValueError, match="with_auroc needs two classes"):
+        metrics.referral_curve(torch.full((4, 3), 1 / 3), torch.zeros(4, dtype=torch.long), torch.rand(4), with_auroc=True)
+
+
 def test_bad_metric_input_is_named():
     with pytest.raises(ValueError, match="probs must have shape"):
         metrics.accuracy(torch.rand(3), torch.zeros(3))

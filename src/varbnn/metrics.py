@@ -130,6 +130,7 @@ def referral_curve(
     labels: torch.Tensor,
     uncertainty: torch.Tensor,
     fractions: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    with_auroc: bool = False,
 ) -> list[dict[str, float]]:
     """Accuracy on the examples kept after referring the most uncertain ``fraction`` to an expert (the referral
     curves of Leibig et al. 2017 and Farquhar et al. 2020, figure 7).
@@ -137,9 +138,13 @@ def referral_curve(
     ``uncertainty`` is ``[N]`` (e.g. the predictive entropy or the mutual information of
     :class:`~varbnn.predict.ClassificationSummary`); the ``floor(f N)`` most uncertain examples are referred and the
     accuracy is taken over the rest (at least one). ``fractions`` lie in [0, 1).
-    Returns one row per fraction: ``{"referred": f, "retained": n_kept, "accuracy": acc_on_kept}``.
+    Returns one row per fraction: ``{"referred": f, "retained": n_kept, "accuracy": acc_on_kept}``; with
+    ``with_auroc`` (two classes) also ``"auroc"``, the :func:`auroc` of ``probs[:, 1]`` on the kept examples (NaN when
+    only one class is left), the metric of Farquhar et al.'s referral figure.
     """
     _check_probs(probs, labels)
+    if with_auroc and probs.shape[-1] != 2:
+        raise ValueError(f"with_auroc needs two classes (probs of shape [N, 2]), got {tuple(probs.shape)}")
     if uncertainty.shape != labels.shape:
         raise ValueError(f"uncertainty must have shape {tuple(labels.shape)}, got {tuple(uncertainty.shape)}")
     order = torch.argsort(uncertainty)  # most certain first
@@ -150,7 +155,14 @@ def referral_curve(
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"fractions must lie in [0, 1), got {fraction}")
         kept = max(1, n - int(math.floor(fraction * n)))
-        rows.append({"referred": float(fraction), "retained": kept, "accuracy": float(correct[:kept].mean())})
+        row = {"referred": float(fraction), "retained": kept, "accuracy": float(correct[:kept].mean())}
+        if with_auroc:
+            chosen = order[:kept]
+            try:
+                row["auroc"] = auroc(probs[chosen, 1], labels[chosen])
+            except ValueError:  # one class left
+                row["auroc"] = float("nan")
+        rows.append(row)
     return rows
 
 

@@ -8,10 +8,11 @@ training set's statistics; no augmentation.
 
 Model: a VGG-style Bayesian CNN without dropout (three blocks of two 3x3 convolutions and a max-pool, channels
 ``width``, 2x, 4x), then the concatenated global mean and max pool and one dense layer (the paper's head), every
-layer made Bayesian with the variant's family and a N(0, 1) prior. Training uses the full ELBO (beta = 1, no KL
-down-weighting); the first epoch trains only the means on the NLL (posterior means as weights), as the paper does.
-``samples`` weight draws per step average the NLL. The model state with the best validation accuracy (checked every
-epoch) is the one evaluated.
+layer made Bayesian with the variant's family and a N(0, 1) prior. Training is :func:`varbnn.train.fit` with the full
+ELBO (beta = 1, no KL down-weighting); the first epoch trains only the means on the NLL (posterior means as weights),
+as the paper does. ``samples`` weight draws per step average the ELBO (fit's ``mc_samples``). The model state with the
+best validation accuracy (checked every epoch) is the one evaluated; a non-finite loss or gradient stops a run
+(counted as diverged) and keeps that state.
 
 Evaluation: 64-draw Monte Carlo predictive on the test set; AUROC of p(referable); test points ranked by mutual
 information (most certain first) and AUROC / accuracy on the retained points when 0-50% are referred.
@@ -44,13 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_retinamnist
-from varbnn.divergence import kl as model_kl
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.engine import (
     RunKey,
@@ -66,12 +65,12 @@ from varbnn.experiments.engine import (
 )  # fmt: skip
 from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.families import make_family
-from varbnn.metrics import auroc, mean_and_standard_error
+from varbnn.metrics import auroc, mean_and_standard_error, referral_curve
 from varbnn.models import vgg_small
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
-from varbnn.train import seed_everything
+from varbnn.train import NonFiniteError, fit, seed_everything
 
 __all__ = [
     "RetinaRun",
@@ -123,6 +122,7 @@ class RetinaConfig:
         data = dataclasses.asdict(self)
         for key in ("name", "runs", "seeds", "families"):
             data.pop(key)
+        data["training"] = "fit"  # since 0.2.0+: trained by varbnn.train.fit (the earlier loop's records do not count)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
@@ -183,23 +183,18 @@ def _predictive(model: nn.Module, x: torch.Tensor, samples: int, dev: torch.devi
 
 
 def referral_metrics(probs: torch.Tensor, labels: torch.Tensor, uncertainty: torch.Tensor) -> list[dict[str, float]]:
-    """AUROC and accuracy on the points kept after referring the most uncertain fraction (``REFERRAL_FRACTIONS``)."""
-    order = torch.argsort(uncertainty)
-    rows = []
-    for fraction in REFERRAL_FRACTIONS:
-        kept = order[: max(2, labels.numel() - int(math.floor(fraction * labels.numel())))]
-        p, y = probs[kept], labels[kept]
-        try:
-            area = auroc(p[:, 1], y)
-        except ValueError:  # one class left
-            area = float("nan")
-        rows.append({"referred": fraction, "auroc": area, "accuracy": float((p.argmax(-1) == y).double().mean())})
-    return rows
+    """AUROC and accuracy on the points kept after referring the most uncertain fraction (``REFERRAL_FRACTIONS``):
+    :func:`varbnn.metrics.referral_curve` with its AUROC column."""
+    return referral_curve(probs, labels, uncertainty, REFERRAL_FRACTIONS, with_auroc=True)
 
 
 def _train_one(
     config: RetinaConfig, run: RetinaRun, family_name: str, seed: int, data: dict[str, Any], dev: torch.device
 ) -> dict[str, Any]:
+    """One run, trained by :func:`varbnn.train.fit` in two calls: epoch 1 on the means alone (the weights at their means,
+    the NLL alone: ``beta = 0``), then the full ELBO with ``run.samples`` weight draws per step and the learning-rate
+    decay; the state with the best validation accuracy after any epoch is evaluated. A non-finite loss or gradient
+    stops the run (``diverged``), keeping that best state."""
     seed_everything(seed)
     init_std = math.log1p(math.exp(run.init_rho))
     family = make_family(family_name, init_std=init_std)
@@ -207,8 +202,6 @@ def _train_one(
     x_train, y_train = (t.to(dev) for t in data["train"])
     n, world = x_train.shape[0], vdist.world_size()
     x_train, y_train, batch = vdist.equal_share(x_train, y_train, run.batch_size)  # data-parallel: this rank's share
-    if world > 1:
-        torch.manual_seed(vdist.rank_seed(seed))  # each rank its own weight noise
     loader = TensorBatches(x_train, y_train, batch, shuffle=True, drop_last=world > 1 and x_train.shape[0] >= batch)
     means = [p for name, p in model.named_parameters() if name.endswith(".loc")]
 
@@ -218,37 +211,35 @@ def _train_one(
         return torch.optim.Adam(params, lr=run.lr, amsgrad=True)
 
     best: dict[str, Any] = {"val_accuracy": -1.0, "epoch": 0, "state": None}
-    t0 = time.perf_counter()
-    diverged = False
-    optimizer = make_optimizer(means)  # epoch 1: means only, NLL only, weights at their means
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-    for epoch in range(1, config.epochs + 1):
-        if epoch == 2:
-            optimizer = make_optimizer(list(model.parameters()))
-            scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, run.decay) if run.decay != 1.0 else None
-        model.train()
-        for x, y in loader:
-            if epoch == 1:
-                with sample_mode(model, "mean"):
-                    loss = F.cross_entropy(model(x), y)
-            else:
-                nll = torch.stack([F.cross_entropy(model(x), y) for _ in range(run.samples)]).mean()
-                loss = nll + model_kl(model) / n
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            vdist.all_reduce_mean_([q.grad for q in model.parameters() if q.grad is not None])  # no-op in one process
-            optimizer.step()
-        finite = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
-        vdist.all_reduce_mean_([finite])  # every rank stops together
-        if float(finite) < 1.0:
-            diverged = True
-            break
-        if scheduler is not None:
-            scheduler.step()
+
+    def validate(epoch: int) -> None:
         probs, _ = _predictive(model, data["val"][0], 8, dev)
         val_accuracy = float((probs.argmax(-1) == data["val"][1]).double().mean())
         if val_accuracy > best["val_accuracy"]:
-            best = {"val_accuracy": val_accuracy, "epoch": epoch, "state": copy.deepcopy(model.state_dict())}
+            best.update(val_accuracy=val_accuracy, epoch=epoch, state=copy.deepcopy(model.state_dict()))
+
+    t0 = time.perf_counter()
+    diverged = False
+    common = {"n_data": n, "device": dev, "progress": False}
+    try:
+        with sample_mode(model, "mean"):  # epoch 1: means only, NLL only, weights at their means
+            fit(model, loader, epochs=1, optimizer=make_optimizer(means), beta=0.0, diagnose=False, **common)
+        validate(1)
+        if config.epochs > 1:
+            optimizer = make_optimizer(list(model.parameters()))
+            decay = torch.optim.lr_scheduler.ExponentialLR(optimizer, run.decay) if run.decay != 1.0 else None
+
+            def on_epoch_end(epoch: int, record: dict[str, float]) -> None:
+                if decay is not None:
+                    decay.step()
+                validate(epoch + 1)
+
+            fit(model, loader, epochs=config.epochs - 1, optimizer=optimizer, beta=1.0, mc_samples=run.samples,
+                on_epoch_end=on_epoch_end, **common)  # fmt: skip
+    except NonFiniteError as error:
+        if error.kind == "data":
+            raise
+        diverged = True
     seconds = time.perf_counter() - t0
     if best["state"] is not None:
         model.load_state_dict(best["state"])
