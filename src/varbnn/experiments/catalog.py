@@ -78,17 +78,17 @@ _SPECIAL = (
     Experiment(
         "uci", "UCI regression, 9 sets x standard splits, every family (Oh et al. 2020 Table 1 protocol)",
         lambda name, quick: _attr("uci", "uci_config")(quick), _lazy("uci", "run_uci"),
-        lambda result, folder: _attr("uci", "render_uci_markdown")(result),
+        lambda result, folder: _attr("pages.uci", "render_uci_markdown")(result),
     ),
     Experiment(
         "uci-learned", "UCI regression with learned noise and a validation search, every family and baseline",
         _uci_learned_config, _lazy("uci_learned", "run_uci_learned"),
-        lambda result, folder: _attr("uci_learned", "render_uci_learned_markdown")(result),
+        lambda result, folder: _attr("pages.uci_learned", "render_uci_learned_markdown")(result),
     ),
     *(
         Experiment(
             name, text, _lazy("retina", "retina_config"), _lazy("retina", "run_retina"),
-            lambda result, folder: _attr("retina", "render_retina_markdown")(result, f"{result['name']}.png"),
+            lambda result, folder: _attr("pages.retina", "render_retina_markdown")(result, f"{result['name']}.png"),
         )
         for name, text in (
             ("retina-referral", "Referral by mutual information on RetinaMNIST, radial vs mean-field, 5 seeds"),
@@ -103,7 +103,7 @@ _SPECIAL = (
     *(
         Experiment(
             name, text, lambda name, quick: _attr("continual", "vcl_config")(quick, name), _lazy("continual", "run_vcl"),
-            lambda result, folder: _attr("continual", "render_vcl_markdown")(result, _figure(result, folder)),
+            lambda result, folder: _attr("pages.continual", "render_vcl_markdown")(result, _figure(result, folder)),
         )
         for name, text in (
             ("vcl-split-fmnist", "VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)"),
@@ -112,16 +112,16 @@ _SPECIAL = (
         )
     ),
     *(
-        Experiment(name, text, _lazy("graves", "graves_config"), _lazy(module, run), _page(module, page))
+        Experiment(name, text, _lazy("graves", "graves_config"), _lazy(module, run), _page(*page))
         for name, text, module, run, page in (
             ("graves-mnist", "Graves 2011 table 1 on an MNIST MLP: delta/Gaussian posteriors x fixed/adaptive priors, MDL",
-             "graves", "run_graves_mnist", "render_graves_markdown"),
+             "graves", "run_graves_mnist", ("pages.graves", "render_graves_markdown")),
             ("graves-mnist-lstm", "graves-mnist on a row LSTM (the recurrent case)", "graves", "run_graves_mnist",
-             "render_graves_markdown"),
+             ("pages.graves", "render_graves_markdown")),
             ("graves-prune", "Graves 2011 table 2 and figures 3-4: pruning by |mu|/sigma < lambda, then retraining",
-             "graves_prune", "run_graves_prune", "render_prune_markdown"),
+             "graves_prune", "run_graves_prune", ("graves_prune", "render_prune_markdown")),
             ("graves-prune-lstm", "graves-prune on the row LSTM of graves-mnist-lstm", "graves_prune", "run_graves_prune",
-             "render_prune_markdown"),
+             ("graves_prune", "render_prune_markdown")),
         )
     ),
 )  # fmt: skip

@@ -48,9 +48,8 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )  # fmt: skip
-from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
+from varbnn.experiments.pages.continual import render_vcl_markdown, selection, summarise_vcl
 from varbnn.families import make_family
-from varbnn.metrics import mean_and_standard_error
 from varbnn.models import mlp
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
@@ -153,20 +152,6 @@ def vcl_config(quick: bool = False, name: str = "vcl-split-fmnist") -> VCLConfig
             epochs_override=1, eval_samples=4, batch_size=128,
         )  # fmt: skip
     return config
-
-
-def selection(result: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """Per family (the label's first word), the variant with the highest validation mean accuracy after the last task
-    and that accuracy: the search's choice."""
-    n_tasks = len(result["config"]["tasks"])
-    best: dict[str, tuple[str, float]] = {}
-    for row in result["rows"]:
-        if row["after_task"] != n_tasks or not row["seeds"]:
-            continue
-        family = row["variant"].split(",")[0]
-        if family not in best or row["val_mean"][0] > best[family][1]:
-            best[family] = (row["variant"], row["val_mean"][0])
-    return best
 
 
 def _task_data(
@@ -289,16 +274,7 @@ def run_vcl(
     done = execute(runs, run, for_this_rank(vcl_store(config, out, shard)), device=dev, workers=workers, commit=commit)
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
-    rows = []
-    for variant in config.variants:
-        records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
-        for t in range(len(config.tasks)):
-            row: dict[str, Any] = {"variant": variant.label, "after_task": t + 1, "seeds": len(records)}
-            for j in range(t + 1):
-                row[f"head{j + 1}"] = mean_and_standard_error([r["accuracy"][t][j] for r in records])
-            row["mean"] = mean_and_standard_error([sum(r["accuracy"][t]) / (t + 1) for r in records])
-            row["val_mean"] = mean_and_standard_error([sum(r["val_accuracy"][t]) / (t + 1) for r in records])
-            rows.append(row)
+    rows = summarise_vcl(config, done)
     result = {
         "name": config.name,
         **provenance(command, commit, describe_device(dev) + (f" x {world} processes (DistributedDataParallel)" if world > 1
@@ -317,40 +293,3 @@ def run_vcl(
     continual_figure(result, figure)
     (out / f"{config.name}.md").write_text(render_vcl_markdown(result, figure.name))
     return result
-
-
-def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> str:
-    """The page of a saved ``vcl-split-fmnist*`` result: the accuracy of every head after every task per variant
-    (``mean ± se`` over seeds), the final mean accuracies and, for the search, each family's choice."""
-    n_tasks = len(result["config"]["tasks"])
-    lines = [
-        f"# {result['name']}",
-        "",
-        "Variational continual learning on Split Fashion-MNIST (Farquhar et al. 2020, Fig. 5 and Appendix C.1-C.2): test "
-        "accuracy of each head after each task (Monte Carlo predictive), mean ± standard error over seeds; `mean` is the "
-        "average over the heads seen so far, `val mean` the same on the held-out 10% of the training set.",
-        "",
-        *provenance_lines(result, runs_note=True, run_devices=True),
-        "- training seconds per run: "
-        + "; ".join(f"{k}: {sum(v) / max(len(v), 1):.0f}" for k, v in result["train_seconds"].items()),
-        "",
-    ]
-    header = ["variant", "after task", "seeds", *(f"head {j + 1}" for j in range(n_tasks)), "mean", "val mean"]
-    rows = [
-        [row["variant"], str(row["after_task"]), str(row["seeds"]),
-         *(mean_se(row.get(f"head{j + 1}"), 4, missing="") for j in range(n_tasks)),
-         mean_se(row["mean"], 4), mean_se(row["val_mean"], 4)]
-        for row in result["rows"]
-    ]  # fmt: skip
-    lines += markdown_table(header, rows)
-    final = [r for r in result["rows"] if r["after_task"] == n_tasks]
-    if final:
-        lines += ["", "Mean accuracy over the 5 heads after the last task: "
-                  + "; ".join(f"{r['variant']} {mean_se(r['mean'], 4)}" for r in final) + "."]  # fmt: skip
-    if str(result["name"]).startswith("vcl-split-fmnist-search"):
-        lines += ["", "Selected by the validation mean accuracy after the last task (the test columns play no part): "
-                  + "; ".join(f"{family}: {label} ({value:.4f})" for family, (label, value) in selection(result).items())
-                  + "."]  # fmt: skip
-    if figure:
-        lines += ["", f"![{figure}]({figure})"]
-    return "\n".join(lines) + "\n"

@@ -55,7 +55,7 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )
-from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
+from varbnn.experiments.pages.graves import render_graves_markdown, summarise_graves
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.nn.base import sample_mode
@@ -349,8 +349,6 @@ def run_graves_mnist(
     ``distributed`` (under ``torchrun``): each run trains data-parallel (every rank an equal share of the training set,
     batch ``batch_size // world_size``; the Graves estimator's per-example gradients averaged like the others'); rank 0
     alone writes."""
-    from varbnn.metrics import mean_and_standard_error
-
     start = time.perf_counter()
     commit = git_commit()
     dev, world = processes(device, distributed, workers)
@@ -362,19 +360,7 @@ def run_graves_mnist(
     done = execute(runs, run, for_this_rank(graves_store(config, out, shard)), device=dev, workers=workers, commit=commit)
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
-    rows = []
-    for variant in config.variants:
-        records = [done[(variant.label, s)] for s in config.seeds if (variant.label, s) in done]
-        if not records:
-            continue
-        row: dict[str, Any] = {"variant": variant.label, "posterior": variant.posterior_text, "prior": variant.prior_text,
-                               "early_stopping": variant.early_stopping, "seeds": len(records)}  # fmt: skip
-        for key in ("test_error_mode", "test_error_mc", "test_nll_mc", "epochs", "train_seconds"):
-            row[key] = mean_and_standard_error([float(r[key]) for r in records])
-        for key in ("ratio", "error_bits", "complexity_bits", "bits_per_weight"):
-            values = [r["mdl"][key] for r in records]
-            row[key] = mean_and_standard_error([float(v) for v in values]) if None not in values else None
-        rows.append(row)
+    rows = summarise_graves(config, done)
     result = {
         "name": config.name,
         **provenance(command, commit, _device_text(dev, world), start),
@@ -392,35 +378,3 @@ def run_graves_mnist(
 
 def _device_text(dev: torch.device, world: int) -> str:
     return describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
-
-
-def render_graves_markdown(result: dict[str, Any], figure: str | None = None) -> str:
-    """The page of a saved ``graves-mnist`` result: table 1's analogue, one row per variant (``mean ± se`` over seeds)."""
-    config = result["config"]
-    lines = [
-        f"# {result['name']}",
-        "",
-        f"Graves (2011) table 1 analogue on MNIST: MLP 784-{'-'.join(map(str, config['hidden']))}-10, Adam lr {config['lr']}, "
-        f"batch {config['batch_size']}, at most {config['epochs']} epochs; adaptive priors at their closed-form optimum "
-        "after every update. Error = test classification error in % of the posterior mode ('remove weight noise') and of "
-        f"the Monte Carlo predictive ({config['eval_samples']} draws). Epochs = the epoch evaluated (lowest validation "
-        "error with early stopping, else lowest training error loss). Ratio = (L^E + L^C) on the training targets / "
-        "their uniform code length (N log2 10 bits); defined only for Gaussian posteriors with a proper prior. "
-        "Mean ± standard error over seeds.",
-        "",
-        *provenance_lines(result, runs_note=True, run_devices=True),
-        "",
-    ]
-    header = ["name", "posterior", "prior", "early stop", "error (mode) %", "error (MC) %", "test NLL (MC)", "epochs", "ratio",
-              "L^E bits", "L^C bits", "bits/weight", "train s"]  # fmt: skip
-    rows = [
-        [r["variant"], r["posterior"], r["prior"], "yes" if r["early_stopping"] else "no",
-         mean_se(r["test_error_mode"], 2, 100.0), mean_se(r["test_error_mc"], 2, 100.0), mean_se(r["test_nll_mc"], 4),
-         mean_se(r["epochs"], 0), mean_se(r["ratio"], 4), mean_se(r["error_bits"], 0), mean_se(r["complexity_bits"], 0),
-         mean_se(r["bits_per_weight"], 3), mean_se(r["train_seconds"], 0)]
-        for r in result["rows"]
-    ]  # fmt: skip
-    lines += markdown_table(header, rows)
-    if figure:
-        lines += ["", f"![{figure}]({figure})"]
-    return "\n".join(lines) + "\n"

@@ -63,9 +63,9 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )  # fmt: skip
-from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
+from varbnn.experiments.pages.retina import draw_retina_figure, render_retina_markdown, summarise_retina
 from varbnn.families import make_family
-from varbnn.metrics import auroc, mean_and_standard_error, referral_curve
+from varbnn.metrics import auroc, referral_curve
 from varbnn.models import vgg_small
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
@@ -336,92 +336,11 @@ def run_retina(
         "run_commits": sorted({r["commit"] for r in records}),
         "train_seconds": round(sum(r["seconds"] for r in records), 1),
         "config": dataclasses.asdict(config),
-        "rows": _summarise(config, records),
+        "rows": summarise_retina(config, records, REFERRAL_FRACTIONS),
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    from varbnn.plots import referral_figure, robustness_figure
-
     figure = out / f"{config.name}.png"
-    if config.kind == "referral":
-        referral_figure(records, figure, REFERRAL_FRACTIONS)
-    else:
-        robustness_figure(records, figure, config.chance_auroc, _good_threshold(config, records))
+    draw_retina_figure(config, records, figure, REFERRAL_FRACTIONS)
     result["figures"] = [figure.name]
     (out / f"{config.name}.md").write_text(render_retina_markdown(result, figure.name))
     return result
-
-
-def _good_threshold(config: RetinaConfig, records: list[dict[str, Any]]) -> float:
-    finite = [r["auroc"] for r in records if not math.isnan(r["auroc"])]
-    return (max(finite) - config.good_margin) if finite else float("nan")
-
-
-def _summarise(config: RetinaConfig, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    if config.kind == "referral":
-        for family in config.families:
-            mine = [r for r in records if r["family"] == family and r["referral"]]
-            for i, fraction in enumerate(REFERRAL_FRACTIONS):
-                rows.append({
-                    "family": family, "referred": fraction, "seeds": len(mine),
-                    "auroc": mean_and_standard_error([r["referral"][i]["auroc"] for r in mine]),
-                    "accuracy": mean_and_standard_error([r["referral"][i]["accuracy"] for r in mine]),
-                })  # fmt: skip
-        return rows
-    good = _good_threshold(config, records)
-    for family in config.families:
-        mine = [r for r in records if r["family"] == family]
-        aurocs = [r["auroc"] for r in mine]
-        chance = sum(1 for a in aurocs if math.isnan(a) or a < config.chance_auroc)
-        rows.append({
-            "family": family, "configs": len(mine), "distinct": len({r["key"] for r in mine}),
-            "no_better_than_chance": chance / max(len(mine), 1),
-            "good": sum(1 for a in aurocs if not math.isnan(a) and a >= good) / max(len(mine), 1),
-            "good_threshold": good,
-            "median_auroc": sorted(a for a in aurocs if not math.isnan(a))[len([a for a in aurocs if not math.isnan(a)]) // 2]
-            if any(not math.isnan(a) for a in aurocs) else float("nan"),
-            "best_auroc": max((a for a in aurocs if not math.isnan(a)), default=float("nan")),
-            "diverged": sum(1 for r in mine if r["diverged"]),
-        })  # fmt: skip
-    return rows
-
-
-def render_retina_markdown(result: dict[str, Any], figure: str) -> str:
-    """The page of a saved ``retina-*`` result: the referral table (AUROC and accuracy per referred fraction, ``mean ±
-    se`` over seeds) or the robustness table (shares of configurations per family)."""
-    config = result["config"]
-    lines = [
-        f"# {result['name']}",
-        "",
-        (
-            "Referral under uncertainty on the RetinaMNIST stand-in (binary: grade >= 2), radial vs mean-field: AUROC and "
-            "accuracy on the test points kept after referring the most uncertain fraction (mutual information), mean ± "
-            "standard error over seeds (Farquhar et al. 2020, Fig. 7 left)."
-            if config["kind"] == "referral"
-            else "Robustness to hyperparameters on the RetinaMNIST stand-in (Farquhar et al. 2020, Fig. 7 right): the same "
-            f"{len(config['runs'])} random configurations for both families; 'no better than chance': test AUROC < "
-            f"{config['chance_auroc']} (or diverged); 'good': test AUROC >= best of all runs - {config['good_margin']}. "
-            "The paper: mean-field 82% / 11%, radial 39% / 44%."
-        ),
-        "",
-        *provenance_lines(result, runs_note=True, run_commits=True, run_devices=True),
-        f"- training time, all runs: {result['train_seconds']:.0f} s; epochs {config['epochs']}, VGG width {config['width']}",
-        "",
-    ]
-    if config["kind"] == "referral":
-        rows = [
-            [row["family"], f"{row['referred']:.0%}", str(row["seeds"]), mean_se(row["auroc"], 4), mean_se(row["accuracy"], 4)]
-            for row in result["rows"]
-        ]
-        lines += markdown_table(["family", "referred", "seeds", "AUROC", "accuracy"], rows)
-    else:
-        rows = [
-            [row["family"], f"{row['configs']} ({row['distinct']})", f"{row['no_better_than_chance']:.0%}",
-             f"{row['good']:.0%} (>= {row['good_threshold']:.3f})", f"{row['median_auroc']:.4f}", f"{row['best_auroc']:.4f}",
-             str(row["diverged"])]
-            for row in result["rows"]
-        ]  # fmt: skip
-        header = ["family", "configs (distinct)", "no better than chance", "good AUROC", "median AUROC", "best AUROC", "diverged"]
-        lines += markdown_table(header, rows)
-    lines += ["", f"![{figure}]({figure})"]
-    return "\n".join(lines) + "\n"

@@ -61,11 +61,15 @@ from varbnn.experiments.engine import (
     provenance,
     select_shard,
 )
-from varbnn.experiments.render import MISSING, markdown_table, mean_se, provenance_lines
-from varbnn.experiments.uci import N_SPLITS, REFERENCE_LL, SMALLEST_FIRST, UCIVariant
+from varbnn.experiments.pages.uci_learned import (
+    BASELINE_FAMILIES,
+    DEEP_ENSEMBLE_LL,
+    render_uci_learned_markdown,
+    summarise_uci_learned,
+)
+from varbnn.experiments.uci import N_SPLITS, SMALLEST_FIRST, UCIVariant
 from varbnn.families import make_family
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
-from varbnn.metrics import mean_and_standard_error
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
@@ -74,11 +78,6 @@ from varbnn.train import default_optimizer, fit, seed_everything
 __all__ = [
     "UCILearnedConfig", "LEARNED_VARIANTS", "DEEP_ENSEMBLE_LL", "quick_config", "run_uci_learned", "render_uci_learned_markdown",
 ]  # fmt: skip
-
-DEEP_ENSEMBLE_LL = {  # Lakshminarayanan et al. 2017, Table 1 (5 networks), as listed in issue 30
-    "bostonHousing": -2.41, "concrete": -3.06, "energy": -1.38, "kin8nm": 1.20, "naval-propulsion-plant": 5.63,
-    "power-plant": -2.79, "protein-tertiary-structure": -2.83, "wine-quality-red": -0.94, "yacht": -1.18,
-}  # fmt: skip
 
 LEARNED_VARIANTS = (
     UCIVariant("RDP (double)", "rdp", {"grouping": "double"}, prior="radial_directional"),
@@ -89,7 +88,6 @@ LEARNED_VARIANTS = (
     UCIVariant("MC dropout", "mc-dropout"),
     UCIVariant("deep ensemble (5)", "ensemble", {"members": 5}),
 )
-BASELINE_FAMILIES = ("mc-dropout", "ensemble")
 
 
 @dataclass(frozen=True)
@@ -287,19 +285,7 @@ def run_uci_learned(
                    on_record=report)  # fmt: skip
     if not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
-    rows = []
-    for dataset in config.datasets:
-        row: dict[str, Any] = {"dataset": dataset, "reference_ll": REFERENCE_LL[dataset]}
-        row["ensemble_ll"] = DEEP_ENSEMBLE_LL[dataset]
-        for variant in config.active_variants:
-            records = [r for (d, v, _), r in sorted(done.items()) if d == dataset and v == variant.label]
-            if records:
-                row[variant.label] = {
-                    "splits": len(records), "ll": mean_and_standard_error([r["ll"] for r in records]),
-                    "rmse": mean_and_standard_error([r["rmse"] for r in records]),
-                    "seconds": sum(r["seconds"] for r in records),
-                }  # fmt: skip
-        rows.append(row)
+    rows = summarise_uci_learned(config, done)
     device_text = describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
     result = {"name": config.name, **provenance(command, commit, device_text, start),
               "config": dataclasses.asdict(config), "protocol": protocol, "rows": rows}  # fmt: skip
@@ -307,48 +293,3 @@ def run_uci_learned(
         (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         (out / f"{config.name}.md").write_text(render_uci_learned_markdown(result))
     return result
-
-
-def _list(values: Any) -> str:
-    return ", ".join(f"{v:g}" for v in values)
-
-
-def render_uci_learned_markdown(result: dict[str, Any]) -> str:
-    """The page: LL and RMSE per dataset and variant, the two references, and issue 30's three goals."""
-    config = result["config"]
-    labels = [v["label"] for v in config["variants"] if config.get("only") is None or v["label"] in config["only"]]
-    families = [v["label"] for v in config["variants"] if v["label"] in labels and v["family"] not in BASELINE_FAMILIES]
-    lines = [
-        f"# {result['name']}", "",
-        "UCI regression under the learned-noise protocol (`varbnn.experiments.uci_learned`): test log-likelihood (nats "
-        "per point, original units) and RMSE, mean ± standard error over the splits run [count].", "",
-        *provenance_lines(result, runs_note=True),
-        f"- search: prior scales {_list(config['prior_scales'])} (MC dropout: rates {_list(config['dropout_rates'])}) x "
-        f"epochs {_list(config['epochs'])} (each at most {config['max_steps']} steps) by the log-likelihood of "
-        f"{config['validation_fraction']:g} of each training split; protocol hash `{result['protocol']}`", "",
-    ]  # fmt: skip
-    ll_rows: list[list[str]] = []
-    rmse_rows: list[list[str]] = []
-    wins_ref = wins_ens = rdp_ahead = compared = rdp_compared = 0
-    for row in result["rows"]:
-        entries = [row.get(label) for label in labels]
-        ll_rows.append([row["dataset"], f"{row['reference_ll']:.2f}", f"{row['ensemble_ll']:.2f}",
-                        *(mean_se(e["ll"], 2, count=e["splits"]) if e else MISSING for e in entries)])  # fmt: skip
-        rmse_rows.append([row["dataset"], *(mean_se(e["rmse"], 3) if e else MISSING for e in entries)])
-        best = max((row[f]["ll"][0] for f in families if f in row), default=None)
-        if best is not None:
-            compared += 1
-            wins_ref += best > row["reference_ll"]
-            wins_ens += best > row["ensemble_ll"]
-        if "RDP (double)" in row and "mean-field" in row:
-            rdp_compared += 1
-            rdp_ahead += row["RDP (double)"]["ll"][0] >= row["mean-field"]["ll"][0]
-    lines += markdown_table(["dataset", "best of VI/PBP/Dropout/VMG", "deep ensembles (paper)", *labels], ll_rows)
-    lines += [
-        "", f"- best varbnn family above the best of VI/PBP/Dropout/VMG on {wins_ref} of {compared} sets run (goal: >= 6 of 9)",
-        f"- above the deep-ensemble paper's numbers on {wins_ens} of {compared} (goal: >= 4 of 9)",
-        f"- RDP at or above mean-field on {rdp_ahead} of {rdp_compared} (goal: >= 5 of 9)", "",
-        *markdown_table(["dataset", *(f"{label} RMSE" for label in labels)], rmse_rows),
-    ]  # fmt: skip
-    lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
-    return "\n".join(lines) + "\n"
