@@ -53,6 +53,11 @@ _FAMILY_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+_SCRATCH_WIDTHS: dict[str, dict[str, Any]] = {"rdp": {"init_resultant": 0.95}}
+"""The from-scratch initial widths, pinned for the ``module`` rows: ``bayesianize(pretrained=True)`` starts RDP
+narrower around trained weights (``benchmarks/conversion_study.py``), which the study's fresh networks are not."""
+
+
 @dataclass(frozen=True)
 class Run:
     task: str
@@ -113,6 +118,8 @@ def _model(run: Run) -> nn.Module:
         return net
     prior = RadialDirectionalPrior() if run.family == "rdp" else Normal(0.0, 1.0)
     name, options = _FAMILY_OPTIONS.get(run.family, (run.family, {}))
+    if run.init == "module":  # a FRESH network's weights copied: keep the from-scratch widths the runs were made with
+        options = {**_SCRATCH_WIDTHS.get(name, {}), **options}  # (bayesianize(pretrained=True) narrows these since)
     return varbnn.bayesianize(net, make_family(name, **options), prior, pretrained=run.init == "module")
 
 

@@ -699,3 +699,36 @@ def test_reinitialize_keeps_the_exported_architecture_and_redraws_every_weight_r
         reinitialize(model)
     with pytest.raises(TypeError, match="nn.Module"):
         reinitialize("model")  # type: ignore[arg-type]
+
+
+def test_a_converted_trained_network_starts_its_directions_narrower_unless_told_otherwise():
+    """bayesianize(pretrained=True) builds RDP with PRETRAINED_INIT_RESULTANT when init_resultant is left at its
+    default (the conversion study's choice), 0.95 with pretrained=False, and never overrides a value the user set."""
+    from varbnn.families.rdp import INIT_RESULTANT, PRETRAINED_INIT_RESULTANT
+
+    assert (INIT_RESULTANT, PRETRAINED_INIT_RESULTANT) == (0.95, 0.999)
+    net = nn.Sequential(nn.Linear(20, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def concentration(model, grouping="row"):
+        return float(model[0].posteriors["weight"].concentration(grouping))
+
+    trained = bayesianize(net, RadialDirectional(), RadialDirectionalPrior(), pretrained=True)
+    fresh = bayesianize(net, RadialDirectional(), RadialDirectionalPrior(), pretrained=False)
+    pinned = bayesianize(net, RadialDirectional(init_resultant=0.95), RadialDirectionalPrior(), pretrained=True)
+    for grouping, dim in (("row", 20), ("column", 8)):
+        assert concentration(trained, grouping) == pytest.approx(banerjee_concentration(dim, 0.999), rel=1e-5)
+        assert concentration(fresh, grouping) == pytest.approx(banerjee_concentration(dim, 0.95), rel=1e-5)
+        assert concentration(pinned, grouping) == pytest.approx(banerjee_concentration(dim, 0.95), rel=1e-5)
+    # the mean network is still the trained one, and the family objects themselves are untouched
+    with torch.no_grad():
+        x = torch.randn(5, 20)
+        from varbnn import sample_mode
+
+        with sample_mode(trained, "mode"):
+            assert torch.allclose(trained(x), net(x), atol=1e-3)  # log-normal modes: exp(m - v), v = 1e-4
+    assert RadialDirectional().for_trained_weights().init_resultant == 0.999
+    pinned_family = RadialDirectional(init_resultant=0.9)
+    assert pinned_family.for_trained_weights() is pinned_family
+    # MeanField keeps one init_std: a fresh network converted with pretrained=True (its measured-better start) would
+    # get a trained network's width too (see benchmarks/results/conversion-defaults)
+    assert MeanField().for_trained_weights().init_std == 1e-2

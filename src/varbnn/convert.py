@@ -509,6 +509,9 @@ def bayesianize(
         if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, nn.Module))):
             raise TypeError(f"exclude must hold module names (str) or nn.Module types, got {entry!r}")
     family = family if family is not None else MeanField()
+    if pretrained:  # a family may start narrower around trained weights than from scratch
+        family = family.for_trained_weights()
+        bias_family = bias_family.for_trained_weights() if bias_family is not None else None
     prior = _check_prior(prior) if prior is not None else Normal(0.0, 1.0)
     bias_prior = _check_prior(bias_prior)
 

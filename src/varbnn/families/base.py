@@ -83,6 +83,13 @@ class VariationalFamily(nn.Module):
         built._materialize(shape, init.detach().clone())
         return built
 
+    def for_trained_weights(self: F) -> F:
+        """The family :func:`varbnn.convert.bayesianize` builds with when it copies a trained network's weights into
+        the posterior means (``pretrained=True``): this one, unless the family's default initial width was chosen for
+        training from scratch and a narrower start around trained weights measured better (e.g.
+        :class:`~varbnn.families.RadialDirectional`'s ``init_resultant``). An option the user set is never changed."""
+        return self
+
     @property
     def is_built(self) -> bool:
         """Whether this instance owns parameters (built by :meth:`build`) rather than being a hyperparameter spec."""
