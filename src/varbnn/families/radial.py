@@ -82,7 +82,6 @@ class Radial(VariationalFamily):
     """
 
     default_kl_weight = 0.3  # benchmarks/results/defaults (with the per-element start, init_std=None)
-    compile_unsupported = "its compiled KL has not yet been shown to reproduce the eager one"
 
     estimators = _ESTIMATORS
     estimator_layers = {"reparam": LAYER_KINDS, "flipout": ("linear", "conv1d", "conv2d", "conv3d")}
