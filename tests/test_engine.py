@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -239,3 +240,22 @@ def test_the_generic_runner_killed_mid_run_resumes_from_its_epoch_checkpoint(tmp
     a, b = resumed["scores"][0][1], uninterrupted["scores"][0][1]
     for key in ("accuracy", "nll", "ece", "brier", "final_train_loss", "ood_auroc_entropy"):
         assert a[key] == b[key], key
+
+
+def test_open_run_and_invocation_write_what_every_run_function_writes(tmp_path):
+    from varbnn.experiments.engine import describe_device, open_run
+
+    call = open_run("toy", tmp_path / "out", "cpu", False, 1)
+    assert call.out == tmp_path / "out" and call.out.is_dir() and call.device == CPU and call.world == 1
+    assert call.device_text() == describe_device(CPU) and call.progress(True) and not call.progress(False)
+    assert dataclasses.replace(call, world=2).device_text("DDP") == describe_device(CPU) + " x 2 processes (DDP)"
+    result = {"name": "toy", **call.provenance("varbnn reproduce toy"), "path": tmp_path}
+    assert result["command"] == "varbnn reproduce toy" and result["device"] == call.device_text()
+    path = call.write_result(result)
+    assert path == call.out / "toy.json"
+    assert path.read_text() == json.dumps(result, indent=2, default=str) + "\n"
+    with pytest.raises(TypeError):
+        call.write_result(result, default=None)
+    assert call.write_page(result, "# toy\n") is result and (call.out / "toy.md").read_text() == "# toy\n"
+    done = call.execute(toy_runs(), functools.partial(toy_run, None, 0.0), toy_store(call.out))
+    assert set(done) == set(toy_runs()) and all(r["commit"] == call.commit for r in done.values())

@@ -35,19 +35,7 @@ from varbnn import distributed as vdist
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_fashion_mnist
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import (
-    RunKey,
-    RunStore,
-    describe_device,
-    execute,
-    expand,
-    for_this_rank,
-    git_commit,
-    processes,
-    provenance,
-    select_shard,
-)  # fmt: skip
+from varbnn.experiments.engine import RunKey, RunStore, expand, open_run, select_shard
 from varbnn.experiments.pages.continual import render_vcl_markdown, selection, summarise_vcl
 from varbnn.families import make_family
 from varbnn.models import mlp
@@ -246,39 +234,27 @@ def vcl_store(config: VCLConfig, out: os.PathLike[str], shard: tuple[int, int] |
 
 def run_vcl(
     config: VCLConfig,
-    *,
-    device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] | None = None,
-    data_dir: str | None = None,
-    progress: bool = True,
-    command: str | None = None,
-    shard: tuple[int, int] | None = None,
-    train: bool = True,
-    workers: int = 1,
-    distributed: bool = False,
-) -> dict[str, Any]:
+    *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None, data_dir: str | None = None,
+    progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None, train: bool = True,
+    workers: int = 1, distributed: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Run every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``, ``.md`` and the figure.
     ``distributed`` (under ``torchrun``): every process trains each run on its equal share of each task with a batch of
     ``batch_size // world_size`` (gradients averaged by ``fit``); rank 0 alone writes.
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
     (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
     (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
-    start = time.perf_counter()
-    commit = git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
     runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
-    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
-    done = execute(runs, run, for_this_rank(vcl_store(config, out, shard)), device=dev, workers=workers, commit=commit)
+    run = functools.partial(_run_key, config, data_dir, call.device, call.progress(progress))
+    done = call.execute(runs, run, vcl_store(config, call.out, shard))
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
     rows = summarise_vcl(config, done)
     result = {
         "name": config.name,
-        **provenance(command, commit, describe_device(dev) + (f" x {world} processes (DistributedDataParallel)" if world > 1
-                                                              else ""), start),
+        **call.provenance(command, call.device_text("DistributedDataParallel")),
         "run_devices": sorted({r["device"] for r in done.values() if r["variant"] in hashes}),
         "train_seconds": {
             v.label: [done[(v.label, s)]["seconds"] for s in config.seeds if (v.label, s) in done] for v in config.variants
@@ -286,10 +262,9 @@ def run_vcl(
         "config": dataclasses.asdict(config),
         "rows": rows,
     }
-    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    figure = out / f"{config.name}.png"
+    call.write_result(result)
+    figure = call.out / f"{config.name}.png"
     from varbnn.plots import continual_figure
 
     continual_figure(result, figure)
-    (out / f"{config.name}.md").write_text(render_vcl_markdown(result, figure.name))
-    return result
+    return call.write_page(result, render_vcl_markdown(result, figure.name))

@@ -11,7 +11,9 @@ returns its record (a JSON-able dict). The engine
 - runs the pending runs in this process, in ``workers`` spawned processes of one thread each, or only the ``shard``
   ``(K, N)`` share of them (every N-th run from the K-th of the fixed order: the shards partition the runs) for N
   processes or machines (:func:`execute`, :func:`select_shard`);
-- writes the same provenance (command, commit, device, seconds) on every page (:func:`provenance`).
+- writes the same provenance (command, commit, device, seconds) on every page (:func:`provenance`);
+- opens every ``run_*`` function's call the same way (:func:`open_run`: start time, commit, device, results folder)
+  and writes its ``NAME.json`` and ``NAME.md`` the same way (:class:`Invocation`).
 
 The experiment module keeps only its protocol: its config, its run function and its paper-specific evaluation.
 """
@@ -38,6 +40,8 @@ from typing import Any
 
 import torch
 
+from varbnn.experiments.config import results_dir
+
 __all__ = [
     "RunKey",
     "RunStore",
@@ -53,6 +57,8 @@ __all__ = [
     "describe_device",
     "processes",
     "for_this_rank",
+    "Invocation",
+    "open_run",
 ]
 
 RunKey = tuple[Any, ...]
@@ -274,7 +280,6 @@ def describe_device(device: torch.device) -> str:
     return f"cpu: {name}, {threads} thread{'' if threads == 1 else 's'}"
 
 
-
 def processes(device: str | torch.device | None, distributed: bool, workers: int = 1) -> tuple[torch.device, int]:
     """The device of this process and the number of processes training each run: with ``distributed`` (under
     ``torchrun``) the process group is set up (:func:`varbnn.distributed.setup`; each rank its device) and must hold
@@ -299,6 +304,75 @@ def for_this_rank(store: RunStore) -> RunStore:
     from varbnn import distributed as vdist
 
     return store if vdist.is_main_process() else dataclasses.replace(store, readonly=True)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One call of a ``run_*`` function, opened by :func:`open_run`: what its runs and its page share. Its methods are
+    the steps every run function takes the same way: :meth:`execute` the runs, :meth:`provenance` for the page,
+    :meth:`write_result` (``OUT/NAME.json``) and :meth:`write_page` (``OUT/NAME.md``)."""
+
+    start: float
+    """``time.perf_counter()`` when the call began (the page's ``seconds``)."""
+    commit: str
+    device: torch.device
+    world: int
+    """The number of processes training each run (> 1 only under ``torchrun``)."""
+    workers: int
+    out: Path
+
+    def progress(self, progress: bool) -> bool:
+        """Whether a run prints its own progress: asked to, in this process (``workers == 1``) and on rank 0."""
+        from varbnn import distributed as vdist
+
+        return progress and self.workers == 1 and vdist.is_main_process()
+
+    def execute(
+        self,
+        runs: Sequence[RunKey],
+        run: Callable[[RunKey], dict[str, Any]],
+        store: RunStore,
+        on_record: Callable[[RunKey, dict[str, Any]], None] | None = None,
+    ) -> dict[RunKey, dict[str, Any]]:
+        """:func:`execute` on this call's device, workers and commit, appending to ``store`` on rank 0 only
+        (:func:`for_this_rank`)."""
+        return execute(runs, run, for_this_rank(store), device=self.device, workers=self.workers, commit=self.commit,
+                       on_record=on_record)  # fmt: skip
+
+    def device_text(self, parallel: str = "data-parallel") -> str:
+        """A page's device: :func:`describe_device`, plus `` x WORLD processes (PARALLEL)`` when several processes
+        train each run."""
+        return describe_device(self.device) + (f" x {self.world} processes ({parallel})" if self.world > 1 else "")
+
+    def provenance(self, command: str | None, device: str | None = None) -> dict[str, Any]:
+        """:func:`provenance` of this call: ``device`` by default :meth:`device_text`."""
+        return provenance(command, self.commit, self.device_text() if device is None else device, self.start)
+
+    def write_result(self, result: Mapping[str, Any], default: Callable[[Any], Any] | None = str) -> Path:
+        """Write ``result`` to ``OUT/NAME.json`` (``NAME``: its ``"name"``), JSON indented by 2 with a final newline;
+        ``default`` turns what JSON cannot hold into something it can (``None``: an error). Returns the path."""
+        path = self.out / f"{result['name']}.json"
+        path.write_text(json.dumps(result, indent=2, default=default) + "\n")
+        return path
+
+    def write_page(self, result: dict[str, Any], markdown: str) -> dict[str, Any]:
+        """Write ``markdown``, the page of ``result``, to ``OUT/NAME.md``; returns ``result`` (the run function's
+        return value)."""
+        (self.out / f"{result['name']}.md").write_text(markdown)
+        return result
+
+
+def open_run(
+    name: str, out_dir: str | os.PathLike[str] | None, device: str | torch.device | None, distributed: bool, workers: int
+) -> Invocation:
+    """What every ``run_*`` function does first, in this order: note the start time and the commit (:func:`git_commit`),
+    set up this process's device and count the processes training each run (:func:`processes`), and create the
+    results folder ``OUT`` (:func:`varbnn.experiments.config.results_dir`)."""
+    start, commit = time.perf_counter(), git_commit()
+    dev, world = processes(device, distributed, workers)
+    out = results_dir(name, out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return Invocation(start, commit, dev, world, workers, out)
 
 
 def default_command() -> str:

@@ -42,27 +42,14 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches
 from varbnn.divergence import kl as model_kl
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import (
-    RunKey,
-    RunStore,
-    describe_device,
-    execute,
-    expand,
-    for_this_rank,
-    git_commit,
-    processes,
-    provenance,
-    select_shard,
-)
+from varbnn.experiments.engine import RunKey, RunStore, expand, open_run, select_shard
+from varbnn.experiments.evaluation import mode_error, predictive_metrics
 from varbnn.experiments.pages.graves import render_graves_markdown, summarise_graves
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
-from varbnn.nn.base import sample_mode
 from varbnn.objectives import NATS_PER_BIT, complexity_is_finite, mdl_report
-from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.prune import SAFE_LAMBDA, classification_error
+from varbnn.prune import SAFE_LAMBDA
 from varbnn.train import fit, save_checkpoint, seed_everything
 
 __all__ = [
@@ -204,28 +191,6 @@ def build_graves_model(config: GravesConfig, variant: GravesVariant) -> nn.Modul
     return bayesianize(plain, family, prior, pretrained=False)
 
 
-@torch.no_grad()
-def mode_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 5000) -> float:
-    """Classification error of the posterior mode (weight noise removed)."""
-    with sample_mode(model, "mode"):
-        return classification_error(model, x, y, batch_size)
-
-
-@torch.no_grad()
-def predictive_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor, samples: int) -> dict[str, float]:
-    """Error and NLL of the Monte Carlo predictive (``samples`` draws)."""
-    dev = next(model.parameters()).device
-    model.eval()
-    wrong, nll = 0, 0.0
-    for s in range(0, x.shape[0], 2000):
-        logits = predict(model, x[s : s + 2000].to(dev), samples=samples)
-        probs = logits.softmax(-1).mean(0).cpu()
-        yb = y[s : s + 2000]
-        wrong += int((probs.argmax(-1) != yb).sum())
-        nll -= float(probs.gather(1, yb[:, None]).clamp_min(1e-12).log().sum())
-    return {"error": wrong / max(x.shape[0], 1), "nll": nll / max(x.shape[0], 1)}
-
-
 def _train(
     config: GravesConfig,
     model: nn.Module,
@@ -331,17 +296,10 @@ def graves_store(config: GravesConfig, out: os.PathLike[str], shard: tuple[int, 
 
 def run_graves_mnist(
     config: GravesConfig,
-    *,
-    device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] | None = None,
-    data_dir: str | None = None,
-    progress: bool = True,
-    command: str | None = None,
-    shard: tuple[int, int] | None = None,
-    train: bool = True,
-    workers: int = 1,
-    distributed: bool = False,
-) -> dict[str, Any]:
+    *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None, data_dir: str | None = None,
+    progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None, train: bool = True,
+    workers: int = 1, distributed: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Table 1 analogue: train every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``/``.md``
     /``.png``. ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
     (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
@@ -349,32 +307,23 @@ def run_graves_mnist(
     ``distributed`` (under ``torchrun``): each run trains data-parallel (every rank an equal share of the training set,
     batch ``batch_size // world_size``; the Graves estimator's per-example gradients averaged like the others'); rank 0
     alone writes."""
-    start = time.perf_counter()
-    commit = git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
     runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
-    run = functools.partial(_run_key, config, data_dir, dev, out, progress and workers == 1 and vdist.is_main_process())
-    done = execute(runs, run, for_this_rank(graves_store(config, out, shard)), device=dev, workers=workers, commit=commit)
+    run = functools.partial(_run_key, config, data_dir, call.device, call.out, call.progress(progress))
+    done = call.execute(runs, run, graves_store(config, call.out, shard))
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
     rows = summarise_graves(config, done)
     result = {
         "name": config.name,
-        **provenance(command, commit, _device_text(dev, world), start),
+        **call.provenance(command),
         "run_devices": sorted({r["device"] for r in done.values()}),
         "config": dataclasses.asdict(config),
         "rows": rows,
     }
-    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    call.write_result(result)
     from varbnn.plots import graves_curves
 
-    figure = graves_curves([done[k] for k in done if k[0] in hashes], out / f"{config.name}.png")
-    (out / f"{config.name}.md").write_text(render_graves_markdown(result, figure.name))
-    return result
-
-
-def _device_text(dev: torch.device, world: int) -> str:
-    return describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
+    figure = graves_curves([done[k] for k in done if k[0] in hashes], call.out / f"{config.name}.png")
+    return call.write_page(result, render_graves_markdown(result, figure.name))

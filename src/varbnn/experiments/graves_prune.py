@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,16 @@ from torch import nn
 
 from varbnn import distributed as vdist
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, execute, for_this_rank, git_commit, processes, provenance, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn.experiments.evaluation import mode_error
 from varbnn.experiments.graves import (
     AWN,
     GravesConfig,
     _awn_checkpoint,
     _data,
-    _device_text,
     _run_variant,
     _train,
     build_graves_model,
-    mode_error,
     network_experiment,
 )
 from varbnn.experiments.render import markdown_table, provenance_lines
@@ -40,8 +38,6 @@ from varbnn.prune import prune_by_density_ratio
 from varbnn.train import seed_everything
 
 __all__ = ["run_graves_prune", "render_prune_markdown", "prune_claims", "prune_store", "prune_protocol"]
-
-
 
 
 def _bits_per_kept_weight(model: nn.Module) -> float:
@@ -74,11 +70,8 @@ def run_graves_prune(
     ``network_dir``: the folder whose ``.checkpoints/`` holds the trained network (a missing one is trained and saved
     there); by default ``out_dir`` when that is given, else the folder of the experiment that trains it
     (:func:`network_experiment`, e.g. ``graves-mnist``'s)."""
-    start = time.perf_counter()
-    commit = git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
+    dev, out = call.device, call.out
     if network_dir is None:
         network_dir = out if out_dir is not None else results_dir(network_experiment(config.name))
     variant = next(v for v in config.variants if v.label == AWN)
@@ -92,8 +85,8 @@ def run_graves_prune(
                 f"{network_experiment(config.name)}`, or {config.name} without --shard)"
             )
         _run_variant(config, variant, config.seeds[0], data_dir, dev, Path(network_dir), progress)  # before any worker
-    run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, progress and workers == 1 and vdist.is_main_process())
-    done = execute(runs, run, for_this_rank(store), device=dev, workers=workers, commit=commit, on_record=(
+    run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, call.progress(progress))
+    done = call.execute(runs, run, store, on_record=(
         lambda key, row: print(f"[graves-prune] lambda {row['lambda']}: {row['percent']:.1f}% kept, error "
                                f"{row['initial_error']:.4f} -> {row['retrain_error']:.4f}", file=sys.stderr)
         if progress and vdist.is_main_process() else None
@@ -105,14 +98,14 @@ def run_graves_prune(
         raise ValueError(f"no runs of {config.name} saved in {out} (nothing to render; the page there is left as it is)")
     result = {
         "name": config.name,
-        **provenance(command, commit, _device_text(dev, world), start),
+        **call.provenance(command),
         "run_devices": sorted({r["device"] for r in rows}),
         "config": dataclasses.asdict(config),
         "heatmap_layer": config.heatmap_tensor,
         "rows": rows,
         "claims": prune_claims(rows),
     }
-    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    call.write_result(result)
     figures = []
     if checkpoint.exists():  # figures 3-4 from the network (the masks are the rule's, recomputed: no training)
         from varbnn.plots import complexity_heatmaps
@@ -130,8 +123,7 @@ def run_graves_prune(
                 kept[lam] = mask.cpu()
         figures.append(complexity_heatmaps(costs[layer_key] / NATS_PER_BIT, kept, out / f"{config.name}.png",
                                            title=layer_key).name)  # fmt: skip
-    (out / f"{config.name}.md").write_text(render_prune_markdown(result, figures[0] if figures else None))
-    return result
+    return call.write_page(result, render_prune_markdown(result, figures[0] if figures else None))
 
 
 def prune_protocol(config: GravesConfig) -> str:

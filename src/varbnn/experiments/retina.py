@@ -23,9 +23,6 @@ lr in {1e-2, 1e-3, 1e-4}, per-epoch decay in {1, 0.98, 0.96}; or AMSGrad, lr in 
 both families. Reported: the share of configurations no better than chance (test AUROC < ``chance_auroc``) and the
 share reaching a good AUROC (>= the best test AUROC of any run minus ``good_margin``; an absolute threshold means
 little on a stand-in dataset), plus the histogram.
-
-Every finished run is appended to ``OUT/<name>_runs*.jsonl``; reruns fill in what is missing, and ``--shard k/n``
-splits the runs between processes (each writes its own ``_runs.shard<k>.jsonl``; every file is read back).
 """
 
 from __future__ import annotations
@@ -45,45 +42,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_retinamnist
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import (
-    RunKey,
-    RunStore,
-    describe_device,
-    execute,
-    expand,
-    for_this_rank,
-    git_commit,
-    processes,
-    provenance,
-    select_shard,
-)  # fmt: skip
+from varbnn.experiments.engine import RunKey, RunStore, expand, open_run, select_shard
+from varbnn.experiments.evaluation import predictive_probs
 from varbnn.experiments.pages.retina import draw_retina_figure, render_retina_markdown, summarise_retina
 from varbnn.families import make_family
 from varbnn.metrics import auroc, referral_curve
 from varbnn.models import vgg_small
 from varbnn.nn.base import sample_mode
-from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
 from varbnn.train import NonFiniteError, fit, seed_everything
 
 __all__ = [
-    "RetinaRun",
-    "RetinaConfig",
-    "retina_config",
-    "run_retina",
-    "vgg_small",
-    "sample_hyperparameters",
-    "retina_runs",
-    "retina_store",
-    "render_retina_markdown",
-    "REFERRAL_FRACTIONS",
-]
+    "RetinaRun", "RetinaConfig", "retina_config", "run_retina", "vgg_small", "sample_hyperparameters", "retina_runs",
+    "retina_store", "render_retina_markdown", "REFERRAL_FRACTIONS",
+]  # fmt: skip
 
 REFERRAL_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 FAMILIES = ("radial", "meanfield")
@@ -135,16 +111,9 @@ def sample_hyperparameters(count: int, seed: int = 0) -> tuple[RetinaRun, ...]:
             optimizer, lr, decay = "sgd", rng.choice((1e-2, 1e-3, 1e-4)), rng.choice((1.0, 0.98, 0.96))
         else:
             optimizer, lr, decay = "amsgrad", rng.choice((1e-3, 1e-4, 1e-5)), 1.0
-        runs.append(
-            RetinaRun(
-                optimizer,
-                lr,
-                decay,
-                rng.choice((16, 32, 64, 128, 256)),
-                rng.choice((1, 2, 4)),
-                rng.choice((-6.0, -4.0, -2.0, 0.0)),
-            )
-        )
+        batch_size, samples = rng.choice((16, 32, 64, 128, 256)), rng.choice((1, 2, 4))
+        init_rho = rng.choice((-6.0, -4.0, -2.0, 0.0))
+        runs.append(RetinaRun(optimizer, lr, decay, batch_size, samples, init_rho))
     return tuple(runs)
 
 
@@ -165,7 +134,9 @@ def retina_config(name: str, quick: bool = False) -> RetinaConfig:
     return config
 
 
+@functools.lru_cache(maxsize=2)
 def _data(data_dir: str | None, limit: int | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The data, loaded once per process (in-process runs and each worker process share it)."""
     splits = {s: load_retinamnist(s, data_dir) for s in ("train", "val", "test")}
     x_train = splits["train"][0]
     mean, std = x_train.mean(dim=(0, 2, 3), keepdim=True), x_train.std(dim=(0, 2, 3), keepdim=True)
@@ -173,13 +144,6 @@ def _data(data_dir: str | None, limit: int | None) -> dict[str, tuple[torch.Tens
     if limit is not None:
         out["train"] = (out["train"][0][:limit], out["train"][1][:limit])
     return out
-
-
-def _predictive(model: nn.Module, x: torch.Tensor, samples: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    model.eval()
-    with torch.no_grad():
-        summary = classification_summary(predict(model, x.to(dev), samples=samples))
-    return summary.probs.cpu(), summary.mutual_information.cpu()
 
 
 def referral_metrics(probs: torch.Tensor, labels: torch.Tensor, uncertainty: torch.Tensor) -> list[dict[str, float]]:
@@ -213,7 +177,7 @@ def _train_one(
     best: dict[str, Any] = {"val_accuracy": -1.0, "epoch": 0, "state": None}
 
     def validate(epoch: int) -> None:
-        probs, _ = _predictive(model, data["val"][0], 8, dev)
+        probs, _ = predictive_probs(model, data["val"][0], 8, dev)
         val_accuracy = float((probs.argmax(-1) == data["val"][1]).double().mean())
         if val_accuracy > best["val_accuracy"]:
             best.update(val_accuracy=val_accuracy, epoch=epoch, state=copy.deepcopy(model.state_dict()))
@@ -243,7 +207,7 @@ def _train_one(
     seconds = time.perf_counter() - t0
     if best["state"] is not None:
         model.load_state_dict(best["state"])
-    probs, mi = _predictive(model, data["test"][0], config.eval_samples, dev)
+    probs, mi = predictive_probs(model, data["test"][0], config.eval_samples, dev)
     labels = data["test"][1]
     try:
         test_auroc = auroc(probs[:, 1], labels) if torch.isfinite(probs).all() else float("nan")
@@ -264,17 +228,11 @@ def _train_one(
     }
 
 
-@functools.lru_cache(maxsize=2)
-def _cached_data(data_dir: str | None, limit: int | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The data, loaded once per process (in-process runs and each worker process share it)."""
-    return _data(data_dir, limit)
-
-
 def _run_key(config: RetinaConfig, data_dir: str | None, dev: torch.device, key: RunKey) -> dict[str, Any]:
     """The engine's run function: train ``key = (family, configuration key, seed)``."""
     family_name, run_key, seed = key
     run = next(r for r in config.runs if r.key() == run_key)
-    return _train_one(config, run, family_name, seed, _cached_data(data_dir, config.train_limit), dev)
+    return _train_one(config, run, family_name, seed, _data(data_dir, config.train_limit), dev)
 
 
 def retina_runs(config: RetinaConfig) -> list[RunKey]:
@@ -292,55 +250,41 @@ def retina_store(config: RetinaConfig, out: os.PathLike[str], shard: tuple[int, 
 
 def run_retina(
     config: RetinaConfig,
-    *,
-    device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] | None = None,
-    data_dir: str | None = None,
-    progress: bool = True,
-    command: str | None = None,
-    shard: tuple[int, int] | None = None,
-    train: bool = True,
-    workers: int = 1,
-    distributed: bool = False,
-) -> dict[str, Any]:
+    *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None, data_dir: str | None = None,
+    progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None, train: bool = True,
+    workers: int = 1, distributed: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
     ``(k, n)`` if given, appended to ``<name>_runs.shard<k>.jsonl``; none if not ``train``; in ``workers`` CPU processes
     if > 1: :func:`varbnn.experiments.engine.execute`), then write ``<name>.json``, ``.md`` and the figure from every run
     found (not for a shard: the page waits for all of them). ``OUT``: ``out_dir``, by default
     ``benchmarks/results/<name>/``. ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on
     its share with its own weight noise, gradients averaged; rank 0 writes."""
-    start = time.perf_counter()
-    commit = git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
     runs = select_shard(retina_runs(config), shard) if train else []
 
     def report(key: RunKey, record: dict[str, Any]) -> None:
         if progress:
             print(f"[{config.name}] {key[0]} {key[1]} seed {key[2]}: test AUROC {record['auroc']:.4f}", file=sys.stderr)
 
-    done = execute(runs, functools.partial(_run_key, config, data_dir, dev), for_this_rank(retina_store(config, out, shard)),
-                   device=dev, workers=workers, commit=commit, on_record=report)  # fmt: skip
+    call.execute(runs, functools.partial(_run_key, config, data_dir, call.device), retina_store(config, call.out, shard), report)
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "rows": [], "figures": [], "written": False}
-    done = retina_store(config, out).load()
+    done = retina_store(config, call.out).load()
     records = [
         done[(f, r.key(), s)] for r in config.runs for s in config.seeds for f in config.families if (f, r.key(), s) in done
     ]
     result: dict[str, Any] = {
         "name": config.name,
-        **provenance(command, commit, describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else ""),
-                     start),
+        **call.provenance(command),
         "run_devices": sorted({r["device"] for r in records}),
         "run_commits": sorted({r["commit"] for r in records}),
         "train_seconds": round(sum(r["seconds"] for r in records), 1),
         "config": dataclasses.asdict(config),
         "rows": summarise_retina(config, records, REFERRAL_FRACTIONS),
     }
-    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    figure = out / f"{config.name}.png"
+    call.write_result(result)
+    figure = call.out / f"{config.name}.png"
     draw_retina_figure(config, records, figure, REFERRAL_FRACTIONS)
     result["figures"] = [figure.name]
-    (out / f"{config.name}.md").write_text(render_retina_markdown(result, figure.name))
-    return result
+    return call.write_page(result, render_retina_markdown(result, figure.name))

@@ -29,18 +29,7 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_mnist
 from varbnn.distributions.radial import chi_log_density
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import (
-    RunKey,
-    RunStore,
-    describe_device,
-    execute,
-    for_this_rank,
-    git_commit,
-    processes,
-    provenance,
-    select_shard,
-)
+from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
 from varbnn.experiments.render import markdown_table, provenance_lines
 from varbnn.families import make_family
 from varbnn.models import mlp
@@ -160,17 +149,10 @@ def soap_bubble_store(config: SoapBubbleConfig, out: os.PathLike[str], shard: tu
 
 def run_soap_bubble(
     config: SoapBubbleConfig,
-    *,
-    device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] | None = None,
-    data_dir: str | None = None,
-    progress: bool = True,
-    command: str | None = None,
-    shard: tuple[int, int] | None = None,
-    train: bool = True,
-    workers: int = 1,
-    distributed: bool = False,
-) -> dict[str, Any]:
+    *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None, data_dir: str | None = None,
+    progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None, train: bool = True,
+    workers: int = 1, distributed: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Run the kernel runs (both families) and the training runs (``config.families``) not yet in
     ``OUT/<name>_runs*.jsonl`` by the engine (:func:`varbnn.experiments.engine.execute`: resumable, ``workers`` CPU
     processes, ``shard=(k, n)``, none if not ``train``; ``distributed``: each training run data-parallel under
@@ -178,14 +160,11 @@ def run_soap_bubble(
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
     from varbnn.plots import soap_bubble_figures
 
-    start, commit = time.perf_counter(), git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
+    out = call.out
     runs = [("kernel", "meanfield"), ("kernel", "radial"), *(("train", f) for f in config.families)]
-    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
-    done = execute(select_shard(runs, shard) if train else [], run, for_this_rank(soap_bubble_store(config, out, shard)),
-                   device=dev, workers=workers, commit=commit)  # fmt: skip
+    run = functools.partial(_run_key, config, data_dir, call.device, call.progress(progress))
+    done = call.execute(select_shard(runs, shard) if train else [], run, soap_bubble_store(config, out, shard))
     if shard is not None or not vdist.is_main_process():
         return {"name": config.name, "written": False}
     missing = [key for key in runs if key not in done]
@@ -196,18 +175,16 @@ def run_soap_bubble(
     kernel = {"dim": math.prod(config.kernel_shape), "sigmas": list(config.sigmas), "samples": samples}
     training = [{k: v for k, v in done[("train", f)].items() if k not in ("run", "protocol", "commit")}
                 for f in config.families]  # fmt: skip
-    device_text = describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
     result: dict[str, Any] = {
         "name": config.name,
-        **provenance(command, commit, device_text, start),
+        **call.provenance(command),
         "config": dataclasses.asdict(config),
         "kernel": {"dim": kernel["dim"], "mean_distance": {k: sum(v) / len(v) for k, v in samples.items()}},
         "training": training,
     }
-    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    call.write_result(result, default=None)
     figures = soap_bubble_figures(kernel, training, out, config.name)
-    (out / f"{config.name}.md").write_text(render_soap_bubble_markdown(result, figures))
-    return result
+    return call.write_page(result, render_soap_bubble_markdown(result, figures))
 
 
 def render_soap_bubble_markdown(result: dict[str, Any], figures: list[str]) -> str:

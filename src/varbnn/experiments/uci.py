@@ -41,18 +41,8 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import (
-    RunKey,
-    RunStore,
-    describe_device,
-    execute,
-    for_this_rank,
-    git_commit,
-    processes,
-    provenance,
-    select_shard,
-)
+from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn.experiments.evaluation import log_likelihood_ceiling, predictive_log_likelihood
 from varbnn.experiments.pages.uci import NOISE_UPDATE_TEXT as NOISE_UPDATE_TEXT  # re-exported: the page's text
 from varbnn.experiments.pages.uci import REFERENCE_LL, render_uci_markdown, summarise_uci
 from varbnn.families import make_family
@@ -63,16 +53,9 @@ from varbnn.priors import make_prior
 from varbnn.train import default_optimizer, fit, seed_everything
 
 __all__ = [
-    "UCIVariant",
-    "UCIConfig",
-    "UCI_VARIANTS",
-    "REFERENCE_LL",
-    "run_uci",
-    "render_uci_markdown",
-    "uci_config",
-    "predictive_log_likelihood",
-    "log_likelihood_ceiling",
-]
+    "UCIVariant", "UCIConfig", "UCI_VARIANTS", "REFERENCE_LL", "run_uci", "render_uci_markdown", "uci_config",
+    "predictive_log_likelihood", "log_likelihood_ceiling",
+]  # fmt: skip
 
 SMALLEST_FIRST = (  # the sets by number of rows, the order in which the runner works through them
     "yacht",
@@ -277,38 +260,6 @@ def _run_split(
             "steps": epochs * steps_per_epoch, "seconds": round(seconds, 2)}  # fmt: skip
 
 
-def predictive_log_likelihood(pred: torch.Tensor, y: torch.Tensor, noise_var: torch.Tensor) -> float:
-    """``mean_n [logsumexp_s log N(y_n | pred[s, n], noise_var[s]) - log S]``: the Monte Carlo predictive density of
-    each test point (log-sum-exp over the S draws, not over the points), averaged over points."""
-    if pred.dim() != 2 or y.shape != pred.shape[1:] or noise_var.shape != pred.shape[:1]:
-        raise ValueError(
-            f"need pred [S, N], y [N], noise_var [S]; got {tuple(pred.shape)}, {tuple(y.shape)}, {tuple(noise_var.shape)}"
-        )
-    var = noise_var[:, None]
-    log_density = -0.5 * (math.log(2 * math.pi) + var.log() + (y[None] - pred).square() / var)
-    return float((torch.logsumexp(log_density, dim=0) - math.log(pred.shape[0])).mean())
-
-
-def log_likelihood_ceiling(n_train: int, y_std: float, prior_shape: float, prior_rate: float) -> float:
-    """Upper bound on the expected test log-likelihood (original units) of ANY network when q(tau) is the closed-form
-    posterior of a Gamma(a0, b0) noise prior: ``Gamma(a0 + n/2, b0 + E[SSE]/2)`` has shape ``a = a0 + n/2`` and rate
-    ``b >= b0``, and every test point's predictive density is at most ``mean_s sqrt(tau_s / 2 pi) / y_std`` (a perfect
-    prediction). By Jensen, ``E[log mean_s sqrt(tau_s)] <= log E[sqrt(tau)] = log Gamma(a + 1/2) - log Gamma(a) - log(b) /
-    2 <= the same with b0``, so
-
-        LL <= lgamma(a + 1/2) - lgamma(a) - log(b0) / 2 - log(2 pi) / 2 - log(y_std).
-
-    A reference above this cannot be beaten under the protocol, whatever the family: with few, nearly noise-free
-    training points (yacht, energy) the prior's rate b0 keeps the noise estimate high."""
-    if n_train < 1 or not (y_std > 0 and prior_shape > 0 and prior_rate > 0):
-        raise ValueError(
-            f"need n_train >= 1 and y_std, prior_shape, prior_rate > 0; got {n_train!r}, {y_std!r}, {prior_shape!r}, "
-            f"{prior_rate!r}"
-        )
-    a = prior_shape + n_train / 2
-    return math.lgamma(a + 0.5) - math.lgamma(a) - 0.5 * math.log(prior_rate) - 0.5 * math.log(2 * math.pi) - math.log(y_std)
-
-
 def _mean_ceiling(config: UCIConfig, dataset: str, splits: list[int], data_dir: str | None) -> float | None:
     """The mean of :func:`log_likelihood_ceiling` over ``splits`` (None unless q(tau) is fitted in closed form)."""
     if config.noise_update != "closed_form" or not splits:
@@ -341,17 +292,10 @@ def uci_store(config: UCIConfig, out: os.PathLike[str], shard: tuple[int, int] |
 
 def run_uci(
     config: UCIConfig,
-    *,
-    device: str | torch.device | None = "cpu",
-    out_dir: str | os.PathLike[str] | None = None,
-    data_dir: str | None = None,
-    progress: bool = True,
-    command: str | None = None,
-    shard: tuple[int, int] | None = None,
-    train: bool = True,
-    workers: int = 1,
-    distributed: bool = False,
-) -> dict[str, Any]:
+    *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None, data_dir: str | None = None,
+    progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None, train: bool = True,
+    workers: int = 1, distributed: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Run every (dataset, variant, split) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json`` / ``.md``.
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/`` (the Gamma(6, 6), 40-epoch protocol's folder; give
     another protocol its own, as the committed ``uci/gamma11``, ``uci/200-epochs``, ``uci/rdp-defaults`` are).
@@ -362,13 +306,8 @@ def run_uci(
     smallest dataset first. ``train=False`` only renders the table from the saved runs. ``distributed`` (under
     ``torchrun``): each run trains data-parallel, every rank on its equal share of the split with a batch of
     ``batch_size // world_size``, the noise posterior fitted to the union batch's residuals; rank 0 alone writes."""
-    start = time.perf_counter()
-    commit = git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
     protocol = config.protocol_hash()
-    store = for_this_rank(uci_store(config, out, shard))
 
     def report(key: RunKey, record: dict[str, Any]) -> None:
         if progress and vdist.is_main_process():
@@ -376,20 +315,18 @@ def run_uci(
                   f"ll={record['ll']:.4g}", file=sys.stderr)  # fmt: skip
 
     runs = [(d, v.label, k) for d, v, k in uci_jobs(config, shard)] if train else []
-    run = functools.partial(_run_key, config, data_dir, dev, progress and workers == 1 and vdist.is_main_process())
-    done = execute(runs, run, store, device=dev, workers=workers, commit=commit, on_record=report)
+    run = functools.partial(_run_key, config, data_dir, call.device, call.progress(progress))
+    done = call.execute(runs, run, uci_store(config, call.out, shard), report)
     if not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
     rows = summarise_uci(config, done, lambda dataset, splits: _mean_ceiling(config, dataset, splits, data_dir))
-    device_text = describe_device(dev) + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else "")
-    device_text += f" x {world} processes (data-parallel)" if world > 1 else ""
+    device_text = call.device_text() + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else "")
     result = {
         "name": config.name,
-        **provenance(command, commit, device_text, start),
+        **call.provenance(command, device_text),
         "config": dataclasses.asdict(config),
         "protocol": protocol,
         "rows": rows,
     }
-    (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (out / f"{config.name}.md").write_text(render_uci_markdown(result))
-    return result
+    call.write_result(result)
+    return call.write_page(result, render_uci_markdown(result))

@@ -49,18 +49,7 @@ from varbnn.baselines import DeepEnsemble, MCDropout
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import (
-    RunKey,
-    RunStore,
-    describe_device,
-    execute,
-    for_this_rank,
-    git_commit,
-    processes,
-    provenance,
-    select_shard,
-)
+from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
 from varbnn.experiments.pages.uci_learned import (
     BASELINE_FAMILIES,
     DEEP_ENSEMBLE_LL,
@@ -262,14 +251,10 @@ def run_uci_learned(
     ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md``; ``train=False`` only renders.
     ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
     ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes."""
-    start, commit = time.perf_counter(), git_commit()
-    dev, world = processes(device, distributed, workers)
-    out = results_dir(config.name, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    call = open_run(config.name, out_dir, device, distributed, workers)
     protocol = config.protocol_hash()
-    store = RunStore(out, config.name, key=lambda r: (r["dataset"], r["variant"], r["split"]), protocol=lambda k: protocol,
-                     shard=shard)  # fmt: skip
-    store = for_this_rank(store)
+    store = RunStore(call.out, config.name, key=lambda r: (r["dataset"], r["variant"], r["split"]),
+                     protocol=lambda k: protocol, shard=shard)  # fmt: skip
     jobs = []
     for dataset in sorted(config.datasets, key=SMALLEST_FIRST.index):
         splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
@@ -280,16 +265,14 @@ def run_uci_learned(
             print(f"[{config.name}] {' '.join(map(str, key))}: ll={record['ll']:.4g} rmse={record['rmse']:.4g} "
                   f"knob={record['knob']} epochs={record['epochs']}", file=sys.stderr)  # fmt: skip
 
-    run = functools.partial(_run_key, config, data_dir, dev)
-    done = execute(select_shard(jobs, shard) if train else [], run, store, device=dev, workers=workers, commit=commit,
-                   on_record=report)  # fmt: skip
+    run = functools.partial(_run_key, config, data_dir, call.device)
+    done = call.execute(select_shard(jobs, shard) if train else [], run, store, report)
     if not vdist.is_main_process():
         return {"name": config.name, "rows": [], "written": False}
     rows = summarise_uci_learned(config, done)
-    device_text = describe_device(dev) + (f" x {world} processes (data-parallel)" if world > 1 else "")
-    result = {"name": config.name, **provenance(command, commit, device_text, start),
+    result = {"name": config.name, **call.provenance(command),
               "config": dataclasses.asdict(config), "protocol": protocol, "rows": rows}  # fmt: skip
     if shard is None:
-        (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        (out / f"{config.name}.md").write_text(render_uci_learned_markdown(result))
+        call.write_result(result)
+        call.write_page(result, render_uci_learned_markdown(result))
     return result
