@@ -203,7 +203,8 @@ def _pruned_result() -> dict:
         "scratch_pruned_finetuned_epoch": 54.0,
         "scratch_pruned_finetuned_test_error": 0.0101,
     }
-    return {"name": "p", "command": "c", "commit": "h", "device": "cpu", "seconds": 1.0, "config": {}, "rows": [row]}
+    config = {"variants": []}
+    return {"name": "p", "command": "c", "commit": "h", "device": "cpu", "seconds": 1.0, "config": config, "rows": [row]}
 
 
 def test_render_markdown_puts_each_pruning_rule_in_a_row_of_its_own():

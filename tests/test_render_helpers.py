@@ -56,3 +56,18 @@ def test_provenance_lines():
         "- wall time of this invocation: 12 s",
     ]
     assert provenance_lines(result, run_commits=True, run_devices=True) == provenance_lines(result)  # none saved: no bullet
+
+
+def test_render_refuses_a_benchmark_scripts_json(tmp_path):
+    """A benchmark script's JSON (name, rows, config without variants, like step_time.json) is not re-rendered as a
+    generic-runner page (which would overwrite its page with a different one)."""
+    import json
+
+    from varbnn.experiments.render import render_saved
+
+    path = tmp_path / "step_time.json"
+    path.write_text(json.dumps({"name": "step_time", "command": "x", "commit": "c", "device": "cpu", "seconds": 1.0,
+                                "config": {"model": "mlp"}, "rows": []}))  # fmt: skip
+    with pytest.raises(ValueError, match=r"not a result of `varbnn reproduce` \(missing \['config.variants'\]\)"):
+        render_saved(path)
+    assert not (tmp_path / "step_time.md").exists()

@@ -76,7 +76,8 @@ def provenance_lines(
     :func:`varbnn.experiments.engine.provenance` gives them; ``seconds`` with ``seconds_digits`` decimals).
     ``runs_note``: the commit's bullet says that each run's own commit and device are in the ``_runs.jsonl`` file;
     ``run_commits`` / ``run_devices``: a bullet listing the result's ``run_commits`` / ``run_devices`` (the commits and
-    devices that trained its runs), left out when the result has none."""
+    devices that trained its runs), left out when the result has none. A result's ``provenance_note`` (a correction of
+    its provenance written into the JSON by hand, e.g. a commit recorded wrongly) is its own bullet."""
     note = " (each run's own commit and device are in the `_runs.jsonl` file)" if runs_note else ""
     lines = [f"- command: `{result['command']}`", f"- commit: `{result['commit']}`{note}"]
     if run_commits and result.get("run_commits"):
@@ -85,6 +86,8 @@ def provenance_lines(
     if run_devices and result.get("run_devices"):
         lines.append("- devices that trained the runs: " + ", ".join(result["run_devices"]))
     lines.append(f"- wall time of this invocation: {result['seconds']:.{seconds_digits}f} s")
+    if result.get("provenance_note"):
+        lines.append(f"- provenance: {result['provenance_note']}")
     return lines
 
 
@@ -318,10 +321,12 @@ def _render_generic_saved(path: str | Path, rendered_at: str | None = None) -> P
     path = Path(path)
     result = read_result(path)
     missing = [k for k in _RESULT_KEYS if k not in result]
+    if not missing and not (isinstance(result["config"], Mapping) and "variants" in result["config"]):
+        missing = ["config.variants"]
     if missing:
         raise ValueError(
-            f"{path} is not a result of the generic runner (missing {missing}); uci and retina-* pages are re-rendered "
-            "by `varbnn reproduce NAME --no-train`"
+            f"{path} is not a result of `varbnn reproduce` (missing {missing}): the benchmark scripts under benchmarks/ "
+            "write their own pages"
         )
     page = path.with_suffix(".md")
     page.write_text(render_markdown(result, rendered_at=rendered_at or git_commit()))
