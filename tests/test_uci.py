@@ -55,7 +55,7 @@ def test_predictive_log_likelihood_is_a_logsumexp_over_draws_per_point():
 
 
 def test_regressor_puts_the_family_on_the_first_layer_only():
-    models = {v.label: build_regressor(v, 8, 50) for v in UCI_VARIANTS}
+    models = {v.label: build_regressor(v, 8) for v in UCI_VARIANTS}
     assert type(models["RDP (double)"][0].posteriors["weight"]) is RadialDirectional
     assert type(models["2-tied"][0].posteriors["weight"]) is KTied
     assert type(models["radial"][0].posteriors["weight"]) is Radial
@@ -259,9 +259,9 @@ def test_rdp_defaults_variant_uses_the_library_defaults_under_its_own_protocol_h
     pinned, fresh = uci_config(), uci_config(rdp_defaults=True)
     assert [v.label for v in fresh.variants] == ["RDP (double, library defaults)"]
     assert fresh.protocol_hash() != pinned.protocol_hash()
-    net = build_regressor(fresh.variants[0], in_features=8, hidden=50)
+    net = build_regressor(fresh.variants[0], in_features=8)
     family = net[0].posteriors["weight"]
     assert isinstance(family, RadialDirectional)
     assert (family.radius_init, family.concentration_param) == ("prior", "log")
-    old = build_regressor(pinned.variants[0], in_features=8, hidden=50)[0].posteriors["weight"]
+    old = build_regressor(pinned.variants[0], in_features=8)[0].posteriors["weight"]
     assert (old.radius_init, old.concentration_param) == ("even", "softplus")

@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +32,7 @@ from varbnn import distributed as vdist
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_fashion_mnist
-from varbnn.experiments.engine import RunKey, RunStore, expand, open_run, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
 from varbnn.experiments.pages.continual import render_vcl_markdown, selection, summarise_vcl
 from varbnn.families import make_family
 from varbnn.models import mlp
@@ -91,13 +88,10 @@ class VCLConfig:
     epochs_override: int | None = None
 
     def protocol_hash(self, variant: VCLVariant) -> str:
-        data = dataclasses.asdict(self)
-        for key in ("name", "variants", "seeds"):
-            data.pop(key)
-        data["variant"] = dataclasses.asdict(variant)
+        data = {**config_fields(self, drop=("name", "variants", "seeds")), "variant": dataclasses.asdict(variant)}
         if variant.lr is None:  # a field added later: the variants without it keep their saved runs
             data["variant"].pop("lr")
-        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return fingerprint(data)
 
 
 # The same grid for both families (issue 30): learning rate x epochs per task x initial std (the paper's rho = -6, or
@@ -226,10 +220,8 @@ def _run_key(config: VCLConfig, data_dir: str | None, dev: torch.device, progres
 
 def vcl_store(config: VCLConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
     """The runs of ``config`` in folder ``out``, keyed by (variant label, seed), each variant under its own hash."""
-    hashes = {v.label: config.protocol_hash(v) for v in config.variants}
-    return RunStore(
-        Path(out), config.name, key=lambda r: (r["variant"], r["seed"]), protocol=lambda k: hashes.get(k[0]), shard=shard
-    )
+    return RunStore.keyed(out, config.name, ("variant", "seed"), {v.label: config.protocol_hash(v) for v in config.variants},
+                          shard)  # fmt: skip
 
 
 def run_vcl(
@@ -246,10 +238,10 @@ def run_vcl(
     (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
     call = open_run(config.name, out_dir, device, distributed, workers)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
-    runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
     run = functools.partial(_run_key, config, data_dir, call.device, call.progress(progress))
-    done = call.execute(runs, run, vcl_store(config, call.out, shard))
-    if shard is not None or not vdist.is_main_process():
+    done = call.execute(expand(variant=hashes, seed=config.seeds), run, vcl_store(config, call.out, shard), shard=shard,
+                        train=train)  # fmt: skip
+    if not call.writes(shard):
         return {"name": config.name, "rows": [], "written": False}
     rows = summarise_vcl(config, done)
     result = {

@@ -21,6 +21,7 @@ The experiment module keeps only its protocol: its config, its run function and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -45,6 +46,8 @@ from varbnn.experiments.config import results_dir
 __all__ = [
     "RunKey",
     "RunStore",
+    "fingerprint",
+    "config_fields",
     "expand",
     "select_shard",
     "parse_shard",
@@ -63,6 +66,23 @@ __all__ = [
 
 RunKey = tuple[Any, ...]
 """One run: a tuple of plain values (str, int, float) naming it within its experiment, e.g. ``("yacht", "radial", 3)``."""
+
+
+def fingerprint(data: Any, length: int | None = 10) -> str:
+    """A protocol hash: the SHA-1 of ``data`` as JSON with sorted keys (what JSON cannot hold written as its ``str``),
+    its first ``length`` hex digits (all 40 for ``None``). Every experiment's records are keyed by one of these."""
+    digest = hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    return digest if length is None else digest[:length]
+
+
+def config_fields(config: Any, drop: Iterable[str] = ()) -> dict[str, Any]:
+    """The fields of the dataclass ``config`` as a dict (:func:`dataclasses.asdict`) without those named in ``drop``
+    (fields that do not change how a run trains or is evaluated: its name, the seeds, the list of variants, ...): what a
+    protocol hash is taken over, after any experiment-specific adjustment."""
+    data = dataclasses.asdict(config)
+    for key in drop:
+        data.pop(key)
+    return data
 
 
 def expand(**factors: Iterable[Any]) -> list[RunKey]:
@@ -125,6 +145,26 @@ class RunStore:
     shard: tuple[int, int] | None = None
     readonly: bool = False
     """A store that never writes (:meth:`append` does nothing): the processes other than rank 0 of a distributed run."""
+
+    @classmethod
+    def keyed(
+        cls,
+        out: os.PathLike[str] | str,
+        name: str,
+        fields: Sequence[str],
+        protocol: str | Mapping[Any, str | None],
+        shard: tuple[int, int] | None = None,
+    ) -> RunStore:
+        """The usual store: a record's key is the tuple of its ``fields`` (e.g. ``("variant", "seed")``); ``protocol``
+        is one hash for every run (a ``str``) or a hash per value of the key's first field (a mapping, e.g. one per
+        variant label: a run whose first field is not in it is unknown)."""
+        names = tuple(fields)
+        if isinstance(protocol, str):
+            text = protocol
+            return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: text, shard=shard)
+        table = dict(protocol)
+        return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: table.get(key[0]),
+                   shard=shard)  # fmt: skip
 
     @property
     def path(self) -> Path:
@@ -320,6 +360,8 @@ class Invocation:
     """The number of processes training each run (> 1 only under ``torchrun``)."""
     workers: int
     out: Path
+    name: str = ""
+    """The experiment's name (the tag of :meth:`reporter`'s lines)."""
 
     def progress(self, progress: bool) -> bool:
         """Whether a run prints its own progress: asked to, in this process (``workers == 1``) and on rank 0."""
@@ -333,11 +375,34 @@ class Invocation:
         run: Callable[[RunKey], dict[str, Any]],
         store: RunStore,
         on_record: Callable[[RunKey, dict[str, Any]], None] | None = None,
+        *,
+        shard: tuple[int, int] | None = None,
+        train: bool = True,
     ) -> dict[RunKey, dict[str, Any]]:
-        """:func:`execute` on this call's device, workers and commit, appending to ``store`` on rank 0 only
+        """:func:`execute` of the ``shard`` share of ``runs`` (:func:`select_shard`; none at all if not ``train``: only
+        the saved records are read) on this call's device, workers and commit, appending to ``store`` on rank 0 only
         (:func:`for_this_rank`)."""
-        return execute(runs, run, for_this_rank(store), device=self.device, workers=self.workers, commit=self.commit,
+        pending = select_shard(runs, shard) if train else []
+        return execute(pending, run, for_this_rank(store), device=self.device, workers=self.workers, commit=self.commit,
                        on_record=on_record)  # fmt: skip
+
+    def writes(self, shard: tuple[int, int] | None = None) -> bool:
+        """Whether this call writes the page: on rank 0 (or a single process) of a call that ran every shard (a
+        shard's page would show a part of the runs: it waits for all of them, rendered by a ``train=False`` call)."""
+        from varbnn import distributed as vdist
+
+        return shard is None and vdist.is_main_process()
+
+    def reporter(self, progress: bool, line: Callable[[RunKey, dict[str, Any]], str]) -> Callable[[RunKey, dict[str, Any]], None]:
+        """An ``on_record`` for :meth:`execute` that prints ``[NAME] line(key, record)`` to stderr for every finished
+        run, if ``progress`` and on rank 0."""
+        from varbnn import distributed as vdist
+
+        def report(key: RunKey, record: dict[str, Any]) -> None:
+            if progress and vdist.is_main_process():
+                print(f"[{self.name}] {line(key, record)}", file=sys.stderr)
+
+        return report
 
     def device_text(self, parallel: str = "data-parallel") -> str:
         """A page's device: :func:`describe_device`, plus `` x WORLD processes (PARALLEL)`` when several processes
@@ -372,7 +437,7 @@ def open_run(
     dev, world = processes(device, distributed, workers)
     out = results_dir(name, out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return Invocation(start, commit, dev, world, workers, out)
+    return Invocation(start, commit, dev, world, workers, out, name)
 
 
 def default_command() -> str:

@@ -22,11 +22,8 @@ reads it from ``graves-mnist``'s folder (``OUT`` defaults to ``benchmarks/result
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
 import sys
@@ -42,8 +39,9 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches
 from varbnn.divergence import kl as model_kl
-from varbnn.experiments.engine import RunKey, RunStore, expand, open_run, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
 from varbnn.experiments.evaluation import mode_error, predictive_metrics
+from varbnn.experiments.hooks import BestState
 from varbnn.experiments.pages.graves import render_graves_markdown, summarise_graves
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
@@ -132,14 +130,12 @@ class GravesConfig:
             raise ValueError(f"{self.name}: model must be one of {MODELS}, got {self.model!r}")
 
     def protocol_hash(self, variant: GravesVariant) -> str:
-        data = dataclasses.asdict(self)
-        for key in ("name", "variants", "seeds", "lambdas", "retrain_epochs", "heatmap_lambdas", "heatmap_tensor"):
-            data.pop(key)
+        data = config_fields(self, drop=("name", "variants", "seeds", "lambdas", "retrain_epochs", "heatmap_lambdas",
+                                         "heatmap_tensor"))  # fmt: skip
         if data["model"] == "mlp":  # the LSTM fields do not change the MLP protocol (and keep its earlier hashes)
             data.pop("model")
             data.pop("lstm_hidden")
-        data["variant"] = dataclasses.asdict(variant)
-        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return fingerprint({**data, "variant": dataclasses.asdict(variant)})
 
 
 GRAVES_EXPERIMENTS = ("graves-mnist", "graves-prune", "graves-mnist-lstm", "graves-prune-lstm")
@@ -192,19 +188,15 @@ def build_graves_model(config: GravesConfig, variant: GravesVariant) -> nn.Modul
 
 
 def _train(
-    config: GravesConfig,
-    model: nn.Module,
-    data: dict[str, torch.Tensor],
-    epochs: int,
-    early_stopping: bool,
-    dev: torch.device,
-    progress: bool,
-) -> tuple[list[dict[str, Any]], int, dict[str, torch.Tensor]]:
-    """Train ``epochs``; returns the per-epoch log, the selected epoch (0 = before training) and its state dict."""
+    config: GravesConfig, model: nn.Module, data: dict[str, torch.Tensor], epochs: int, early_stopping: bool,
+    dev: torch.device, progress: bool,
+) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    """Train ``epochs`` and load the selected epoch's state (0 = before training); returns the per-epoch log
+    and that epoch."""
     n = data["x_train"].shape[0]
     finite = complexity_is_finite(model)
     log: list[dict[str, Any]] = []
-    best: dict[str, Any] = {"key": math.inf, "epoch": 0, "state": copy.deepcopy(model.state_dict())}
+    best = BestState(model)
 
     def on_epoch_end(epoch: int, record: dict[str, float]) -> None:
         entry: dict[str, Any] = {
@@ -217,16 +209,14 @@ def _train(
             entry["ratio"] = (entry["train_error_loss_bits"] + entry["complexity_bits"]) / (n * math.log2(10))
         if early_stopping:
             entry["val_error"] = mode_error(model, data["x_val"], data["y_val"])
-        key = entry["val_error"] if early_stopping else entry["train_error_loss_bits"]
-        if key < best["key"]:
-            best.update(key=key, epoch=epoch, state=copy.deepcopy(model.state_dict()))
+        best.offer(epoch, entry["val_error"] if early_stopping else entry["train_error_loss_bits"])
         log.append(entry)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     batches = TensorBatches(*vdist.equal_share(data["x_train"], data["y_train"], config.batch_size))  # data-parallel: a share
     fit(model, batches, n_data=n, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev, progress=progress,
         on_epoch_end=on_epoch_end)  # fmt: skip
-    return log, int(best["epoch"]), best["state"]
+    return log, best.restore()
 
 
 def _evaluate(config: GravesConfig, model: nn.Module, data: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -262,9 +252,8 @@ def _run_variant(
     seed_everything(seed)
     model = build_graves_model(config, variant).to(dev)
     t0 = time.perf_counter()
-    log, best_epoch, state = _train(config, model, data, config.epochs, variant.early_stopping, dev, progress)
+    log, best_epoch = _train(config, model, data, config.epochs, variant.early_stopping, dev, progress)
     seconds = time.perf_counter() - t0
-    model.load_state_dict(state)
     if variant.label == AWN and vdist.is_main_process():
         save_checkpoint(_awn_checkpoint(out, config, seed), model, epoch=best_epoch)
     vdist.barrier()  # data-parallel: the checkpoint is written before any rank reads it
@@ -288,10 +277,8 @@ def _run_key(
 def graves_store(config: GravesConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
     """The runs of ``config`` in folder ``out``, keyed by (variant label, seed); each variant has its own protocol hash
     (:meth:`GravesConfig.protocol_hash`), so adding a variant leaves the others' runs valid."""
-    hashes = {v.label: config.protocol_hash(v) for v in config.variants}
-    return RunStore(
-        Path(out), config.name, key=lambda r: (r["variant"], r["seed"]), protocol=lambda k: hashes.get(k[0]), shard=shard
-    )
+    return RunStore.keyed(out, config.name, ("variant", "seed"), {v.label: config.protocol_hash(v) for v in config.variants},
+                          shard)  # fmt: skip
 
 
 def run_graves_mnist(
@@ -309,10 +296,10 @@ def run_graves_mnist(
     alone writes."""
     call = open_run(config.name, out_dir, device, distributed, workers)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}
-    runs = select_shard(expand(variant=hashes, seed=config.seeds), shard) if train else []
     run = functools.partial(_run_key, config, data_dir, call.device, call.out, call.progress(progress))
-    done = call.execute(runs, run, graves_store(config, call.out, shard))
-    if shard is not None or not vdist.is_main_process():
+    runs = expand(variant=hashes, seed=config.seeds)
+    done = call.execute(runs, run, graves_store(config, call.out, shard), shard=shard, train=train)
+    if not call.writes(shard):
         return {"name": config.name, "rows": [], "written": False}
     rows = summarise_graves(config, done)
     result = {

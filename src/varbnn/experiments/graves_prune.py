@@ -8,19 +8,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
-import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from varbnn import distributed as vdist
 from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, fingerprint, open_run, select_shard
 from varbnn.experiments.evaluation import mode_error
 from varbnn.experiments.graves import (
     AWN,
@@ -76,7 +72,7 @@ def run_graves_prune(
         network_dir = out if out_dir is not None else results_dir(network_experiment(config.name))
     variant = next(v for v in config.variants if v.label == AWN)
     checkpoint = _awn_checkpoint(Path(network_dir), config, config.seeds[0])
-    runs = select_shard([(lam,) for lam in config.lambdas], shard) if train else []
+    runs = select_shard([(lam,) for lam in config.lambdas], shard) if train else []  # this call's (for the check below)
     store = prune_store(config, out, shard)
     if not checkpoint.exists() and any(key not in store.load() for key in runs):
         if shard is not None:  # shards would each train (and on a GPU, differ in) the network they prune
@@ -86,12 +82,10 @@ def run_graves_prune(
             )
         _run_variant(config, variant, config.seeds[0], data_dir, dev, Path(network_dir), progress)  # before any worker
     run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, call.progress(progress))
-    done = call.execute(runs, run, store, on_record=(
-        lambda key, row: print(f"[graves-prune] lambda {row['lambda']}: {row['percent']:.1f}% kept, error "
-                               f"{row['initial_error']:.4f} -> {row['retrain_error']:.4f}", file=sys.stderr)
-        if progress and vdist.is_main_process() else None
-    ))  # fmt: skip
-    if shard is not None or not vdist.is_main_process():
+    done = call.execute(runs, run, store, call.reporter(progress, lambda key, row: (
+        f"lambda {row['lambda']}: {row['percent']:.1f}% kept, error {row['initial_error']:.4f} -> {row['retrain_error']:.4f}"
+    )))  # fmt: skip
+    if not call.writes(shard):
         return {"name": config.name, "rows": [], "written": False}
     rows = [done[(lam,)] for lam in config.lambdas if (lam,) in done]
     if not rows:
@@ -130,14 +124,12 @@ def prune_protocol(config: GravesConfig) -> str:
     """The protocol hash of ``graves-prune``'s runs: the network's (:meth:`GravesConfig.protocol_hash` of adaptive
     weight noise), its seed and the retraining length."""
     variant = next(v for v in config.variants if v.label == AWN)
-    text = json.dumps([config.protocol_hash(variant), config.seeds[0], config.retrain_epochs, config.heatmap_tensor])
-    return hashlib.sha1(text.encode()).hexdigest()[:10]
+    return fingerprint([config.protocol_hash(variant), config.seeds[0], config.retrain_epochs, config.heatmap_tensor])
 
 
 def prune_store(config: GravesConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
     """The runs of ``graves-prune`` in folder ``out``, one per lambda, keyed by ``(lambda,)``."""
-    protocol = prune_protocol(config)
-    return RunStore(Path(out), config.name, key=lambda r: (r["lambda"],), protocol=lambda key: protocol, shard=shard)
+    return RunStore.keyed(out, config.name, ("lambda",), prune_protocol(config), shard)
 
 
 def _load_network(config: GravesConfig, checkpoint: Path, dev: torch.device) -> nn.Module:
@@ -171,8 +163,7 @@ def _prune_run(
     }
     if lam > 0 and config.retrain_epochs > 0:
         seed_everything(config.seeds[0] + 1)
-        log, epoch, state = _train(config, model, data, config.retrain_epochs, False, dev, progress)
-        model.load_state_dict(state)
+        log, epoch = _train(config, model, data, config.retrain_epochs, False, dev, progress)
         row.update(retrain_error=mode_error(model, data["x_test"], data["y_test"]), retrain_epochs=epoch,
                    retrain_bits_per_weight=_bits_per_kept_weight(model), retrain_log=log)  # fmt: skip
     else:

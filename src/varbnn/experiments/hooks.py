@@ -1,10 +1,13 @@
-"""The training hooks of the generic runner's runs (:mod:`varbnn.experiments.runner`): traces at chosen steps, what a
-resumable run commits with its epoch checkpoints, and the best-of-last-epochs selection."""
+"""The training hooks of the experiments' runs: traces at chosen steps, what a resumable run commits with its epoch
+checkpoints, the best-of-last-epochs selection (the generic runner, :mod:`varbnn.experiments.runner`), and the state
+with the best score so far (:class:`BestState`: early stopping by selection, as ``graves-*`` and ``retina-*`` do)."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ from varbnn.experiments.config import ExperimentConfig
 from varbnn.nn.base import BayesianModule
 from varbnn.train import CheckpointError, _write_atomically, evaluate_weight_samples, read_checkpoint
 
-__all__ = ["std_parameters", "Tracer", "committed_state", "Sidecar", "BestOfLast"]
+__all__ = ["std_parameters", "Tracer", "committed_state", "Sidecar", "BestOfLast", "BestState"]
 
 
 def std_parameters(model: torch.nn.Module, tensor: str) -> list[torch.nn.Parameter]:
@@ -201,3 +204,28 @@ class BestOfLast:
         if self._exported != int(self.best["epoch"]):
             self._export()
         return int(self.best["epoch"])
+
+
+class BestState:
+    """The model's state at the epoch with the lowest score offered so far (ties keep the earlier epoch): early
+    stopping by selection, training runs its full length and :meth:`restore` loads the selected state. With
+    ``from_start`` the state before training (epoch 0, score +inf) is the fallback, as when no epoch improves on
+    nothing; without it, :meth:`restore` leaves the model as it is until an epoch has been offered."""
+
+    def __init__(self, model: torch.nn.Module, from_start: bool = True) -> None:
+        self.model = model
+        self.score, self.epoch = math.inf, 0
+        self.state: dict[str, Any] | None = copy.deepcopy(model.state_dict()) if from_start else None
+
+    def offer(self, epoch: int, score: float) -> bool:
+        """Keep the model's current state as that of ``epoch`` if ``score`` is below the best so far; says whether."""
+        if not score < self.score:
+            return False
+        self.score, self.epoch, self.state = score, epoch, copy.deepcopy(self.model.state_dict())
+        return True
+
+    def restore(self) -> int:
+        """Load the selected state into the model (if any); returns its epoch (0: the start, or none offered)."""
+        if self.state is not None:
+            self.model.load_state_dict(self.state)
+        return self.epoch

@@ -27,18 +27,13 @@ little on a stand-in dataset), plus the histogram.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,8 +41,9 @@ import torch
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_retinamnist
-from varbnn.experiments.engine import RunKey, RunStore, expand, open_run, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
 from varbnn.experiments.evaluation import predictive_probs
+from varbnn.experiments.hooks import BestState
 from varbnn.experiments.pages.retina import draw_retina_figure, render_retina_markdown, summarise_retina
 from varbnn.families import make_family
 from varbnn.metrics import auroc, referral_curve
@@ -95,11 +91,8 @@ class RetinaConfig:
     train_limit: int | None = None
 
     def protocol_hash(self) -> str:
-        data = dataclasses.asdict(self)
-        for key in ("name", "runs", "seeds", "families"):
-            data.pop(key)
-        data["training"] = "fit"  # since 0.2.0+: trained by varbnn.train.fit (the earlier loop's records do not count)
-        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        data = config_fields(self, drop=("name", "runs", "seeds", "families"))
+        return fingerprint({**data, "training": "fit"})  # since 0.2.0+ trained by fit (the earlier loop's runs do not count)
 
 
 def sample_hyperparameters(count: int, seed: int = 0) -> tuple[RetinaRun, ...]:
@@ -174,13 +167,11 @@ def _train_one(
             return torch.optim.SGD(params, lr=run.lr, momentum=0.9, nesterov=True)
         return torch.optim.Adam(params, lr=run.lr, amsgrad=True)
 
-    best: dict[str, Any] = {"val_accuracy": -1.0, "epoch": 0, "state": None}
+    best = BestState(model, from_start=False)  # scored by minus the validation accuracy
 
     def validate(epoch: int) -> None:
         probs, _ = predictive_probs(model, data["val"][0], 8, dev)
-        val_accuracy = float((probs.argmax(-1) == data["val"][1]).double().mean())
-        if val_accuracy > best["val_accuracy"]:
-            best.update(val_accuracy=val_accuracy, epoch=epoch, state=copy.deepcopy(model.state_dict()))
+        best.offer(epoch, -float((probs.argmax(-1) == data["val"][1]).double().mean()))
 
     t0 = time.perf_counter()
     diverged = False
@@ -205,8 +196,7 @@ def _train_one(
             raise
         diverged = True
     seconds = time.perf_counter() - t0
-    if best["state"] is not None:
-        model.load_state_dict(best["state"])
+    best_epoch = best.restore()
     probs, mi = predictive_probs(model, data["test"][0], config.eval_samples, dev)
     labels = data["test"][1]
     try:
@@ -220,8 +210,8 @@ def _train_one(
         "seed": seed,
         "auroc": test_auroc,
         "accuracy": float((probs.argmax(-1) == labels).double().mean()),
-        "best_epoch": best["epoch"],
-        "val_accuracy": best["val_accuracy"],
+        "best_epoch": best_epoch,
+        "val_accuracy": -best.score if best.state is not None else -1.0,
         "diverged": diverged,
         "referral": referral_metrics(probs, labels, mi) if torch.isfinite(probs).all() else [],
         "seconds": round(seconds, 2),
@@ -242,10 +232,7 @@ def retina_runs(config: RetinaConfig) -> list[RunKey]:
 
 def retina_store(config: RetinaConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
     """The runs of ``config`` in folder ``out``, keyed by (family, configuration key, seed), one protocol hash."""
-    protocol = config.protocol_hash()
-    return RunStore(
-        Path(out), config.name, key=lambda r: (r["family"], r["key"], r["seed"]), protocol=lambda k: protocol, shard=shard
-    )
+    return RunStore.keyed(out, config.name, ("family", "key", "seed"), config.protocol_hash(), shard)
 
 
 def run_retina(
@@ -261,14 +248,10 @@ def run_retina(
     ``benchmarks/results/<name>/``. ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on
     its share with its own weight noise, gradients averaged; rank 0 writes."""
     call = open_run(config.name, out_dir, device, distributed, workers)
-    runs = select_shard(retina_runs(config), shard) if train else []
-
-    def report(key: RunKey, record: dict[str, Any]) -> None:
-        if progress:
-            print(f"[{config.name}] {key[0]} {key[1]} seed {key[2]}: test AUROC {record['auroc']:.4f}", file=sys.stderr)
-
-    call.execute(runs, functools.partial(_run_key, config, data_dir, call.device), retina_store(config, call.out, shard), report)
-    if shard is not None or not vdist.is_main_process():
+    report = call.reporter(progress, lambda key, record: f"{key[0]} {key[1]} seed {key[2]}: test AUROC {record['auroc']:.4f}")
+    run = functools.partial(_run_key, config, data_dir, call.device)
+    call.execute(retina_runs(config), run, retina_store(config, call.out, shard), report, shard=shard, train=train)
+    if not call.writes(shard):
         return {"name": config.name, "rows": [], "figures": [], "written": False}
     done = retina_store(config, call.out).load()
     records = [

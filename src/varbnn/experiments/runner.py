@@ -7,7 +7,6 @@ and ``OUT/NAME.md`` (the table rendered from the JSON), plus figures named ``OUT
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 import math
@@ -28,7 +27,16 @@ from varbnn.analysis import replace_stds_with_rank_k, std_matrix, variance_expla
 from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
-from varbnn.experiments.engine import RunStore, describe_device, execute, expand, git_commit, processes, select_shard
+from varbnn.experiments.engine import (
+    RunStore,
+    describe_device,
+    execute,
+    expand,
+    fingerprint,
+    git_commit,
+    processes,
+    select_shard,
+)
 from varbnn.experiments.evaluation import evaluate_variant, ood_scores, parameter_count, prune_scores
 from varbnn.experiments.hooks import BestOfLast, Sidecar, Tracer, committed_state
 from varbnn.experiments.render import render_markdown, render_saved  # noqa: F401 (re-exported)
@@ -150,7 +158,7 @@ def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], 
     """``OUT/.checkpoints/NAME-<hash>/<variant>-seed<seed>.pt``, the hash over :meth:`ExperimentConfig.training_dict`
     with this variant alone: a changed training setup never resumes a stale run; a changed evaluation or pruning, or
     another variant added to the table, reuses the finished one."""
-    digest = _digest(_one_variant(config.training_dict(), config, variant))[:10]
+    digest = fingerprint(_one_variant(config.training_dict(), config, variant))
     slug = "".join(c if c.isalnum() else "-" for c in variant.label).strip("-")
     return Path(out_dir) / ".checkpoints" / f"{config.name}-{digest}" / f"{slug}-seed{seed}.pt"
 
@@ -332,16 +340,12 @@ def _protocol(config: ExperimentConfig, variant: Variant) -> str:
     :meth:`ExperimentConfig.training_dict` only) and a variant added to or removed from the table leaves the others'
     records standing."""
     fields = {k: v for k, v in config.to_dict().items() if k not in ("name", "description")}
-    return _digest(_one_variant(fields, config, variant))[:16]
+    return fingerprint(_one_variant(fields, config, variant), 16)
 
 
 def _one_variant(fields: dict[str, Any], config: ExperimentConfig, variant: Variant) -> dict[str, Any]:
     """``fields`` (from :meth:`ExperimentConfig.to_dict`) with its ``variants`` list cut down to ``variant``'s entry."""
     return {**fields, "variants": [fields["variants"][config.variants.index(variant)]]}
-
-
-def _digest(fields: dict[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _figure_data_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:

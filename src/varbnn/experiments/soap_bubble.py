@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +26,7 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_mnist
 from varbnn.distributions.radial import chi_log_density
-from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn.experiments.engine import RunKey, RunStore, config_fields, fingerprint, open_run
 from varbnn.experiments.render import markdown_table, provenance_lines
 from varbnn.families import make_family
 from varbnn.models import mlp
@@ -142,9 +139,7 @@ def _run_key(config: SoapBubbleConfig, data_dir: str | None, dev: torch.device, 
 def soap_bubble_store(config: SoapBubbleConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
     """The runs of ``config`` in folder ``out``, keyed by (``"kernel"`` or ``"train"``, family), under one protocol hash
     of every field but the name."""
-    fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "name"}
-    protocol = hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return RunStore(Path(out), config.name, key=lambda r: (r["run"], r["family"]), protocol=lambda key: protocol, shard=shard)
+    return RunStore.keyed(out, config.name, ("run", "family"), fingerprint(config_fields(config, drop=("name",))), shard)
 
 
 def run_soap_bubble(
@@ -164,8 +159,8 @@ def run_soap_bubble(
     out = call.out
     runs = [("kernel", "meanfield"), ("kernel", "radial"), *(("train", f) for f in config.families)]
     run = functools.partial(_run_key, config, data_dir, call.device, call.progress(progress))
-    done = call.execute(select_shard(runs, shard) if train else [], run, soap_bubble_store(config, out, shard))
-    if shard is not None or not vdist.is_main_process():
+    done = call.execute(runs, run, soap_bubble_store(config, out, shard), shard=shard, train=train)
+    if not call.writes(shard):
         return {"name": config.name, "written": False}
     missing = [key for key in runs if key not in done]
     if missing:

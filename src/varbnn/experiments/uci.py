@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,10 +37,18 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn.experiments.engine import RunKey, config_fields, fingerprint
 from varbnn.experiments.evaluation import log_likelihood_ceiling, predictive_log_likelihood
 from varbnn.experiments.pages.uci import NOISE_UPDATE_TEXT as NOISE_UPDATE_TEXT  # re-exported: the page's text
 from varbnn.experiments.pages.uci import REFERENCE_LL, render_uci_markdown, summarise_uci
+from varbnn.experiments.regression import (
+    N_SPLITS,
+    SMALLEST_FIRST,
+    UCIVariant,
+    regression_jobs,
+    regression_network,
+    run_regression,
+)
 from varbnn.families import make_family
 from varbnn.likelihoods import GammaPrecisionGaussian
 from varbnn.objectives import linear_kl_annealing
@@ -54,34 +58,8 @@ from varbnn.train import default_optimizer, fit, seed_everything
 
 __all__ = [
     "UCIVariant", "UCIConfig", "UCI_VARIANTS", "REFERENCE_LL", "run_uci", "render_uci_markdown", "uci_config",
-    "predictive_log_likelihood", "log_likelihood_ceiling",
+    "predictive_log_likelihood", "log_likelihood_ceiling", "N_SPLITS", "SMALLEST_FIRST",
 ]  # fmt: skip
-
-SMALLEST_FIRST = (  # the sets by number of rows, the order in which the runner works through them
-    "yacht",
-    "bostonHousing",
-    "energy",
-    "concrete",
-    "wine-quality-red",
-    "kin8nm",
-    "power-plant",
-    "naval-propulsion-plant",
-    "protein-tertiary-structure",
-)
-N_SPLITS = {name: 5 if name.startswith("protein") else 20 for name in UCI_DATASETS}
-
-
-@dataclass(frozen=True)
-class UCIVariant:
-    """One column of the table: ``family`` on the first layer, ``output_family`` on the output layer."""
-
-    label: str
-    family: str
-    family_options: dict[str, Any] = field(default_factory=dict)
-    output_family: str = "meanfield"
-    output_options: dict[str, Any] = field(default_factory=dict)
-    prior: str = "normal"
-    prior_options: dict[str, Any] = field(default_factory=dict)
 
 
 UCI_VARIANTS = (
@@ -133,16 +111,14 @@ class UCIConfig:
             raise ValueError(f"the noise prior Gamma(a0, b0) needs a0, b0 > 0, got {self.prior_shape!r}, {self.prior_rate!r}")
 
     def protocol_hash(self) -> str:
-        data = dataclasses.asdict(self)
-        for key in ("datasets", "max_splits", "name", "only"):
-            data.pop(key)
+        data = config_fields(self, drop=("datasets", "max_splits", "name", "only"))
         if data["noise_update"] == "gradient":  # the protocol before noise_update existed: its saved runs stay valid
             data.pop("noise_update")
         for variant in data["variants"]:  # likewise RDP's options from before they existed, at their old behaviour
             for option, old in (("radius_init", "even"), ("concentration_param", "softplus")):
                 if variant["family_options"].get(option) == old:
                     variant["family_options"].pop(option)
-        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return fingerprint(data)
 
 
 def uci_config(
@@ -194,8 +170,10 @@ def uci_config(
     return config
 
 
-def build_regressor(variant: UCIVariant, in_features: int, hidden: int) -> nn.Module:
-    plain = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+def build_regressor(variant: UCIVariant, in_features: int, dataset: str = "yacht") -> nn.Module:
+    """The network of ``dataset`` (:func:`~varbnn.experiments.regression.regression_network`) with the variant's
+    families on its two layers under one prior."""
+    plain = regression_network(dataset, in_features)
     prior = make_prior(variant.prior, **variant.prior_options)
     first = bayesianize(plain[0], make_family(variant.family, **variant.family_options), prior, pretrained=False)
     output = bayesianize(plain[2], make_family(variant.output_family, **variant.output_options), prior, pretrained=False)
@@ -206,16 +184,9 @@ def _run_key(config: UCIConfig, data_dir: str | None, dev: torch.device, progres
     """The engine's run function: run ``key = (dataset, variant label, split)``."""
     dataset, label, split = key
     variant = next(v for v in config.variants if v.label == label)
-    return _run_split(config, variant, dataset, split, data_dir, dev, progress)
-
-
-def _run_split(
-    config: UCIConfig, variant: UCIVariant, dataset: str, split: int, data_dir: str | None, dev: torch.device, progress: bool
-) -> dict[str, Any]:
     seed_everything(split)
     data = load_uci(dataset, split, data_dir)
-    hidden = 100 if dataset.startswith("protein") else 50
-    model = build_regressor(variant, data.x_train.shape[1], hidden).to(dev)
+    model = build_regressor(variant, data.x_train.shape[1], dataset).to(dev)
     likelihood = GammaPrecisionGaussian(config.prior_shape, config.prior_rate).to(dev)
     n = data.x_train.shape[0]
     steps_per_epoch = math.ceil(n / config.batch_size)
@@ -272,22 +243,9 @@ def _mean_ceiling(config: UCIConfig, dataset: str, splits: list[int], data_dir: 
 
 
 def uci_jobs(config: UCIConfig, shard: tuple[int, int] | None = None) -> list[tuple[str, UCIVariant, int]]:
-    """The (dataset, variant, split) jobs of ``config`` in their fixed order (smallest dataset first), or the
-    ``shard=(k, n)`` share of them: every n-th from the k-th (:func:`varbnn.experiments.engine.select_shard`)."""
-    jobs = []
-    for dataset in sorted(config.datasets, key=lambda d: SMALLEST_FIRST.index(d) if d in SMALLEST_FIRST else len(SMALLEST_FIRST)):
-        splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
-        jobs += [(dataset, variant, split) for variant in config.active_variants for split in range(splits)]
-    return select_shard(jobs, shard)
-
-
-def uci_store(config: UCIConfig, out: os.PathLike[str], shard: tuple[int, int] | None = None) -> RunStore:
-    """The runs of ``config`` in folder ``out``: records keyed by (dataset, variant label, split), every one under the
-    config's single :meth:`UCIConfig.protocol_hash`."""
-    protocol = config.protocol_hash()
-    return RunStore(
-        Path(out), config.name, key=lambda r: (r["dataset"], r["variant"], r["split"]), protocol=lambda key: protocol, shard=shard
-    )
+    """The (dataset, variant, split) jobs of ``config`` in their fixed order (smallest dataset first, variant by
+    variant), or the ``shard=(k, n)`` share of them (:func:`~varbnn.experiments.regression.regression_jobs`)."""
+    return regression_jobs(config.datasets, config.active_variants, config.max_splits, shard)
 
 
 def run_uci(
@@ -300,33 +258,16 @@ def run_uci(
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/`` (the Gamma(6, 6), 40-epoch protocol's folder; give
     another protocol its own, as the committed ``uci/gamma11``, ``uci/200-epochs``, ``uci/rdp-defaults`` are).
 
-    The engine (:func:`varbnn.experiments.engine.execute`) runs them: ``workers=N`` (> 1, CPU only) in N worker
-    processes with one thread each; ``shard=(k, n)`` only every n-th job from the k-th, appended to
-    ``<name>_runs.shard<k>.jsonl`` (shards may share one ``out_dir``; every runs file there is read back). Jobs run
-    smallest dataset first. ``train=False`` only renders the table from the saved runs. ``distributed`` (under
-    ``torchrun``): each run trains data-parallel, every rank on its equal share of the split with a batch of
-    ``batch_size // world_size``, the noise posterior fitted to the union batch's residuals; rank 0 alone writes."""
-    call = open_run(config.name, out_dir, device, distributed, workers)
-    protocol = config.protocol_hash()
-
-    def report(key: RunKey, record: dict[str, Any]) -> None:
-        if progress and vdist.is_main_process():
-            print(f"[uci] {record['dataset']} {record['variant']} split {record['split']}: rmse={record['rmse']:.4g} "
-                  f"ll={record['ll']:.4g}", file=sys.stderr)  # fmt: skip
-
-    runs = [(d, v.label, k) for d, v, k in uci_jobs(config, shard)] if train else []
-    run = functools.partial(_run_key, config, data_dir, call.device, call.progress(progress))
-    done = call.execute(runs, run, uci_store(config, call.out, shard), report)
-    if not vdist.is_main_process():
-        return {"name": config.name, "rows": [], "written": False}
-    rows = summarise_uci(config, done, lambda dataset, splits: _mean_ceiling(config, dataset, splits, data_dir))
-    device_text = call.device_text() + (f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else "")
-    result = {
-        "name": config.name,
-        **call.provenance(command, device_text),
-        "config": dataclasses.asdict(config),
-        "protocol": protocol,
-        "rows": rows,
-    }
-    call.write_result(result)
-    return call.write_page(result, render_uci_markdown(result))
+    The engine runs them (:func:`~varbnn.experiments.regression.run_regression`): ``workers=N`` (> 1, CPU only) in N
+    worker processes with one thread each; ``shard=(k, n)`` only every n-th job from the k-th, appended to
+    ``<name>_runs.shard<k>.jsonl`` (shards may share one ``out_dir``; every runs file there is read back; the page waits
+    for a call that is not a shard). Jobs run smallest dataset first. ``train=False`` only renders the table from the
+    saved runs. ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on its equal share of
+    the split with a batch of ``batch_size // world_size``, the noise posterior fitted to the union batch's residuals;
+    rank 0 alone writes."""
+    return run_regression(
+        config, uci_jobs(config), functools.partial(_run_key, config, data_dir),
+        lambda done: summarise_uci(config, done, lambda dataset, splits: _mean_ceiling(config, dataset, splits, data_dir)),
+        render_uci_markdown, device=device, out_dir=out_dir, progress=progress, command=command, shard=shard, train=train,
+        workers=workers, distributed=distributed,
+    )  # fmt: skip

@@ -29,13 +29,9 @@ Per dataset and standard split (20; 5 for protein):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,14 +45,22 @@ from varbnn.baselines import DeepEnsemble, MCDropout
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn.experiments.engine import RunKey, config_fields, fingerprint
 from varbnn.experiments.pages.uci_learned import (
     BASELINE_FAMILIES,
     DEEP_ENSEMBLE_LL,
     render_uci_learned_markdown,
     summarise_uci_learned,
 )
-from varbnn.experiments.uci import N_SPLITS, SMALLEST_FIRST, UCIVariant
+from varbnn.experiments.regression import (
+    SMALLEST_FIRST,
+    UCIVariant,
+    hidden_units,
+    regression_jobs,
+    regression_network,
+    run_regression,
+)
+from varbnn.experiments.regression import standardise as _standardise
 from varbnn.families import make_family
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
 from varbnn.objectives import linear_kl_annealing
@@ -118,10 +122,7 @@ class UCILearnedConfig:
         return self.variants if self.only is None else tuple(v for v in self.variants if v.label in self.only)
 
     def protocol_hash(self) -> str:
-        data = dataclasses.asdict(self)
-        for key in ("datasets", "max_splits", "name", "only"):
-            data.pop(key)
-        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return fingerprint(config_fields(self, drop=("datasets", "max_splits", "name", "only")))
 
     def grid(self, variant: UCIVariant) -> tuple[float | None, ...]:
         """The searched knob's values for ``variant``: prior scales, dropout rates, or none (the ensemble)."""
@@ -134,25 +135,19 @@ def quick_config() -> UCILearnedConfig:
                             validation_samples=4)  # fmt: skip
 
 
-def _build(variant: UCIVariant, knob: float | None, in_features: int, hidden: int, members: int) -> tuple[nn.Module, Likelihood]:
+def _build(variant: UCIVariant, knob: float | None, in_features: int, dataset: str, members: int) -> tuple[nn.Module, Likelihood]:
     """The model and likelihood of ``variant`` with its searched knob set; ``members``: ensemble size to build."""
     if variant.family == "ensemble":
-        nets = [nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 2)) for _ in range(members)]
+        nets = [regression_network(dataset, in_features, outputs=2) for _ in range(members)]
         return (DeepEnsemble(nets) if members > 1 else nets[0]), HeteroscedasticGaussian()  # the search trains one
     if variant.family == "mc-dropout":
-        net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(float(knob)), nn.Linear(hidden, 1))
-        return MCDropout(net), Gaussian()
+        return MCDropout(regression_network(dataset, in_features, dropout=float(knob))), Gaussian()
     scale_key = "global_scale" if variant.prior == "radial_directional" else "scale"
     prior = make_prior(variant.prior, **{**variant.prior_options, scale_key: float(knob)})
+    hidden = hidden_units(dataset)  # each layer made Bayesian as it is built (the seeded draws' order)
     first = bayesianize(nn.Linear(in_features, hidden), make_family(variant.family, **variant.family_options), prior)
     output = bayesianize(nn.Linear(hidden, 1), make_family(variant.output_family, **variant.output_options), prior)
     return nn.Sequential(first, nn.ReLU(), output), Gaussian()
-
-
-def _standardise(x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any]:
-    """(mean, std) of the inputs (std 1 for constant features, which stay at 0) and of the targets."""
-    x_std = x.std(0, unbiased=False)
-    return (x.mean(0), torch.where(x_std > 0, x_std, torch.ones_like(x_std))), (y.mean(), y.std(unbiased=False))
 
 
 def _log_likelihood(
@@ -174,11 +169,11 @@ def _log_likelihood(
 
 def _train(
     config: UCILearnedConfig, variant: UCIVariant, knob: float | None, x: torch.Tensor, y: torch.Tensor, epochs: int,
-    dev: torch.device, hidden: int, members: int, at_epoch: Any = None,
+    dev: torch.device, dataset: str, members: int, at_epoch: Any = None,
 ) -> tuple[nn.Module, Likelihood]:  # fmt: skip
     """Train ``variant`` with ``knob`` on standardised ``(x, y)`` for ``epochs``; ``at_epoch(epoch, model,
     likelihood)`` after every epoch (the search scores the validation set there)."""
-    model, likelihood = _build(variant, knob, x.shape[1], hidden, members)
+    model, likelihood = _build(variant, knob, x.shape[1], dataset, members)
     model, likelihood = model.to(dev), likelihood.to(dev)
     steps_per_epoch = math.ceil(x.shape[0] / config.batch_size)
     warmup = round(0.25 * min(_lengths(config, x.shape[0])) * steps_per_epoch)
@@ -202,7 +197,8 @@ def _lengths(config: UCILearnedConfig, n: int) -> list[int]:
     return sorted({min(e, cap) for e in config.epochs})
 
 
-def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, key: RunKey) -> dict[str, Any]:
+def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey) -> dict[str, Any]:
+    """The engine's run function: search, retrain and test ``key = (dataset, variant label, split)``."""
     dataset, label, split = key
     variant = next(v for v in config.variants if v.label == label)
     start = time.perf_counter()
@@ -215,7 +211,6 @@ def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, 
     x_fit, y_fit = ((x_all[fit_idx] - xm) / xs).to(dev), ((y_all[fit_idx] - ym) / ys).to(dev)
     x_val, y_val = ((x_all[val_idx] - xm) / xs).to(dev), ((y_all[val_idx] - ym) / ys).to(dev)
     lengths = _lengths(config, len(fit_idx))
-    hidden = 100 if dataset.startswith("protein") else 50
     search: list[dict[str, Any]] = []
     for knob in config.grid(variant):
         seed_everything(split)
@@ -226,7 +221,7 @@ def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, 
                 ll = _log_likelihood(model, likelihood, x_val, y_val, draws, ys)[0]
                 search.append({"knob": knob, "epochs": epoch, "val_ll": ll})
 
-        _train(config, variant, knob, x_fit, y_fit, max(lengths), dev, hidden, members=1, at_epoch=score)
+        _train(config, variant, knob, x_fit, y_fit, max(lengths), dev, dataset, members=1, at_epoch=score)
     finite = [s for s in search if math.isfinite(s["val_ll"])] or search
     best = max(finite, key=lambda s: s["val_ll"])
     # the final run: the whole training split, the chosen knob; the chosen length in epochs, re-capped for its size
@@ -235,7 +230,7 @@ def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, 
     seed_everything(split)
     members = int(variant.family_options.get("members", 5)) if variant.family == "ensemble" else 1
     model, likelihood = _train(config, variant, best["knob"], ((x_all - xm) / xs).to(dev), ((y_all - ym) / ys).to(dev),
-                               epochs, dev, hidden, members)  # fmt: skip
+                               epochs, dev, dataset, members)  # fmt: skip
     x_test, y_test = ((data.x_test - xm) / xs).to(dev), ((data.y_test - ym) / ys).to(dev)
     ll, rmse, _ = _log_likelihood(model, likelihood, x_test, y_test, config.samples, ys.to(dev))
     return {"dataset": dataset, "variant": label, "split": split, "ll": ll, "rmse": rmse, "knob": best["knob"],
@@ -247,32 +242,14 @@ def run_uci_learned(
     data_dir: str | None = None, progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None,
     train: bool = True, workers: int = 1, distributed: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run every (dataset, variant, split) not yet saved in ``OUT/<name>_runs*.jsonl`` (smallest set first; resumable,
-    ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md``; ``train=False`` only renders.
-    ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
+    """Run every (dataset, variant, split) not yet saved in ``OUT/<name>_runs*.jsonl`` (smallest set first, split by
+    split; resumable, ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md`` (not for a shard);
+    ``train=False`` only renders (:func:`~varbnn.experiments.regression.run_regression`). ``distributed`` (under
+    ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
     ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes."""
-    call = open_run(config.name, out_dir, device, distributed, workers)
-    protocol = config.protocol_hash()
-    store = RunStore(call.out, config.name, key=lambda r: (r["dataset"], r["variant"], r["split"]),
-                     protocol=lambda k: protocol, shard=shard)  # fmt: skip
-    jobs = []
-    for dataset in sorted(config.datasets, key=SMALLEST_FIRST.index):
-        splits = N_SPLITS[dataset] if config.max_splits is None else min(config.max_splits, N_SPLITS[dataset])
-        jobs += [(dataset, v.label, k) for k in range(splits) for v in config.active_variants]  # split by split
-
-    def report(key: RunKey, record: dict[str, Any]) -> None:
-        if progress and vdist.is_main_process():
-            print(f"[{config.name}] {' '.join(map(str, key))}: ll={record['ll']:.4g} rmse={record['rmse']:.4g} "
-                  f"knob={record['knob']} epochs={record['epochs']}", file=sys.stderr)  # fmt: skip
-
-    run = functools.partial(_run_key, config, data_dir, call.device)
-    done = call.execute(select_shard(jobs, shard) if train else [], run, store, report)
-    if not vdist.is_main_process():
-        return {"name": config.name, "rows": [], "written": False}
-    rows = summarise_uci_learned(config, done)
-    result = {"name": config.name, **call.provenance(command),
-              "config": dataclasses.asdict(config), "protocol": protocol, "rows": rows}  # fmt: skip
-    if shard is None:
-        call.write_result(result)
-        call.write_page(result, render_uci_learned_markdown(result))
-    return result
+    jobs = regression_jobs(config.datasets, config.active_variants, config.max_splits, split_major=True)
+    return run_regression(
+        config, jobs, functools.partial(_run_key, config, data_dir), functools.partial(summarise_uci_learned, config),
+        render_uci_learned_markdown, device=device, out_dir=out_dir, progress=progress, command=command, shard=shard,
+        train=train, workers=workers, distributed=distributed,
+    )  # fmt: skip
