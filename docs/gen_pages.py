@@ -50,6 +50,8 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.experiments", "experiments", "The experiment configs and the runner."),
     ("varbnn.experiments.catalog", "experiments-catalog", "Every experiment of varbnn reproduce: config, run, page."),
     ("varbnn.experiments.engine", "experiments-engine", "Runs, records, resuming, workers, shards, provenance."),
+    ("varbnn.experiments.hooks", "experiments-hooks", "Training hooks of the experiments: traces, best-state selection."),
+    ("varbnn.experiments.regression", "experiments-regression", "What the UCI regression experiments share."),
 ]
 
 

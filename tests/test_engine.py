@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from varbnn.experiments.engine import check_workers, execute, expand, parse_shard, provenance, select_shard
+from varbnn.experiments.engine import (
+    RunStore,
+    check_workers,
+    config_fields,
+    execute,
+    expand,
+    fingerprint,
+    parse_shard,
+    provenance,
+    select_shard,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_toy import PROTOCOL, toy_run, toy_runs, toy_store  # noqa: E402
@@ -259,3 +269,70 @@ def test_open_run_and_invocation_write_what_every_run_function_writes(tmp_path):
     assert call.write_page(result, "# toy\n") is result and (call.out / "toy.md").read_text() == "# toy\n"
     done = call.execute(toy_runs(), functools.partial(toy_run, None, 0.0), toy_store(call.out))
     assert set(done) == set(toy_runs()) and all(r["commit"] == call.commit for r in done.values())
+
+
+def test_fingerprint_is_the_sha1_of_sorted_json_and_config_fields_drop_what_is_named():
+    import hashlib
+
+    data = {"b": (1, 2), "a": Path("x")}
+    digest = hashlib.sha1(b'{"a": "x", "b": [1, 2]}').hexdigest()
+    assert fingerprint(data) == digest[:10] and fingerprint(data, 16) == digest[:16] and fingerprint(data, None) == digest
+    assert fingerprint({"a": 1, "b": 2}) == fingerprint({"b": 2, "a": 1}) != fingerprint({"a": 1, "b": 3})
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        name: str = "n"
+        seeds: tuple[int, ...] = (0,)
+        lr: float = 1e-3
+
+    assert config_fields(Config(), drop=("name", "seeds")) == {"lr": 1e-3}
+    assert fingerprint(config_fields(Config(name="other", seeds=(5,)), drop=("name", "seeds"))) == fingerprint({"lr": 1e-3})
+    with pytest.raises(KeyError):
+        config_fields(Config(), drop=("epochs",))  # a misspelt field is an error, not a silently different hash
+
+
+def test_a_keyed_store_takes_one_hash_or_one_per_first_field(tmp_path):
+    one = RunStore.keyed(tmp_path, "toy", ("variant", "seed"), PROTOCOL)
+    for record in ({"variant": "a", "seed": 0, "protocol": PROTOCOL}, {"variant": "b", "seed": 1, "protocol": "old"}):
+        one.append(record)
+    assert list(one.load()) == [("a", 0)]
+    per_variant = RunStore.keyed(tmp_path, "toy", ("variant", "seed"), {"a": "other", "b": "old"}, shard=(1, 2))
+    assert list(per_variant.load()) == [("b", 1)]  # "a" carries another hash; an unknown variant would not count
+    assert per_variant.path.name == "toy_runs.shard1.jsonl"
+
+
+def test_invocation_execute_runs_its_shard_or_nothing_and_writes_only_unsharded(tmp_path, capsys):
+    from varbnn.experiments.engine import open_run
+
+    call = open_run("toy", tmp_path, "cpu", False, 1)
+    run = functools.partial(toy_run, None, 0.0)
+    report = call.reporter(True, lambda key, record: f"{key[0]} {key[1]}")
+    done = call.execute(toy_runs(), run, toy_store(tmp_path, (0, 2)), report, shard=(0, 2))
+    assert sorted(done) == sorted(toy_runs()[0::2])
+    assert capsys.readouterr().err.splitlines() == [f"[toy] {v} {s}" for v, s in toy_runs()[0::2]]
+    assert call.execute(toy_runs(), run, toy_store(tmp_path), train=False) == toy_store(tmp_path).load()  # reads only
+    assert len(toy_store(tmp_path).load()) == 3
+    assert call.writes() and not call.writes((0, 2))
+    call.reporter(False, lambda key, record: "never")(("a", 0), {})
+    assert capsys.readouterr().err == ""
+
+
+def test_best_state_keeps_the_lowest_score_and_restores_it():
+    from varbnn.experiments.hooks import BestState
+
+    model = torch.nn.Linear(2, 1)
+    start = model.weight.detach().clone()
+    best = BestState(model)
+    for epoch, score in enumerate((3.0, 1.0, 1.0, float("nan"), 2.0), 1):
+        with torch.no_grad():
+            model.weight.fill_(epoch)
+        best.offer(epoch, score)
+    assert best.restore() == 2 and best.score == 1.0 and torch.all(model.weight == 2.0)  # the tie keeps the earlier epoch
+    untouched = BestState(model)
+    with torch.no_grad():
+        model.weight.fill_(9.0)
+    assert untouched.offer(1, float("nan")) is False and untouched.restore() == 0 and torch.all(model.weight == 2.0)
+    lazy = BestState(model, from_start=False)
+    with torch.no_grad():
+        model.weight.copy_(start)
+    assert lazy.restore() == 0 and torch.equal(model.weight, start)  # nothing offered: the model is left as it is

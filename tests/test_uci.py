@@ -265,3 +265,19 @@ def test_rdp_defaults_variant_uses_the_library_defaults_under_its_own_protocol_h
     assert (family.radius_init, family.concentration_param) == ("prior", "log")
     old = build_regressor(pinned.variants[0], in_features=8)[0].posteriors["weight"]
     assert (old.radius_init, old.concentration_param) == ("even", "softplus")
+
+
+def test_regression_jobs_run_smallest_set_first_variant_or_split_major():
+    from varbnn.experiments.regression import UCIVariant, hidden_units, regression_jobs, regression_network
+
+    a, b = UCIVariant("a", "meanfield"), UCIVariant("b", "radial")
+    by_variant = [(d, v.label, k) for d, v, k in regression_jobs(("energy", "yacht"), (a, b), 2)]
+    assert by_variant == [("yacht", "a", 0), ("yacht", "a", 1), ("yacht", "b", 0), ("yacht", "b", 1),
+                          ("energy", "a", 0), ("energy", "a", 1), ("energy", "b", 0), ("energy", "b", 1)]  # fmt: skip
+    by_split = [(d, v.label, k) for d, v, k in regression_jobs(("yacht",), (a, b), 2, split_major=True)]
+    assert by_split == [("yacht", "a", 0), ("yacht", "b", 0), ("yacht", "a", 1), ("yacht", "b", 1)]
+    assert len(regression_jobs(("protein-tertiary-structure",), (a,), None)) == 5  # protein has 5 splits
+    assert regression_jobs(("yacht",), (a, b), 2, shard=(1, 2)) == regression_jobs(("yacht",), (a, b), 2)[1::2]
+    assert (hidden_units("protein-tertiary-structure"), hidden_units("yacht")) == (100, 50)
+    net = regression_network("yacht", 6, outputs=2, dropout=0.1)
+    assert [type(m).__name__ for m in net] == ["Linear", "ReLU", "Dropout", "Linear"] and net[-1].out_features == 2
