@@ -1,10 +1,11 @@
 """A toy experiment for the engine's tests: ``toy_run`` is picklable (module level) for worker processes, and
-``python tests/engine_toy.py OUT CALLS SLEEP`` runs the toy experiment in a process that a test can kill."""
+``python tests/engine_toy.py OUT CALLS SLEEP [WORKERS]`` runs the toy experiment in a process that a test can kill."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,11 +19,14 @@ PROTOCOL = "toyhash001"
 
 
 def toy_run(calls: str | None, sleep: float, key: RunKey) -> dict[str, Any]:
-    """One run: logs its start to ``calls``, sleeps, and returns a number drawn from a generator seeded by the key."""
+    """One run: logs its start to ``calls`` (and the process's id to ``calls.pids``), sleeps, and returns a number drawn
+    from a generator seeded by the key."""
     variant, seed = key
     if calls is not None:
         with open(calls, "a") as handle:
             handle.write(json.dumps([variant, seed]) + "\n")
+        with open(f"{calls}.pids", "a") as handle:
+            handle.write(f"{os.getpid()}\n")
     time.sleep(sleep)
     generator = torch.Generator().manual_seed(1000 * seed + len(variant))
     return {"variant": variant, "seed": seed, "value": float(torch.randn(3, generator=generator).sum())}
@@ -38,4 +42,6 @@ def toy_runs() -> list[RunKey]:
 
 if __name__ == "__main__":
     out, calls, sleep = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-    execute(toy_runs(), functools.partial(toy_run, calls, sleep), toy_store(out), device=torch.device("cpu"), commit="c")
+    workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    execute(toy_runs(), functools.partial(toy_run, calls, sleep), toy_store(out), device=torch.device("cpu"), commit="c",
+            workers=workers)  # fmt: skip

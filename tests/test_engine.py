@@ -157,6 +157,41 @@ def test_kill_and_resume_loses_only_the_run_in_progress(tmp_path):
     assert sorted(map(_strip, _records(killed)), key=key) == sorted(map(_strip, _records(whole)), key=key)
 
 
+def test_workers_end_soon_after_their_invocation_is_killed(tmp_path):
+    """SIGKILL the process that runs the toy experiment in 2 worker processes while both workers are inside a long run:
+    the workers notice that their parent is gone and exit (no orphans training runs nobody can record)."""
+    script = Path(__file__).parent / "engine_toy.py"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    calls = tmp_path / "calls"
+    pids_file = Path(f"{calls}.pids")
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "out"), str(calls), "60", "2"], env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (pids_file.exists() and len(pids_file.read_text().split()) >= 2):
+        if process.poll() is not None:
+            pytest.fail("the toy experiment ended before it could be killed")
+        time.sleep(0.05)
+    workers = [int(p) for p in pids_file.read_text().split()]
+    assert len(workers) == 2 and process.pid not in workers
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"  # a zombie has exited
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in workers), "worker processes outlived their killed parent"
+    assert not (tmp_path / "out" / "toy_runs.jsonl").exists()  # no run finished: nothing was recorded
+
+
 def test_provenance_is_the_same_for_every_page():
     start = time.perf_counter()
     info = provenance("varbnn reproduce x", "abc", "cpu: test", start)

@@ -224,8 +224,21 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
-def _one_thread() -> None:
+def _worker_start(parent: int, poll: float = 1.0) -> None:
+    """A worker process's initializer: one thread for torch, and a watchdog that ends the worker (exit status 1) as
+    soon as its parent ``parent`` is gone. A parent killed without a chance to clean up (SIGKILL, a lost session)
+    would otherwise leave its workers training runs whose records nobody can write any more."""
+    import threading
+
     torch.set_num_threads(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll)
+            if os.getppid() != parent:  # re-parented: the invoking process is gone
+                os._exit(1)
+
+    threading.Thread(target=watch, name="varbnn-parent-watchdog", daemon=True).start()
 
 
 def _run_in_worker(
@@ -251,7 +264,8 @@ def execute(
     ``device``. It must seed everything it draws from (each run is then independent of the order and of the process it
     runs in). ``workers`` > 1 (CPU only) runs them in that many spawned processes of one thread each (``run`` must then
     be picklable: a module-level function or a ``functools.partial`` of one); this process appends each record as it
-    arrives, so a killed invocation keeps every finished run. ``on_record(key, record)`` is called after each append
+    arrives, so a killed invocation keeps every finished run, and its workers end within a second of it (they watch
+    their parent). ``on_record(key, record)`` is called after each append
     (progress lines)."""
     check_workers(workers, device)
     done = store.load()
@@ -275,7 +289,9 @@ def execute(
 
     if workers > 1 and len(pending) > 1:
         context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-        with ProcessPoolExecutor(min(workers, len(pending)), mp_context=context, initializer=_one_thread) as pool:
+        with ProcessPoolExecutor(
+            min(workers, len(pending)), mp_context=context, initializer=_worker_start, initargs=(os.getpid(),)
+        ) as pool:
             futures = [pool.submit(_run_in_worker, run, key, device) for key in pending]
             for future in as_completed(futures):
                 save(*future.result())
