@@ -6,7 +6,10 @@ Tasks (the test sets are never loaded):
   are the validation set), MLP 64-128-128-10, 150 epochs, batch 64, Adam 3e-3 (the demo's network and budget);
 * ``digits-cnn``: the same images as 1x8x8, a small CNN (conv 16 - pool - conv 32 - pool - linear), 100 epochs;
 * ``fmnist-mlp``: the first 12,000 Fashion-MNIST training images (10,000 train, 2,000 validation), MLP
-  784-400-400-10, 20 epochs, batch 128, Adam 1e-3.
+  784-400-400-10, 20 epochs, batch 128, Adam 1e-3;
+* ``fmnist-lenet5``: the same images as 1x28x28, LeNet-5-Caffe (:func:`varbnn.models.lenet5`, the network of the
+  uncertainty benchmark), 10 epochs, batch 128, Adam 1e-3 (not in the committed study's default task list: run it
+  with ``--tasks fmnist-lenet5 --library-defaults --out benchmarks/results/defaults-lenet5``).
 
 Each run: ``varbnn.bayesianize`` with the family at its class defaults and a ``Normal(0, 1)`` prior
 (``RadialDirectionalPrior()`` for RDP), trained by ``varbnn.train.fit`` with a constant KL weight ``beta``; the plain
@@ -16,6 +19,11 @@ Selection rule (stated before the runs): per family, the ``beta`` with the lowes
 validation NLL divided by the plain network's validation NLL on the same task and seed.
 
     .venv/bin/python benchmarks/defaults_study.py [--workers 2] [--seeds 0,1] [--tasks ...] [--module-init]
+        [--library-defaults]
+
+``--library-defaults`` runs only what a user who changes nothing gets, over every beta: each family as the library
+builds it by default (``bayesianize(net, family)``: the module's weights as means, Radial's per-element initial std),
+to check the chosen KL weights on another task.
 
 Writes ``benchmarks/results/defaults/defaults_runs.jsonl`` (one line per finished run: resumable), and
 ``defaults.json`` + ``defaults.md`` + ``defaults.png``.
@@ -75,7 +83,10 @@ TASKS: dict[str, dict[str, Any]] = {
     "digits-mlp": {"epochs": 150, "batch": 64, "lr": 3e-3},
     "digits-cnn": {"epochs": 100, "batch": 64, "lr": 3e-3},
     "fmnist-mlp": {"epochs": 20, "batch": 128, "lr": 1e-3},
+    "fmnist-lenet5": {"epochs": 10, "batch": 128, "lr": 1e-3},
 }
+DEFAULT_TASKS = ("digits-mlp", "digits-cnn", "fmnist-mlp")
+"""The committed study's tasks (``fmnist-lenet5`` is run on its own: see the module docstring)."""
 
 
 def _data(task: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,13 +101,17 @@ def _data(task: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
     x = x.reshape(x.shape[0], -1)[:12_000].float()
     if x.max() > 1:
         x = x / 255.0
+    if task == "fmnist-lenet5":
+        x = x.view(-1, 1, 28, 28)
     y = y[:12_000]
     return x[:10_000], y[:10_000], x[10_000:], y[10_000:]
 
 
 def _network(task: str) -> nn.Module:
-    from varbnn.models import mlp
+    from varbnn.models import lenet5, mlp
 
+    if task == "fmnist-lenet5":
+        return lenet5()
     if task == "digits-mlp":
         return mlp(64, (128, 128), 10)
     if task == "digits-cnn":
@@ -178,6 +193,21 @@ def plan(seeds: tuple[int, ...], tasks: tuple[str, ...], module_init: bool = Fal
     return runs
 
 
+LIBRARY_DEFAULT_FAMILIES = ("meanfield", "radial-element", "ktied", "rdp", "delta")
+"""Each family as ``bayesianize(net, family)`` builds it by default (``radial-element``: Radial's default start)."""
+
+
+def plan_library_defaults(seeds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Run]:
+    """The plain network and every family as the library builds it by default (``module`` init) over :data:`BETAS`."""
+    return [
+        run
+        for task in tasks
+        for seed in seeds
+        for run in [Run(task, "plain", 0.0, "module", seed)]
+        + [Run(task, family, beta, "module", seed) for family in LIBRARY_DEFAULT_FAMILIES for beta in BETAS]
+    ]
+
+
 def _read(path: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
@@ -251,8 +281,37 @@ def render(result: dict[str, Any]) -> str:
     lines += ["Selected (bold above):", ""]
     for name, s in sorted(result["summary"]["selected"].items()):
         lines.append(f"- {name}: beta = {s['beta']:g} (NLL ratio {s['nll_ratio']:.3f}, ECE diff {s['ece_diff']:+.3f})")
-    lines += ["", *_decision(result["summary"]), "", "![validation NLL ratio against beta](defaults.png)", ""]
+    decision = _check_defaults(result["summary"]) if result.get("library_defaults") else _decision(result["summary"])
+    lines += ["", *decision, "", "![validation NLL ratio against beta](defaults.png)", ""]
     return "\n".join(lines)
+
+
+def library_betas() -> dict[str, float]:
+    """Each family's default KL weight in the library as it is (``default_kl_weight``, what ``fit(beta=None)`` uses)."""
+    from varbnn.families import make_family
+
+    return {
+        family: float(type(make_family(_FAMILY_OPTIONS.get(family, (family, {}))[0])).default_kl_weight)
+        for family in LIBRARY_DEFAULT_FAMILIES
+    }
+
+
+def _check_defaults(summary: dict[str, Any]) -> list[str]:
+    """A ``--library-defaults`` run: each family's default KL weight against this task's best, and whether the family
+    at its default beats the plain network on validation NLL and ECE."""
+    rows = {(r["family"], r["beta"]): r for r in summary["rows"] if r["init"] == "module"}
+    lines = ["## The library's defaults on this task", "",
+             "| family | default beta | NLL ratio at it | ECE diff at it | best beta here | NLL ratio at best | "
+             "default beats plain on NLL and ECE |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for family, beta in library_betas().items():
+        at = rows.get((family, beta))
+        best = summary["selected"].get(f"{family}/module")
+        if at is None or best is None:
+            continue
+        beats = "yes" if at["nll_ratio"] < 1 and at["ece_diff"] < 0 else "no"
+        lines.append(f"| {family} | {beta:g} | {at['nll_ratio']:.3f} | {at['ece_diff']:+.4f} | {best['beta']:g} | "
+                     f"{best['nll_ratio']:.3f} | {beats} |")  # fmt: skip
+    return lines
 
 
 def _decision(summary: dict[str, Any]) -> list[str]:
@@ -333,11 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="worker processes of one thread each (default 2)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks (default all: {','.join(TASKS)})")
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                        help=f"comma-separated tasks (default: {','.join(DEFAULT_TASKS)}; allowed: {','.join(TASKS)})")
     parser.add_argument("--out", default=str(OUT), help="output folder")
     parser.add_argument("--extra", action="store_true", help=f"also {EXTRA_FAMILIES} (module init) over every beta")
     parser.add_argument("--module-init", action="store_true",
                         help=f"also every other family initialised from the module's weights, beta in {MODULE_INIT_BETAS}")
+    parser.add_argument("--library-defaults", action="store_true",
+                        help="only the plain network and each family as the library builds it by default, every beta")
     args = parser.parse_args(argv)
     from varbnn.experiments.runner import describe_device, git_commit
 
@@ -352,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "defaults_runs.jsonl"
     done = _read(runs_path)
-    todo = [r for r in plan(seeds, tasks, args.module_init, args.extra) if r.key not in done]
+    planned = plan_library_defaults(seeds, tasks) if args.library_defaults else plan(seeds, tasks, args.module_init, args.extra)
+    todo = [r for r in planned if r.key not in done]
     commit = git_commit()
     print(f"{len(done)} runs done, {len(todo)} to go", flush=True)
     from tqdm.auto import tqdm
@@ -364,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             sink.flush()
             done[record["key"]] = record
             print(f"{record['key']}: nll {record['nll']:.4f} ece {record['ece']:.4f} ({record['seconds']} s)", flush=True)
-    wanted = {r.key for r in plan(seeds, tasks, args.module_init, args.extra)}
+    wanted = {r.key for r in planned}
     records = [r for k, r in done.items() if k in wanted]
     result = {
         "name": "defaults",
@@ -376,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_commits": {c: sum(r.get("commit") == c for r in records) for c in sorted({r.get("commit", "?") for r in records})},
         "seeds": list(seeds),
         "tasks": list(tasks),
+        "library_defaults": bool(args.library_defaults),
         "summary": summarise(records),
         "records": records,
     }
