@@ -165,6 +165,8 @@ def execute(run: Run) -> dict[str, Any]:
         "ece": metrics.expected_calibration_error(summary.probs, yv),
         "brier": metrics.brier_score(summary.probs, yv),
         "mutual_information": float(summary.mutual_information.mean()),
+        # signed: mean confidence minus accuracy (> 0 overconfident, < 0 underconfident; ECE has no sign)
+        "confidence_gap": float(summary.probs.max(-1).values.mean()) - metrics.accuracy(summary.probs, yv),
         "seconds": round(seconds, 2),
     }
 
@@ -251,8 +253,13 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     tasks = result["tasks"]
+    heading = (
+        f"# Defaults check on {', '.join(tasks)}: each family as the library builds it by default, over the KL weight"
+        if result.get("library_defaults")
+        else "# Defaults study: which KL weight and initialisation each family gets by default"
+    )
     lines = [
-        "# Defaults study: which KL weight and initialisation each family gets by default",
+        heading,
         "",
         f"Command: `{result['command']}`  ",
         f"Commit of this invocation: `{result['commit']}`; the runs' own commits (each run records the code it ran): "
