@@ -199,14 +199,20 @@ LIBRARY_DEFAULT_FAMILIES = ("meanfield", "radial-element", "ktied", "rdp", "delt
 """Each family as ``bayesianize(net, family)`` builds it by default (``radial-element``: Radial's default start)."""
 
 
-def plan_library_defaults(seeds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Run]:
-    """The plain network and every family as the library builds it by default (``module`` init) over :data:`BETAS`."""
+def plan_library_defaults(seeds: tuple[int, ...], tasks: tuple[str, ...], only_default_beta: bool = False) -> list[Run]:
+    """The plain network and every family as the library builds it by default (``module`` init) over :data:`BETAS`,
+    or (``only_default_beta``) at its default KL weight alone."""
+    defaults = library_betas()
     return [
         run
         for task in tasks
         for seed in seeds
         for run in [Run(task, "plain", 0.0, "module", seed)]
-        + [Run(task, family, beta, "module", seed) for family in LIBRARY_DEFAULT_FAMILIES for beta in BETAS]
+        + [
+            Run(task, family, beta, "module", seed)
+            for family in LIBRARY_DEFAULT_FAMILIES
+            for beta in ((defaults[family],) if only_default_beta else BETAS)
+        ]
     ]
 
 
@@ -232,8 +238,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         cell = table.setdefault((r["family"], r["init"], r["beta"]), {})
         cell.setdefault("nll_ratio", []).append(r["nll"] / base["nll"])
         cell.setdefault("ece_diff", []).append(r["ece"] - base["ece"])
-        for metric in ("nll", "ece", "accuracy", "mutual_information"):
-            cell.setdefault(f"{r['task']}:{metric}", []).append(r[metric])
+        for metric in ("nll", "ece", "accuracy", "mutual_information", "confidence_gap"):
+            if metric in r:  # confidence_gap: recorded since the LeNet-5 check
+                cell.setdefault(f"{r['task']}:{metric}", []).append(r[metric])
     rows = []
     for (family, init, beta), cell in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])):
         row: dict[str, Any] = {"family": family, "init": init, "beta": beta, "runs": len(cell["nll_ratio"])}
@@ -246,8 +253,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         selected[f"{family[0]}/{family[1]}"] = {k: best[k] for k in ("beta", "nll_ratio", "ece_diff")}
     plain_rows = {}
     for (task, _seed), r in plain.items():
-        for metric in ("nll", "ece", "accuracy"):
-            plain_rows.setdefault(f"{task}:{metric}", []).append(r[metric])
+        for metric in ("nll", "ece", "accuracy", "confidence_gap"):
+            if metric in r:
+                plain_rows.setdefault(f"{task}:{metric}", []).append(r[metric])
     return {"rows": rows, "selected": selected, "plain": {k: sum(v) / len(v) for k, v in plain_rows.items()}}
 
 
@@ -318,6 +326,13 @@ def _check_defaults(summary: dict[str, Any]) -> list[str]:
         beats = "yes" if at["nll_ratio"] < 1 and at["ece_diff"] < 0 else "no"
         lines.append(f"| {family} | {beta:g} | {at['nll_ratio']:.3f} | {at['ece_diff']:+.4f} | {best['beta']:g} | "
                      f"{best['nll_ratio']:.3f} | {beats} |")  # fmt: skip
+    gaps = {(r["family"], r["beta"]): r[key] for r in summary["rows"] for key in r if key.endswith(":confidence_gap")}
+    if gaps:
+        plain_gap = {k: v for k, v in summary["plain"].items() if k.endswith(":confidence_gap")}
+        lines += ["", "Mean confidence minus accuracy on the validation set (> 0: overconfident, < 0: underconfident): "
+                  + ", ".join(f"{family} {gaps[(family, beta)]:+.4f}" for family, beta in library_betas().items()
+                              if (family, beta) in gaps)
+                  + "".join(f"; plain {v:+.4f}" for v in plain_gap.values()) + "."]  # fmt: skip
     return lines
 
 
@@ -407,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"also every other family initialised from the module's weights, beta in {MODULE_INIT_BETAS}")
     parser.add_argument("--library-defaults", action="store_true",
                         help="only the plain network and each family as the library builds it by default, every beta")
+    parser.add_argument("--default-beta-only", action="store_true",
+                        help="with --library-defaults: each family at its default KL weight only")
     args = parser.parse_args(argv)
     from varbnn.experiments.runner import describe_device, git_commit
 
@@ -421,7 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "defaults_runs.jsonl"
     done = _read(runs_path)
-    planned = plan_library_defaults(seeds, tasks) if args.library_defaults else plan(seeds, tasks, args.module_init, args.extra)
+    if args.default_beta_only and not args.library_defaults:
+        parser.error("--default-beta-only needs --library-defaults")
+    planned = (
+        plan_library_defaults(seeds, tasks, args.default_beta_only)
+        if args.library_defaults
+        else plan(seeds, tasks, args.module_init, args.extra)
+    )
     todo = [r for r in planned if r.key not in done]
     commit = git_commit()
     print(f"{len(done)} runs done, {len(todo)} to go", flush=True)
