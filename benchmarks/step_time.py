@@ -30,7 +30,7 @@ import varbnn
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
-from varbnn.train import _accumulated_elbo_gradient, default_optimizer, resolve_device
+from varbnn.train import _accumulated_elbo_gradient, _compiled_elbo_step, default_optimizer, resolve_device
 
 N_TRAIN = 60000
 OPTIMIZER = {"name": "fit"}  # "fit": varbnn.train.default_optimizer (Adam, fused where supported); "adam": torch's default
@@ -49,13 +49,35 @@ def _optimizer(params: Any) -> torch.optim.Optimizer:
 
 
 def make_step(
-    model: nn.Module, kl_fn: Callable[[], torch.Tensor] | None, elbo: bool = False, mc_samples: int = 1
+    model: nn.Module,
+    kl_fn: Callable[[], torch.Tensor] | None,
+    elbo: bool = False,
+    mc_samples: int = 1,
+    compiled: bool = False,
+    device: torch.device | None = None,
 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """One Adam step on ``nll + kl / N``: varbnn models through ``varbnn.elbo_loss`` (``elbo``; it also adds the
     RDP rejection-score term), peers with their own KL function. ``mc_samples`` > 1: the gradient of ``varbnn.fit(...,
-    mc_samples=S)``, S one-draw ELBO gradients accumulated (one backward per draw)."""
+    mc_samples=S)``, S one-draw ELBO gradients accumulated (one backward per draw). ``compiled``: the step of
+    ``varbnn.fit(..., compile=True)`` (the loss and its backward through torch.compile; a plain network's loss is
+    compiled the same way, without a KL)."""
     opt = _optimizer(model.parameters())
     graves = any(getattr(m, "estimator", None) == "graves" for m in model.modules())
+    if compiled:
+        if elbo:
+            compiled_step = _compiled_elbo_step(model, F.cross_entropy, N_TRAIN, device or torch.device("cpu"), True)
+        else:
+            loss_fn = torch.compile(lambda x, y: F.cross_entropy(model(x), y))
+
+        def fast(x: torch.Tensor, y: torch.Tensor) -> None:
+            opt.zero_grad(set_to_none=True)
+            if elbo:
+                compiled_step(x, y, 1.0, 1)
+            else:
+                loss_fn(x, y).backward()
+            opt.step()
+
+        return fast
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         if graves:  # what fit() does for MeanField(estimator="graves"): per-example gradients, Fisher variance gradient
@@ -150,20 +172,24 @@ def _torchbnn_convert(module: nn.Module, torchbnn: Any) -> None:
 
 
 def candidates(
-    model_name: str, device: torch.device, mc_samples: tuple[int, ...] = ()
+    model_name: str, device: torch.device, mc_samples: tuple[int, ...] = (), compiled: bool = False
 ) -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]]:
-    """The timed candidates; ``mc_samples`` adds MeanField rows whose steps average S > 1 weight draws."""
+    """The timed candidates; ``mc_samples`` adds MeanField rows whose steps average S > 1 weight draws; ``compiled``
+    adds the rows of ``fit(compile=True)``'s step for the deterministic network and every family that compiles."""
     base = MODELS[model_name][0]
 
-    def plain() -> Callable[[torch.Tensor, torch.Tensor], None]:
-        return make_step(base().to(device), None)
+    def plain(compile_it: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        return make_step(base().to(device), None, compiled=compile_it, device=device)
 
     def family(
-        spec: Callable[[], varbnn.VariationalFamily], prior: Callable[[], varbnn.priors.Prior] | None = None, samples: int = 1
+        spec: Callable[[], varbnn.VariationalFamily],
+        prior: Callable[[], varbnn.priors.Prior] | None = None,
+        samples: int = 1,
+        compile_it: bool = False,
     ) -> Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]:
         def build() -> Callable[[torch.Tensor, torch.Tensor], None]:
             model = varbnn.bayesianize(base(), spec(), prior() if prior else None).to(device)
-            return make_step(model, None, elbo=True, mc_samples=samples)
+            return make_step(model, None, elbo=True, mc_samples=samples, compiled=compile_it, device=device)
 
         return build
 
@@ -198,6 +224,18 @@ def candidates(
         table[f"varbnn RadialDirectional({grouping})"] = family(
             lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior
         )
+    if compiled:
+        table["deterministic, compiled"] = lambda: plain(compile_it=True)
+        table["varbnn Delta (MAP, Normal prior), fit(compile=True)"] = family(lambda: varbnn.Delta(), compile_it=True)
+        for estimator in ("reparam", "local", "flipout"):
+            table[f"varbnn MeanField-{estimator}, fit(compile=True)"] = family(
+                lambda e=estimator: varbnn.MeanField(estimator=e), compile_it=True
+            )
+        for estimator in ("reparam", "local"):
+            table[f"varbnn KTied(rank=2)-{estimator}, fit(compile=True)"] = family(
+                lambda e=estimator: varbnn.KTied(rank=2, estimator=e), compile_it=True
+            )
+        table["varbnn Radial-reparam (MC cross-entropy), fit(compile=True)"] = family(lambda: varbnn.Radial(), compile_it=True)
     try:  # optional peers
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 
@@ -256,6 +294,11 @@ def main() -> None:
     parser.add_argument(
         "--mc-samples", default="2,4", help="S values > 1 for extra MeanField rows (fit(mc_samples=S)); '' for none"
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="add the rows of fit(compile=True)'s step (torch.compile; the deterministic network compiled too)",
+    )
     parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
     parser.add_argument("--out", default=str(results_dir("step-time")))
     args = parser.parse_args()
@@ -274,7 +317,7 @@ def main() -> None:
         parser.error(f"--mc-samples must be comma-separated integers, got {args.mc_samples!r}")
     if any(v < 1 for v in mc_samples):
         parser.error(f"--mc-samples values must be >= 1, got {args.mc_samples!r}")
-    builders = candidates(args.model, device, mc_samples)
+    builders = candidates(args.model, device, mc_samples, compiled=args.compile)
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         builders = {k: v for k, v in builders.items() if k == "deterministic" or any(w in k for w in wanted)}
@@ -303,6 +346,7 @@ def main() -> None:
             "batch": batch,
             "optimizer": "Adam, fused where supported (varbnn.train.default_optimizer)" if args.optimizer == "fit" else "Adam",
             "mc_samples": list(mc_samples),
+            "compile": args.compile,
             "threads": args.threads,
             "steps": args.steps,
             "warmup": args.warmup,

@@ -96,6 +96,21 @@ def test_mnist_and_fashion_loaders(data_dir):
     assert torch.bincount(y).tolist() == [1000] * 10
 
 
+def test_a_second_load_decodes_nothing_and_shares_no_memory(data_dir, monkeypatch):
+    """The decoded IDX files are kept within the process: a second load of the same split gives equal tensors without
+    decoding the file again, and writing into one load's tensors does not change the next load's."""
+    from varbnn.data import loaders
+
+    first_x, first_y = data.load_mnist("test", data_dir)
+    monkeypatch.setattr(loaders, "_decode_idx", lambda path: pytest.fail(f"{path} decoded again"))
+    again_x, again_y = data.load_mnist("test", data_dir)
+    assert torch.equal(first_x, again_x) and torch.equal(first_y, again_y)
+    first_x.zero_()
+    first_y.zero_()
+    third_x, third_y = data.load_mnist("test", data_dir)
+    assert torch.equal(third_x, again_x) and torch.equal(third_y, again_y) and third_x.max() == 1
+
+
 def test_uci_split_normalisation(data_dir):
     s = data.load_uci("concrete", 0, data_dir)
     assert s.x_train.shape[1] == 8 and s.x_train.shape[0] + s.x_test.shape[0] == 1030

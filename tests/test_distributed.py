@@ -134,12 +134,15 @@ def test_single_process_helpers_and_errors() -> None:
     assert torch.equal(t, torch.ones(3))
 
 
-def _reproduce_under_torchrun(name: str, data_dir: Path, out: Path) -> None:
-    """``torchrun --nproc_per_node 2 -m varbnn.cli reproduce NAME --quick --distributed`` (gloo); rank 0 alone prints."""
+def _reproduce_under_torchrun(name: str, data_dir: Path, out: Path, *settings: str) -> None:
+    """``torchrun --nproc_per_node 2 -m varbnn.cli reproduce NAME --quick --distributed`` (gloo); rank 0 alone prints.
+    ``settings``: ``FIELD=VALUE`` overrides (``--set``), e.g. smaller data limits than the quick form's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VARBNN_DATA": str(data_dir)}
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "varbnn.cli", "reproduce",
                name, "--quick", "--distributed", "--no-progress", "--out", str(out)]  # fmt: skip
+    for setting in settings:
+        command += ["--set", setting]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("wrote ") == 1  # rank 0 only
@@ -173,7 +176,7 @@ def test_cli_retina_distributed_writes_results_once(data_dir: Path, tmp_path: Pa
 def test_cli_lenet5_prune_distributed_selects_its_best_epoch_on_every_rank(data_dir: Path, tmp_path: Path) -> None:
     """select_best_of_last picks by the epoch's training NLL, which fit averages over the ranks: every rank restores
     the same state (rank 0 alone exports it), and the pruned export follows."""
-    _reproduce_under_torchrun("lenet5-prune", data_dir, tmp_path)
+    _reproduce_under_torchrun("lenet5-prune", data_dir, tmp_path, "train_limit=300", "test_limit=100", "validation_size=100")
     result = json.loads((tmp_path / "lenet5-prune.json").read_text())
     assert "x 2 processes (DistributedDataParallel)" in result["device"]
     assert result["rows"] and all(math.isfinite(row["accuracy"]) for row in result["rows"])
@@ -189,7 +192,7 @@ def test_cli_distributed_outside_torchrun_is_a_clear_error(name: str, capsys: py
 
 
 def test_cli_uci_distributed_shares_the_noise_posterior_and_writes_once(data_dir: Path, tmp_path: Path) -> None:
-    _reproduce_under_torchrun("uci", data_dir, tmp_path)
+    _reproduce_under_torchrun("uci", data_dir, tmp_path, "min_steps=20")
     result = json.loads((tmp_path / "uci-quick.json").read_text())
     assert "x 2 processes (data-parallel)" in result["device"]
     records = (tmp_path / "uci-quick_runs.jsonl").read_text().splitlines()
@@ -200,7 +203,9 @@ def test_cli_uci_distributed_shares_the_noise_posterior_and_writes_once(data_dir
 
 def test_cli_graves_prune_and_soap_bubble_distributed_write_once(data_dir: Path, tmp_path: Path) -> None:
     """The Graves estimator (the adaptive-weight-noise network graves-prune trains first) and soap-bubble's loop."""
-    _reproduce_under_torchrun("graves-prune", data_dir, tmp_path / "graves")
+    _reproduce_under_torchrun(
+        "graves-prune", data_dir, tmp_path / "graves", "train_limit=400", "test_limit=200", "validation_size=100"
+    )
     result = json.loads((tmp_path / "graves" / "graves-prune-quick.json").read_text())
     assert "x 2 processes (data-parallel)" in result["device"]
     assert [r["lambda"] for r in result["rows"]] == list(result["config"]["lambdas"])

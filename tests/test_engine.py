@@ -256,7 +256,7 @@ def test_the_generic_runner_killed_mid_run_resumes_from_its_epoch_checkpoint(tmp
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH")])),
     }
-    overrides = ["--set", "epochs=3", "--set", "train_limit=1500", "--set", "test_limit=200", "--set", "eval_samples=2",
+    overrides = ["--set", "epochs=3", "--set", "train_limit=800", "--set", "test_limit=200", "--set", "eval_samples=2",
                  "--set", "resumable=True", "--set", "figures=()", "--variants", "MeanField"]  # fmt: skip
 
     def command(out: Path) -> list[str]:

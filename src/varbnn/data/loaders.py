@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,26 @@ def load_digits(split: str = "train", test_fraction: float = 0.25, seed: int = 0
     return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
 
 
-def _read_idx(path: os.PathLike[str]) -> np.ndarray:
+_IDX_CACHE: OrderedDict[tuple[str, int, int, int], torch.Tensor] = OrderedDict()
+_IDX_CACHE_SIZE = 8  # MNIST's and Fashion-MNIST's four files each: about 110 MB of uint8 tensors
+
+
+def _read_idx(path: os.PathLike[str]) -> torch.Tensor:
+    """The IDX file's uint8 tensor, decoded once per process while the file's size, mtime and ctime stay the same (experiments
+    load the same split once per variant). Callers convert it (a new tensor) and never hand the cached one out."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if key in _IDX_CACHE:
+        _IDX_CACHE.move_to_end(key)
+        return _IDX_CACHE[key]
+    array = torch.from_numpy(_decode_idx(path).copy())
+    _IDX_CACHE[key] = array
+    while len(_IDX_CACHE) > _IDX_CACHE_SIZE:
+        _IDX_CACHE.popitem(last=False)
+    return array
+
+
+def _decode_idx(path: os.PathLike[str]) -> np.ndarray:
     with gzip.open(path, "rb") as handle:
         raw = handle.read()
     magic = int.from_bytes(raw[:4], "big")
@@ -87,8 +107,9 @@ def _load_idx_pair(folder: str, split: str, data_dir: PathLike, download: bool) 
     prefix = "train" if split == "train" else "t10k"
     images = _read_idx(fetch(f"{folder}/{prefix}-images-idx3-ubyte.gz", data_dir, download=download))
     labels = _read_idx(fetch(f"{folder}/{prefix}-labels-idx1-ubyte.gz", data_dir, download=download))
-    x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
-    return x, torch.from_numpy(labels.astype(np.int64))
+    # torch's uint8 -> float32 conversion and division: the same float32 values as numpy's, in a fraction of the time
+    x = images.to(torch.float32).div_(255.0).unsqueeze(1)
+    return x, labels.to(torch.int64)
 
 
 def load_mnist(split: str = "train", data_dir: PathLike = None, download: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

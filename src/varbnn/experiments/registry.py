@@ -252,7 +252,7 @@ register_config(
             "epochs": 2,
             "train_limit": 600,
             "test_limit": 300,
-            "validation_size": 500,
+            "validation_size": 200,
             "prune_budget": (1_500_000, 300_000),  # loose: a few steps of the rule, not the full search
             "prune_finetune_epochs": 2,
             "prune_stages": 2,
@@ -406,7 +406,9 @@ for _name, _dataset, _ood in (("uncertainty-mnist", "mnist", "fashion-mnist"), (
             ood_dataset=_ood,
             figures=("overview", "cost"),
             resumable=True,
-            quick={"epochs": 1, "seeds": (0,), "train_limit": 500, "test_limit": 200, "eval_samples": 2},
+            quick={
+                "epochs": 1, "seeds": (0,), "train_limit": 500, "test_limit": 200, "validation_size": 500, "eval_samples": 2
+            },
         )
     )
     _base = CONFIGS[_name]
