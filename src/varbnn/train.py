@@ -18,6 +18,7 @@ import random
 import re
 import struct
 import tempfile
+import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -1114,6 +1115,17 @@ def _accumulated_elbo_gradient(
 _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def _own_code(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with a code object of its own. torch.compile keeps its cache of compiled graphs, and counts
+    recompilations against ``torch._dynamo.config.recompile_limit`` (8), per code object: every ``fit(compile=True)``
+    shares its loss function's code, so the models of one process (one per structure: family, estimator, layers)
+    would fill one cache, and from the ninth on the step would run eager with only a log warning. A copy per step keeps
+    each fit's graphs to itself, and frees them with it."""
+    return types.FunctionType(
+        function.__code__.replace(), function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
+
+
 def _compiled_elbo_step(
     model: nn.Module,
     nll: NLLFunction,
@@ -1166,7 +1178,7 @@ def _compiled_elbo_step(
         in_graph_random = device.type != "cpu"
     options = dict(torch._inductor.list_mode_options(mode))
     options["fallback_random"] = not in_graph_random
-    compiled = torch.compile(loss_terms, options=options)
+    compiled = torch.compile(_own_code(loss_terms), options=options)
 
     def step(x: torch.Tensor, y: torch.Tensor, beta: float, samples: int) -> ELBOTerms:
         if not (math.isfinite(beta) and beta >= 0):
