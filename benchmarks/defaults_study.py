@@ -132,7 +132,7 @@ def _model(run: Run) -> nn.Module:
     if run.family == "plain":
         return net
     prior = RadialDirectionalPrior() if run.family == "rdp" else Normal(0.0, 1.0)
-    name, options = _FAMILY_OPTIONS.get(run.family, (run.family, {}))
+    name, options = family_options(run.family)
     if run.init == "module":  # a FRESH network's weights copied: keep the from-scratch widths the runs were made with
         options = {**_SCRATCH_WIDTHS.get(name, {}), **options}  # (bayesianize(pretrained=True) narrows these since)
     return varbnn.bayesianize(net, make_family(name, **options), prior, pretrained=run.init == "module")
@@ -199,10 +199,27 @@ LIBRARY_DEFAULT_FAMILIES = ("meanfield", "radial-element", "ktied", "rdp", "delt
 """Each family as ``bayesianize(net, family)`` builds it by default (``radial-element``: Radial's default start)."""
 
 
-def plan_library_defaults(seeds: tuple[int, ...], tasks: tuple[str, ...], only_default_beta: bool = False) -> list[Run]:
+INIT_STD_FAMILIES = ("meanfield", "ktied")
+"""The families ``--init-stds`` starts narrower (``init_std``, default 1e-2 for both)."""
+
+
+def family_options(family: str) -> tuple[str, dict[str, Any]]:
+    """``(make_family name, options)`` of a study family: ``radial-element`` etc. (:data:`_FAMILY_OPTIONS`), or
+    ``NAME@STD`` (``--init-stds``): the family at its defaults but ``init_std=STD``."""
+    if "@" in family:
+        name, std = family.split("@")
+        return name, {"init_std": float(std)}
+    return _FAMILY_OPTIONS.get(family, (family, {}))
+
+
+def plan_library_defaults(
+    seeds: tuple[int, ...], tasks: tuple[str, ...], only_default_beta: bool = False, init_stds: tuple[float, ...] = ()
+) -> list[Run]:
     """The plain network and every family as the library builds it by default (``module`` init) over :data:`BETAS`,
-    or (``only_default_beta``) at its default KL weight alone."""
-    defaults = library_betas()
+    or (``only_default_beta``) at its default KL weight alone; ``init_stds`` adds :data:`INIT_STD_FAMILIES` started at
+    each of those initial stds (``NAME@STD``), at the same betas."""
+    defaults = library_betas(init_stds)
+    families = (*LIBRARY_DEFAULT_FAMILIES, *(f"{f}@{std:g}" for f in INIT_STD_FAMILIES for std in init_stds))
     return [
         run
         for task in tasks
@@ -210,7 +227,7 @@ def plan_library_defaults(seeds: tuple[int, ...], tasks: tuple[str, ...], only_d
         for run in [Run(task, "plain", 0.0, "module", seed)]
         + [
             Run(task, family, beta, "module", seed)
-            for family in LIBRARY_DEFAULT_FAMILIES
+            for family in families
             for beta in ((defaults[family],) if only_default_beta else BETAS)
         ]
     ]
@@ -301,14 +318,13 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def library_betas() -> dict[str, float]:
-    """Each family's default KL weight in the library as it is (``default_kl_weight``, what ``fit(beta=None)`` uses)."""
+def library_betas(init_stds: tuple[float, ...] = ()) -> dict[str, float]:
+    """Each family's default KL weight in the library as it is (``default_kl_weight``, what ``fit(beta=None)`` uses);
+    the ``NAME@STD`` families of ``init_stds`` too."""
     from varbnn.families import make_family
 
-    return {
-        family: float(type(make_family(_FAMILY_OPTIONS.get(family, (family, {}))[0])).default_kl_weight)
-        for family in LIBRARY_DEFAULT_FAMILIES
-    }
+    families = (*LIBRARY_DEFAULT_FAMILIES, *(f"{f}@{std:g}" for f in INIT_STD_FAMILIES for std in init_stds))
+    return {family: float(type(make_family(family_options(family)[0])).default_kl_weight) for family in families}
 
 
 def _check_defaults(summary: dict[str, Any]) -> list[str]:
@@ -318,7 +334,8 @@ def _check_defaults(summary: dict[str, Any]) -> list[str]:
     lines = ["## The library's defaults on this task", "",
              "| family | default beta | NLL ratio at it | ECE diff at it | best beta here | NLL ratio at best | "
              "default beats plain on NLL and ECE |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for family, beta in library_betas().items():
+    stds = sorted({float(r["family"].split("@")[1]) for r in summary["rows"] if "@" in r["family"]})
+    for family, beta in library_betas(tuple(stds)).items():
         at = rows.get((family, beta))
         best = summary["selected"].get(f"{family}/module")
         if at is None or best is None:
@@ -424,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the plain network and each family as the library builds it by default, every beta")
     parser.add_argument("--default-beta-only", action="store_true",
                         help="with --library-defaults: each family at its default KL weight only")
+    parser.add_argument("--init-stds", default="",
+                        help=f"with --library-defaults: also {INIT_STD_FAMILIES} started at these comma-separated "
+                        "initial stds (e.g. 3e-3,1e-3; the default is 1e-2)")
     args = parser.parse_args(argv)
     from varbnn.experiments.runner import describe_device, git_commit
 
@@ -440,8 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     done = _read(runs_path)
     if args.default_beta_only and not args.library_defaults:
         parser.error("--default-beta-only needs --library-defaults")
+    try:
+        init_stds = tuple(float(v) for v in args.init_stds.split(",") if v.strip())
+    except ValueError:
+        parser.error(f"--init-stds must be comma-separated numbers, got {args.init_stds!r}")
+    if init_stds and not args.library_defaults:
+        parser.error("--init-stds needs --library-defaults")
     planned = (
-        plan_library_defaults(seeds, tasks, args.default_beta_only)
+        plan_library_defaults(seeds, tasks, args.default_beta_only, init_stds)
         if args.library_defaults
         else plan(seeds, tasks, args.module_init, args.extra)
     )
