@@ -70,6 +70,8 @@ def test_compiled_step_equals_eager_for_the_same_seed(name):
     """On the CPU the compiled step draws from torch's generator (inductor's fallback_random), in eager's order: the
     same seed gives the same noise, so loss and gradients agree to float rounding, for sampled and mean weights."""
     torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
     model = _model(name)
     x, y = _batch()
     compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True)
@@ -84,6 +86,10 @@ def test_compiled_step_equals_eager_for_the_same_seed(name):
     for seed in (3, 4):
         runs[seed] = _run(eager_step, model, seed)
         _assert_same_step(runs[seed], _run(compiled_step, model, seed), seed)
+    # one graph for the whole loss: a graph break (e.g. Radial's draw bookkeeping did, until it knew it was being
+    # traced) splits the step into many small graphs with Python in between, slower than eager
+    assert not counts["graph_break"], dict(counts["graph_break"])
+    assert counts["stats"]["unique_graphs"] == 1
     if name != "delta":  # the test can fail: the two seeds draw different weights, so different losses
         assert not torch.equal(runs[3][0][0], runs[4][0][0])
     with varbnn.sample_mode(model, "mean"):  # the mean weights do not depend on the seed (a Monte Carlo KL does)

@@ -170,15 +170,26 @@ class Radial(VariationalFamily):
         """As :meth:`VariationalFamily.weight`; in a training step a draw is also kept for the Monte Carlo KL (see
         ``kl_samples``)."""
         w = super().weight(mode)
-        if mode == "sample" and torch.is_grad_enabled() and w.requires_grad and not _functorch_active():
-            self._forward_draw = (step_key((self.loc, self.rho)), w)
-            cache_until_backward(self, "_forward_draw", (w,))
+        if mode == "sample" and torch.is_grad_enabled() and w.requires_grad:
+            if torch.compiler.is_compiling():
+                # a compiled step (fit(compile=True)) traces the forward pass and the KL as one function: the
+                # parameters cannot change between them, so no version key (untraceable) and no backward hook
+                self._forward_draw = (None, w)
+            elif not _functorch_active():
+                self._forward_draw = (step_key((self.loc, self.rho)), w)
+                cache_until_backward(self, "_forward_draw", (w,))
         return w
 
     def take_forward_draw(self) -> torch.Tensor | None:
-        """The weight drawn by this step's forward pass (current parameters, not yet backpropagated), once; else None."""
+        """The weight drawn by this step's forward pass (current parameters, not yet backpropagated), once; else None.
+        Within a compiled step only a draw of that traced step counts; outside one only an eager draw whose parameters
+        are unchanged."""
         draw, self._forward_draw = self._forward_draw, None
-        if draw is None or draw[0] != step_key((self.loc, self.rho)) or not torch.is_grad_enabled():
+        if draw is None or not torch.is_grad_enabled():
+            return None
+        if torch.compiler.is_compiling():
+            return draw[1] if draw[0] is None else None
+        if draw[0] is None or draw[0] != step_key((self.loc, self.rho)):
             return None
         return draw[1]
 
