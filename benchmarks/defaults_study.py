@@ -347,7 +347,7 @@ def _check_defaults(summary: dict[str, Any]) -> list[str]:
     if gaps:
         plain_gap = {k: v for k, v in summary["plain"].items() if k.endswith(":confidence_gap")}
         lines += ["", "Mean confidence minus accuracy on the validation set (> 0: overconfident, < 0: underconfident): "
-                  + ", ".join(f"{family} {gaps[(family, beta)]:+.4f}" for family, beta in library_betas().items()
+                  + ", ".join(f"{family} {gaps[(family, beta)]:+.4f}" for family, beta in library_betas(tuple(stds)).items()
                               if (family, beta) in gaps)
                   + "".join(f"; plain {v:+.4f}" for v in plain_gap.values()) + "."]  # fmt: skip
     return lines
