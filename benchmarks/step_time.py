@@ -4,12 +4,14 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 (32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
-       [--optimizer fit|adam] [--mc-samples 2,4] [--only SUBSTRING,...] [--out benchmarks/results/step-time]
+       [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--out benchmarks/results/step-time]
 Every candidate (the deterministic baseline and the peers too) steps with the same optimizer: by default what
 ``varbnn.fit`` uses (Adam, fused where torch supports it), or ``--optimizer adam`` (torch.optim.Adam's defaults; files
 get a ``_plain_adam`` suffix). Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on
 the CPU) and prints the ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash
-scripts/install_peers.sh``), in the same process and on the same model.
+scripts/install_peers.sh``), in the same process and on the same model. ``--compile`` adds the rows of
+``fit(compile=True)``'s step for the deterministic network and every family that compiles (their warm-up steps include
+the compilation).
 """
 
 from __future__ import annotations
