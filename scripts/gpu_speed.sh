@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 29's GPU rows in one device call: training-step time with fit(compile=True)'s rows (MLP, LeNet-5 at batch
+# 100, ResNet-18 at batch 128), vectorised prediction time and vMF sampling, on the device's CUDA torch. Each part has
+# its own time limit, so one slow part (compilation) cannot lose the others; everything is packed into
+# $OUT/gpu_speed.tgz (the device tool returns at most 8 files) beside $OUT/log.txt.
+#
+#   device tool:  run(command="bash scripts/gpu_speed.sh", timeout_s=570)
+#   peers there:  pip download --no-deps bayesian-torch==0.5.0 torchbnn==1.2 into an ignored .whl/ here, carry
+#                 ".whl", and set PEERS=1 (they are installed into /tmp/site before the runs)
+#   dry run here: DEVICE=cpu STEPS=3 REPEATS=1 bash scripts/gpu_speed.sh   (the plumbing only, not a measurement)
+#
+# Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/) and record the device on each page.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/gpu_speed_out}"
+device="${DEVICE:-cuda}"
+steps="${STEPS:-50}"
+repeats="${REPEATS:-2}"
+work="$(mktemp -d)"
+mkdir -p "$out" "$work/step-time" "$work/predict-time" "$work/vmf"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python="${PYTHON:-python3}"
+if [ "${PEERS:-0}" = 1 ]; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+log="$out/log.txt"
+: >"$log"
+part() {  # part SECONDS SCRIPT ARGS...: one benchmark under its own limit; its output (compile warnings dropped) to the log
+    local seconds=$1
+    shift
+    echo "== $* (limit ${seconds} s)" | tee -a "$log"
+    timeout "$seconds" "$python" "$@" 2>&1 | grep -v '^[WIV][0-9]\{4\} ' | tail -40 | tee -a "$log"
+    echo "== exit ${PIPESTATUS[0]}" | tee -a "$log"
+}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; \
+  "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } | tee -a "$log"
+common=(--device "$device" --compile --mc-samples "" --steps "$steps" --warmup "${WARMUP:-20}" --repeats "$repeats" --out "$work/step-time")
+part "${MLP_SECONDS:-240}" benchmarks/step_time.py --model mlp "${common[@]}"
+part "${LENET_SECONDS:-150}" benchmarks/step_time.py --model lenet5 "${common[@]}"
+part "${RESNET_SECONDS:-90}" benchmarks/step_time.py --model resnet18 --batch 128 --device "$device" --mc-samples "" \
+    --steps "$(( steps < 20 ? steps : 20 ))" --warmup "${WARMUP:-5}" --repeats 1 --only "MeanField-reparam,Radial-reparam (MC,KTied(rank=2)-reparam,RadialDirectional,torchbnn,bayesian-torch Rep,floor" \
+    --out "$work/step-time"
+part "${PREDICT_SECONDS:-45}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" --out "$work/predict-time"
+part "${VMF_SECONDS:-30}" benchmarks/vmf.py --device "$device" --quick --out "$work/vmf"
+tar czf "$out/gpu_speed.tgz" -C "$work" .
+echo "packed: $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.json$') result files into $out/gpu_speed.tgz" | tee -a "$log"
