@@ -30,7 +30,9 @@ part() {  # part SECONDS SCRIPT ARGS...: one benchmark under its own limit; its 
     local seconds=$1
     shift
     echo "== $* (limit ${seconds} s)" | tee -a "$log"
-    timeout "$seconds" "$python" "$@" 2>&1 | grep -v '^[WIV][0-9]\{4\} ' | tail -40 | tee -a "$log"
+    # a compile cache of its own: a part stopped at its limit while inductor writes a kernel leaves a truncated
+    # file in the cache, which fails the next run that compiles the same graph ("file too short")
+    TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout "$seconds" "$python" "$@" 2>&1 | grep -v '^[WIV][0-9]\{4\} ' | tail -40 | tee -a "$log"
     echo "== exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; \
