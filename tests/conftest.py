@@ -6,6 +6,29 @@ import torch
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
+SLOW_HELP = "also run the tests marked slow (or set VARBNN_SLOW=1)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", default=False, help=SLOW_HELP)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a variant the default run leaves out; --runslow or VARBNN_SLOW=1 runs it")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The default run (CI's) skips the ``slow`` tests: each is a costlier variant of a check that a faster test in
+    the default run also makes (e.g. inductor's code generation for every family, where the default run compiles two
+    families with inductor and traces every family with the aot_eager backend)."""
+    if config.getoption("--runslow") or os.environ.get("VARBNN_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow or VARBNN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 DATA_DIR = Path(os.environ.get("VARBNN_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 

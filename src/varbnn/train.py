@@ -1136,11 +1136,14 @@ def _compiled_elbo_step(
     graves: bool = False,
     distributed: bool = False,
     in_graph_random: bool | None = None,
+    backend: str = "inductor",
 ) -> Callable[[torch.Tensor, torch.Tensor, float, int], ELBOTerms]:
     """``fit(compile=...)``'s step: ``step(x, y, beta, samples)`` accumulates the same ``.grad`` as
     :func:`_accumulated_elbo_gradient` from a :func:`torch.compile`-d loss (the forward, the NLL, the KL and the score
     correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``in_graph_random`` (default:
-    on every device but the CPU) lets inductor draw the noise in its kernels; otherwise eager's generator draws it."""
+    on every device but the CPU) lets inductor draw the noise in its kernels; otherwise eager's generator draws it.
+    ``backend`` another torch.compile backend (the tests trace every family with ``"aot_eager"``: the same graph
+    capture and compiled backward, without inductor's slow code generation)."""
     if isinstance(compile, str):
         if compile not in _COMPILE_MODES:
             raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
@@ -1178,7 +1181,10 @@ def _compiled_elbo_step(
         in_graph_random = device.type != "cpu"
     options = dict(torch._inductor.list_mode_options(mode))
     options["fallback_random"] = not in_graph_random
-    compiled = torch.compile(_own_code(loss_terms), options=options)
+    if backend == "inductor":
+        compiled = torch.compile(_own_code(loss_terms), options=options)
+    else:
+        compiled = torch.compile(_own_code(loss_terms), backend=backend)
 
     def step(x: torch.Tensor, y: torch.Tensor, beta: float, samples: int) -> ELBOTerms:
         if not (math.isfinite(beta) and beta >= 0):
