@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# two cores: one thread per process when pytest-xdist runs two workers (-n 2), else two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 SLOW_HELP = "also run the tests marked slow (or set VARBNN_SLOW=1)"
 
