@@ -238,6 +238,10 @@ def candidates(
                 lambda e=estimator: varbnn.KTied(rank=2, estimator=e), compile_it=True
             )
         table["varbnn Radial-reparam (MC cross-entropy), fit(compile=True)"] = family(lambda: varbnn.Radial(), compile_it=True)
+        for grouping in ("row", "double"):
+            table[f"varbnn RadialDirectional({grouping}), fit(compile=True)"] = family(
+                lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior, compile_it=True
+            )
     try:  # optional peers
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 

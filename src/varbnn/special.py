@@ -225,11 +225,18 @@ def _series_tails(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
     return t0, t1
 
 
+@torch.compiler.assume_constant_result
+def _debye_constants(terms: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`_debye_matrices`, which torch.compile evaluates once while tracing and keeps as constants (its exact
+    rational arithmetic cannot be traced)."""
+    return _debye_matrices(terms, device, dtype)
+
+
 def _debye_sums(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """S = sqrt(nu^2 + z^2), U = sum_k u_k(t)/nu^k and V = sum_k v_k(t)/nu^k with t = nu/S."""
     s = torch.hypot(nu, z)  # no overflow of nu^2 + z^2 for z > 1e154
     t = nu / s
-    mu, mv = _debye_matrices(_DEBYE_TERMS, z.device, z.dtype)
+    mu, mv = _debye_constants(_DEBYE_TERMS, z.device, z.dtype)
     degree = mu.shape[0]
     powers_t = torch.cumprod(torch.cat([torch.ones_like(t).unsqueeze(-1), t.unsqueeze(-1).expand(*t.shape, degree - 1)], -1), -1)
     inv_s = (1 / s).unsqueeze(-1)
@@ -240,8 +247,9 @@ def _debye_sums(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _use_masked(device: torch.device) -> bool:
-    """Whether to evaluate both branches on every element (no host synchronisation) instead of on subsets."""
-    return device.type != "cpu"
+    """Whether to evaluate both branches on every element (no host synchronisation) instead of on subsets: on every
+    device but the CPU, and everywhere under torch.compile (one graph, no data-dependent shapes)."""
+    return device.type != "cpu" or torch.compiler.is_compiling()
 
 
 def _two_branches(
@@ -249,8 +257,9 @@ def _two_branches(
 ) -> Tensor:
     """series(nu, z) where sqrt(nu^2 + z^2) < _SERIES_RADIUS, debye(nu, z) elsewhere.
 
-    On the CPU each branch runs only on its own elements (the series is the expensive one). On other devices
-    both run on every element, masked with torch.where, so that no call waits for a device-to-host copy.
+    On the CPU each branch runs only on its own elements (the series is the expensive one). On other devices (and
+    under torch.compile) both run on every element, masked with torch.where, so that no call waits for a
+    device-to-host copy.
     """
     small = torch.hypot(nu, z) < _SERIES_RADIUS
     if not _use_masked(z.device):

@@ -27,7 +27,9 @@ weights.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -112,6 +114,11 @@ def _log_sphere_area(dim: int) -> float:
 
 PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
+PROPOSALS_FIXED = 32
+"""Proposals per element when the rejection loop cannot wait on the host (inside torch.compile): all drawn at once
+and the first accepted kept. With an acceptance rate >= ~0.68, an element has none accepted with probability
+<= 0.32^32 < 1e-15; it then keeps its last proposal (a draw from Wood's envelope instead of the target)."""
+_fixed_rounds = False  # tests: the compiled path's draws in an eager step (see fixed_rejection_rounds)
 
 
 def _wood_root_and_b(dim: int, kappa: Any) -> tuple[Any, Any]:
@@ -157,17 +164,25 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     element without any boolean indexing, so the common case costs one host synchronisation (the check that all
     were accepted): with an acceptance rate >= ~0.68 for all d and kappa, an element needs a second round with
     probability <= 0.32^8 ~ 1e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4) proposals. A concentration
-    expanded from one value (a layer's) is used as that value (on the CPU as a Python float).
+    expanded from one value (a layer's) is used as that value (on the CPU as a Python float). Inside torch.compile
+    (and within :func:`fixed_rejection_rounds`) the loop is replaced by ``PROPOSALS_FIXED`` (32) proposals drawn at
+    once, without a host synchronisation.
     """
     shape, work, device = kappa.shape, kappa.dtype, kappa.device
     n = kappa.numel()
     shared = _compact(kappa.detach())
     kappa_all: Tensor | None = None
     kappa_arg: Tensor | float
+    fixed = _fixed_rounds or torch.compiler.is_compiling()
     if shared.dim() == 0:
-        kappa_arg = float(shared) if device.type == "cpu" else shared
+        kappa_arg = float(shared) if device.type == "cpu" and not fixed else shared
     else:
         kappa_all = kappa_arg = shared.reshape(-1)
+    if fixed:  # no host synchronisation: PROPOSALS_FIXED at once, the last kept if none is accepted
+        e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIXED, n, work, device)
+        accept = torch.cat([accept[:-1], torch.ones_like(accept[-1:])])
+        first = accept.to(torch.uint8).argmax(0)
+        return e.gather(0, first.unsqueeze(0)).squeeze(0).reshape(shape)
     e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIRST_ROUND, n, work, device)
     first = accept.to(torch.uint8).argmax(0)  # index of the first accepted proposal (0 if none)
     eps = e.gather(0, first.unsqueeze(0)).squeeze(0)
@@ -189,6 +204,19 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
         f"max_rejection_rounds={max_rounds} rounds (d={dim}, kappa in "
         f"[{float(shared.min()):.3g}, {float(shared.max()):.3g}])"
     )
+
+
+@contextlib.contextmanager
+def fixed_rejection_rounds() -> Iterator[None]:
+    """Eager draws take the path a compiled step takes (``PROPOSALS_FIXED`` proposals at once, no host
+    synchronisation): the same random numbers in the same order, so a compiled step can be checked against an eager
+    one for the same seed."""
+    global _fixed_rounds
+    before, _fixed_rounds = _fixed_rounds, True
+    try:
+        yield
+    finally:
+        _fixed_rounds = before
 
 
 def wood_sample(

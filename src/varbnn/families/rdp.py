@@ -196,7 +196,6 @@ class RadialDirectional(VariationalFamily):
         initial value (at lr 1e-3, by at most ~120 in 120,000 steps); ``"log"`` lets it move by a factor per step.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
-    compile_unsupported = "its rejection sampler and Bessel functions break the graph (host syncs; minutes to compile)"
 
     estimators = ("reparam",)
     estimator_layers = {"reparam": LAYER_KINDS}
@@ -430,6 +429,10 @@ class RadialDirectional(VariationalFamily):
         return score
 
     def _concentration_keys(self) -> tuple[tuple[int, int], ...]:
+        if torch.compiler.is_compiling():
+            # a compiled step traces the draw and the KL as one function: the concentrations cannot change between
+            # them (and tensor versions cannot be traced)
+            return ()
         keys = []
         for grouping in self.groupings:
             rho = self._param(grouping, "concentration_rho")
@@ -468,8 +471,14 @@ class RadialDirectional(VariationalFamily):
         return state
 
 
-@functools.lru_cache(maxsize=256)
+@torch.compiler.assume_constant_result
 def _log_normalizer_constant(dim: int, kappa: float) -> float:
+    """:func:`_log_normalizer_value`, which torch.compile evaluates while tracing and keeps as a constant."""
+    return _log_normalizer_value(dim, kappa)
+
+
+@functools.lru_cache(maxsize=256)
+def _log_normalizer_value(dim: int, kappa: float) -> float:
     """log C_d(kappa) of a fixed prior concentration, computed once (float64)."""
     log_i = float(log_bessel_iv_over_power(dim / 2 - 1, torch.tensor(kappa, dtype=torch.float64), validate=False))
     return -0.5 * dim * math.log(2 * math.pi) - log_i
