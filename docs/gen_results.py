@@ -451,12 +451,14 @@ CLAIMS: tuple[Claim, ...] = (
         "KTied not slower than MeanField, every family faster than the fastest peer.",
         result="AMD EPYC, 2 threads (code 5b9c81e): eager MeanField reparam 3.58x, local 3.61x, KTied 3.46x, Radial "
         "3.47x, RDP row 4.35x, double 9.00x; fit(compile=True) MeanField reparam 2.50x, local 2.31x, KTied 2.90x, "
-        "Radial 2.72x; torchbnn 3.19x; floors 1.43x / 1.54x. H100: MeanField 4.9x, RDP 29x / 45x (launch-bound).",
+        "Radial 2.72x; torchbnn 3.19x; floors 1.43x / 1.54x. RDP compiled (code 4992639): row 4.03x, double 8.24x "
+        "(eager 5.85x / 10.99x in the same run). H100: MeanField 4.9x, RDP 29x / 45x (launch-bound).",
         verdict="no",
         why="The local target lies below the cost of the estimator's own mandatory work (its floor row). Issue 29's "
         "CPU targets: compiled, MeanField reparam and local are 22% and 28% faster than the fastest peer (torchbnn), "
         "Radial 15%, KTied 9%; none is within 1.3x of its floor (1.49x to 2.03x). Eager, every family is slower than "
-        "torchbnn. The GPU rows of issue 29 are not measured yet.",
+        "torchbnn. RDP's CPU targets (3.5x row, 5x double) are not met, compiled or eager. The GPU rows of issue 29 "
+        "are not measured yet.",
         sources=(J,),
     ),
     Claim(
