@@ -4,7 +4,8 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 (32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
-       [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--out benchmarks/results/step-time]
+       [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--skip SUBSTRING]
+       [--out benchmarks/results/step-time]
 Every candidate (the deterministic baseline and the peers too) steps with the same optimizer: by default what
 ``varbnn.fit`` uses (Adam, fused where torch supports it), or ``--optimizer adam`` (torch.optim.Adam's defaults; files
 get a ``_plain_adam`` suffix). Writes OUT/step_time[_MODEL][_DEVICE].json and .md (``step_time.json`` for the MLP on
@@ -306,6 +307,9 @@ def main() -> None:
         help="add the rows of fit(compile=True)'s step (torch.compile; the deterministic network compiled too)",
     )
     parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
+    parser.add_argument(
+        "--skip", action="append", default=[], metavar="SUBSTRING", help="leave out the candidates containing it (repeatable)"
+    )
     parser.add_argument("--out", default=str(results_dir("step-time")))
     args = parser.parse_args()
     device = resolve_device(args.device)
@@ -327,6 +331,7 @@ def main() -> None:
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         builders = {k: v for k, v in builders.items() if k == "deterministic" or any(w in k for w in wanted)}
+    builders = {k: v for k, v in builders.items() if k == "deterministic" or not any(w in k for w in args.skip)}
     steps = {name: build() for name, build in builders.items()}
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):  # interleave so that machine noise hits every candidate alike
