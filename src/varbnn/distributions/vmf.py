@@ -117,7 +117,7 @@ PROPOSALS_PER_ROUND = 4
 PROPOSALS_FIXED = 32
 """Proposals per element when the rejection loop cannot wait on the host (inside torch.compile): all drawn at once
 and the first accepted kept. Wood's acceptance rate is lowest, about 0.65, on the circle (d = 2) and about 0.70 for
-d >= 10 (its minimum over kappa in [1e-3, 1e6], measured with 20,000 proposals a point): an element has none accepted
+d >= 10 (its minimum over kappa in [1e-3, 1e6], 20,000 proposals a point; tests/test_vmf.py): an element has none accepted
 with probability <= 0.35^32 ~ 2.5e-15; it then keeps its last proposal (a draw from Wood's envelope, not the target).
 The price: four times the eager first round's Gamma draws (Gamma((d-1)/2) samples are not cheap on the CPU)."""
 _fixed_rounds = False  # tests: the compiled path's draws in an eager step (see fixed_rejection_rounds)
