@@ -368,6 +368,19 @@ def test_fixed_rejection_rounds_draw_the_same_distribution_without_a_host_synchr
             assert abs(values.mean().item() - want) <= 5 * values.std().item() / math.sqrt(4000) + 1e-14
 
 
+@pytest.mark.parametrize("d", [2, 3, 11, 785])
+def test_wood_proposals_are_symmetric_beta(d):
+    """Wood's proposals eps ~ Beta((d-1)/2, (d-1)/2) (drawn from one Gamma and one normal): Kolmogorov-Smirnov against
+    scipy's Beta, and no value outside (0, 1) even in the arcsine-shaped d = 2 case."""
+    from varbnn.distributions.vmf import _wood_proposals
+
+    torch.manual_seed(d)
+    e, _ = _wood_proposals(d, 1.0, 4, 5_000, torch.float64, torch.device("cpu"))
+    a = (d - 1) / 2
+    assert stats.kstest(e.reshape(-1).numpy(), stats.beta(a, a).cdf).pvalue > 1e-3
+    assert bool(((e > 0) & (e < 1)).all())
+
+
 def test_wood_acceptance_rate_is_at_least_about_0_65_for_every_dimension_and_concentration():
     """The bound PROPOSALS_FIXED's fallback probability (0.35^32) rests on: the minimum over kappa in [1e-3, 1e6] of
     the acceptance rate, 20,000 proposals a point (standard error <= 0.0034): about 0.65 at d = 2, 0.70 for d >= 10."""

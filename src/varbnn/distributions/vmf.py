@@ -148,8 +148,14 @@ def _wood_proposals(
     log = math.log if isinstance(kappa, float) else torch.log
     log_1mx0_sq = log(one_minus_x0) + log(2 / (1 + b))  # log(1 - x0^2) = log((1 - x0)(1 + x0))
     x0 = 1 - one_minus_x0
-    gammas = torch._standard_gamma(torch.full((2, k, n), m1 / 2, dtype=work, device=device))
-    e = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(work).tiny)  # Beta(alpha, alpha), [k, n]
+    # Beta(a, a) with a = (d - 1)/2 from ONE Gamma(a) draw g and a normal z (half the Gamma draws of g1 / (g1 + g2),
+    # which dominate the sampler's cost): z / sqrt(2 g / (d - 1)) is Student-t with d - 1 degrees of freedom, and
+    # (1 + t / sqrt(d - 1 + t^2)) / 2 = (1 + z / r) / 2 with r = sqrt(z^2 + 2 g); for z < 0 as g / (r (r - z)), without
+    # cancellation near 0
+    g = torch._standard_gamma(torch.full((k, n), m1 / 2, dtype=work, device=device))
+    z = torch.randn((k, n), dtype=work, device=device)
+    r = torch.sqrt(z * z + 2 * g).clamp_min(torch.finfo(work).tiny)
+    e = torch.where(z < 0, g / (r * (r - z)), (r + z) / (2 * r))  # Beta(alpha, alpha), [k, n]
     one_minus_omega = 2 * b * e / (1 - (1 - b) * e)
     log_u = torch.log(torch.rand(e.shape, dtype=work, device=device))
     # kappa (omega - x0) + (d - 1) log((1 - x0 omega) / (1 - x0^2)) >= log u, written without cancellation
