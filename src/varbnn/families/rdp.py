@@ -450,9 +450,13 @@ class RadialDirectional(VariationalFamily):
             log_c, ratio = log_normalizer_and_resultant(directions[0].shape[1], kappas[0], self.ratio_method)  # type: ignore[arg-type]
             return {self.groupings[0]: (log_c, ratio)}
         key = (directions[0].device, work)
-        if key not in self._dims_cache:  # made once per device, so no host-to-device copy per step
-            self._dims_cache[key] = torch.tensor([float(d.shape[1]) for d in directions], dtype=work, device=key[0])
-        log_c, ratio = log_normalizer_and_resultant(self._dims_cache[key], torch.stack(kappas), self.ratio_method)  # type: ignore[arg-type]
+        if torch.compiler.is_compiling():  # a constant of the graph (filling the cache while tracing would recompile)
+            dims = torch.tensor([float(d.shape[1]) for d in directions], dtype=work, device=key[0])
+        else:
+            if key not in self._dims_cache:  # made once per device, so no host-to-device copy per step
+                self._dims_cache[key] = torch.tensor([float(d.shape[1]) for d in directions], dtype=work, device=key[0])
+            dims = self._dims_cache[key]
+        log_c, ratio = log_normalizer_and_resultant(dims, torch.stack(kappas), self.ratio_method)  # type: ignore[arg-type]
         return {g: (log_c[i], ratio[i]) for i, g in enumerate(self.groupings)}
 
     def take_normalizers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
