@@ -116,9 +116,9 @@ PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
 PROPOSALS_FIXED = 32
 """Proposals per element when the rejection loop cannot wait on the host (inside torch.compile): all drawn at once
-and the first accepted kept. Wood's acceptance rate is lowest, about 0.65, on the circle (d = 2) and about 0.70 for
-d >= 10 (its minimum over kappa in [1e-3, 1e6], 20,000 proposals a point; tests/test_vmf.py): an element has none accepted
-with probability <= 0.35^32 ~ 2.5e-15; it then keeps its last proposal (a draw from Wood's envelope, not the target).
+and the first accepted kept. Wood's acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks
+d from 2 to 1000 over kappa in [1e-3, 1e6]; the lowest is on the circle, d = 2): an element has none accepted with
+probability <= 0.37^32 ~ 2e-14; it then keeps its last proposal (a draw from Wood's envelope, not the target).
 The price: four times the eager first round's Gamma draws (Gamma((d-1)/2) samples are not cheap on the CPU)."""
 _fixed_rounds = False  # tests: the compiled path's draws in an eager step (see fixed_rejection_rounds)
 
@@ -170,12 +170,11 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     Each round draws proposals for every element still pending and keeps the first accepted one, which is the
     sequential sampler's draw (the proposals are i.i.d.). The first round draws ``PROPOSALS_FIRST_ROUND`` (8) per
     element without any boolean indexing, so the common case costs one host synchronisation (the check that all
-    were accepted): with an acceptance rate >= ~0.65 for all d and kappa (see ``PROPOSALS_FIXED``), an element needs
-    a second round with probability <= 0.35^8 ~ 2e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4)
+    were accepted): with an acceptance rate >= 0.63 for all d and kappa (see ``PROPOSALS_FIXED``), an element needs
+    a second round with probability <= 0.37^8 ~ 4e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4)
     proposals. A concentration expanded from one value (a layer's) is used as that value (on the CPU as a Python
-    float). Inside torch.compile
-    (and within :func:`fixed_rejection_rounds`) the loop is replaced by ``PROPOSALS_FIXED`` (32) proposals drawn at
-    once, without a host synchronisation.
+    float). Inside torch.compile (and within :func:`fixed_rejection_rounds`) the loop is replaced by
+    ``PROPOSALS_FIXED`` (32) proposals drawn at once, without a host synchronisation.
     """
     shape, work, device = kappa.shape, kappa.dtype, kappa.device
     n = kappa.numel()

@@ -450,12 +450,11 @@ class RadialDirectional(VariationalFamily):
             log_c, ratio = log_normalizer_and_resultant(directions[0].shape[1], kappas[0], self.ratio_method)  # type: ignore[arg-type]
             return {self.groupings[0]: (log_c, ratio)}
         key = (directions[0].device, work)
-        if torch.compiler.is_compiling():  # a constant of the graph (filling the cache while tracing would recompile)
+        dims = self._dims_cache.get(key)
+        if dims is None:
             dims = torch.tensor([float(d.shape[1]) for d in directions], dtype=work, device=key[0])
-        else:
-            if key not in self._dims_cache:  # made once per device, so no host-to-device copy per step
-                self._dims_cache[key] = torch.tensor([float(d.shape[1]) for d in directions], dtype=work, device=key[0])
-            dims = self._dims_cache[key]
+            if not torch.compiler.is_compiling():  # made once per device, so no host-to-device copy per step; while
+                self._dims_cache[key] = dims  # traced a graph constant (filling the cache would change the guards)
         log_c, ratio = log_normalizer_and_resultant(dims, torch.stack(kappas), self.ratio_method)  # type: ignore[arg-type]
         return {g: (log_c[i], ratio[i]) for i, g in enumerate(self.groupings)}
 
