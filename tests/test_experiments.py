@@ -712,3 +712,31 @@ def test_a_variant_added_to_the_table_leaves_the_other_records_and_checkpoints_s
     assert _checkpoint_path(slower, tmp_path, slower.variants[0], 0) != _checkpoint_path(wider, tmp_path, wider.variants[0], 0)
     run_experiment(slower, out_dir=tmp_path, progress=False, command="three")
     assert len(runs.read_text().splitlines()) == 4  # both rows again under the new protocol
+
+
+def test_runs_are_batched_seed_by_seed_with_post_hoc_runs_after_their_plain_run():
+    """One process: every run in one batch, seed-major, post-hoc runs after their seed's trainings. Workers: a seed's
+    post-hoc runs move to the front of the next seed's batch (never beside the plain run they reuse), so an
+    invocation cut off during a seed has finished every run of the seeds before it."""
+    from varbnn.experiments.runner import _batches
+
+    labels = ("temperature", "plain", "meanfield", "laplace")
+    pending = [(label, seed) for label in labels for seed in (2, 0, 1)]
+    post_hoc = {"temperature", "laplace"}
+    (alone,) = _batches(pending, (0, 1, 2), post_hoc, workers=1)
+    assert [k[1] for k in alone] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(k[0] in post_hoc for k in alone[2:4]) and not any(k[0] in post_hoc for k in alone[:2])
+    batches = _batches(pending, (0, 1, 2), post_hoc, workers=2)
+    assert [sorted(b) for b in batches] == [
+        [("meanfield", 0), ("plain", 0)],
+        [("laplace", 0), ("meanfield", 1), ("plain", 1), ("temperature", 0)],
+        [("laplace", 1), ("meanfield", 2), ("plain", 2), ("temperature", 1)],
+        [("laplace", 2), ("temperature", 2)],
+    ]
+    assert all(k[0] in post_hoc for k in batches[1][:2])  # the carried runs first
+    for i, batch in enumerate(batches):  # no post-hoc run shares a batch with its own seed's plain run
+        assert not {k[1] for k in batch if k[0] in post_hoc} & {k[1] for k in batch if k[0] == "plain"}, i
+    # a resumed invocation: seed 0 done but its Laplace run; seed 1 pending
+    resumed = _batches([("laplace", 0), ("plain", 1), ("temperature", 1)], (0, 1), post_hoc, workers=2)
+    assert resumed == [[("laplace", 0), ("plain", 1)], [("temperature", 1)]]
+    assert _batches([], (0,), post_hoc, workers=2) == []

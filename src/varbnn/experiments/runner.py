@@ -218,12 +218,9 @@ def run_experiment(
         post_hoc = {v.label for v in config.variants if v.family in POST_HOC or v.convert_epochs}
         # seed by seed (a partial run still compares every variant), the post-hoc baselines and the converted networks
         # after the plain run whose training they reuse
-        pending.sort(key=lambda k: (config.seeds.index(k[1]), k[0] in post_hoc))
-        if workers > 1:  # two passes: worker processes never start a run before the plain run it reuses has finished
-            execute([k for k in pending if k[0] not in post_hoc], run, store, device=dev, workers=workers, commit=commit)
-        done = execute(pending, run, store, device=dev, workers=workers, commit=commit)
-    else:
-        done = store.load()
+        for batch in _batches(pending, config.seeds, post_hoc, workers):
+            execute(batch, run, store, device=dev, workers=workers, commit=commit)
+    done = store.load()
     if shard is not None:
         return {"name": config.name, "rows": [], "figures": [], "written": False, "runs_file": str(store.path)}
     rows: list[dict[str, Any]] = []
@@ -477,6 +474,30 @@ def _run_seed(
         "scores": [[label, scores] for label, scores in scored],
         "traces": tracer.records if tracer is not None else None,
     }
+
+
+def _batches(
+    pending: Sequence[tuple[str, int]], seeds: Sequence[int], post_hoc: set[str], workers: int
+) -> list[list[tuple[str, int]]]:
+    """The order of ``pending`` runs, in batches that run one after the other: seed by seed (a partial invocation still
+    compares every variant on the seeds it finished), a post-hoc run (``post_hoc`` labels: it reuses the plain run's
+    network) after the plain run of its seed. One process runs them as one batch in that order. Worker processes
+    (``workers`` > 1) pick runs in any order within a batch, so a seed's post-hoc runs go into the next seed's
+    batch, first (they are short and their plain run has finished): a batch never holds a post-hoc run beside the
+    training it needs, and an invocation cut off during seed ``s`` has every run of the seeds before it."""
+    ordered = sorted(pending, key=lambda k: (list(seeds).index(k[1]), k[0] in post_hoc))
+    if workers <= 1:
+        return [ordered] if ordered else []
+    batches: list[list[tuple[str, int]]] = []
+    carried: list[tuple[str, int]] = []
+    for seed in seeds:
+        trains = [k for k in ordered if k[1] == seed and k[0] not in post_hoc]
+        if trains or carried:
+            batches.append(carried + trains)
+        carried = [k for k in ordered if k[1] == seed and k[0] in post_hoc]
+    if carried:
+        batches.append(carried)
+    return batches
 
 
 POST_HOC = ("temperature", "laplace")
