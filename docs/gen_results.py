@@ -459,7 +459,9 @@ CLAIMS: tuple[Claim, ...] = (
         "CPU targets: compiled, MeanField reparam and local are 22% and 28% faster than the fastest peer (torchbnn), "
         "Radial 15%, KTied 9%; none is within 1.3x of its floor (1.49x to 2.03x). Eager, every family is slower than "
         "torchbnn. RDP's CPU targets (3.5x row, 5x double) are not met, compiled or eager. The GPU rows of issue 29 "
-        "are not measured yet.",
+        "are not measured yet. On the CPU LeNet-5 (code 098592d) compiling slows every family but RDP: MeanField "
+        "reparam 1.40x compiled against 1.27x eager, local 4.28x against 2.51x; RDP row 1.59x against 1.76x, double "
+        "1.99x against 2.48x.",
         sources=(J,),
     ),
     Claim(
