@@ -331,6 +331,47 @@ def test_lenet5_prune_quick_run_exports_and_resumes(data_dir, tmp_path):
     assert "| RDP (paper) | 4-7-110-66 | 125K | 20K | 1.0% |" in markdown and "| BC-GHS | 5-10-76-16 |" in markdown
 
 
+def test_lenet5_front_quick_run_prunes_to_each_budget_and_draws_the_front(data_dir, tmp_path):
+    """prune_front: the staged rule to each FLOPs budget (sizes recomputable from the architecture by lenet5_sizes,
+    within the budget where it was reached), its random-init control, one table row per budget and the figure."""
+    import warnings
+
+    from varbnn.prune import lenet5_sizes
+
+    config = get_config("lenet5-front", quick=True)
+    assert config.prune_budget is None and len(config.prune_front) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_experiment(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="test")
+    (row,) = result["rows"]
+    for budget in config.prune_front:
+        p = f"front{budget}"
+        assert lenet5_sizes(row[f"{p}_architecture"]) == (row[f"{p}_parameters"], row[f"{p}_flops"])
+        assert row[f"{p}_reached"] in (0.0, 1.0) and (row[f"{p}_flops"] <= budget or not row[f"{p}_reached"])
+        for key in ("validation_error", "test_error", "scratch_validation_error", "scratch_test_error"):
+            assert 0 <= row[f"{p}_{key}"] <= 1
+    assert "iter_pruned_architecture" not in row and "budget_pruned_architecture" not in row
+    markdown = (tmp_path / "lenet5-front.md").read_text()
+    front_rows = [line for line in markdown.splitlines() if line.startswith(("| 600K |", "| 1500K |"))]
+    assert len(front_rows) == 2 and "Chosen on validation" in markdown
+    assert "| RDP (paper) | 4-7-110-66 | 125K | 113,148 | 20K | 8,807 | 1.0% |" in markdown
+    assert not any(key.startswith("front") for key in markdown.split("\n| variant |")[1].split("\n")[0].split(" | "))
+    assert (tmp_path / "lenet5-front_front.png").stat().st_size > 1000
+
+
+def test_prune_front_is_checked_and_leaves_the_older_protocols_alone():
+    base = get_config("lenet5-prune")
+    assert "prune_front" not in base.to_dict() and "prune_front" not in base.training_dict()
+    front = get_config("lenet5-front")
+    same = lambda c: {k: v for k, v in c.training_dict().items() if k not in ("name", "seeds")}  # noqa: E731
+    assert same(front) == same(base) and front.seeds == (0, 1, 2)  # lenet5-prune's training, three seeds
+    for bad in ((120_000, 60_000), (0,), [60_000], (60_000, 60_000)):
+        with pytest.raises(ValueError, match="prune_front"):
+            dataclasses.replace(front, prune_front=bad)
+    with pytest.raises(ValueError, match="prune_front"):
+        dataclasses.replace(front, prune_stages=0, prune_scratch_epochs=0)
+
+
 def test_lenet5_prune_published_differs_from_lenet5_prune_only_in_the_published_choices():
     base, published = get_config("lenet5-prune"), get_config("lenet5-prune-published")
     assert published.variants[0].family_options == {**base.variants[0].family_options, "radius_init": "even"}

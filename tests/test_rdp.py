@@ -341,7 +341,7 @@ def _kill(family, grouping, units):
 
 def test_export_removes_units_physically_and_matches_the_masked_model():
     from varbnn.models import lenet5
-    from varbnn.prune import count_parameters_and_flops, export, masked_model
+    from varbnn.prune import count_parameters_and_flops, export, lenet5_sizes, masked_model
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -369,6 +369,20 @@ def test_export_removes_units_physically_and_matches_the_masked_model():
     expected_flops = (25 + 1) * 24 * 24 * 16 + (25 * 16 + 1) * 8 * 8 * 10 + 81 * 100 + 101 * 10
     assert (params, flops) == (expected_params, expected_flops)
     assert report["dense_parameters"] == 431080  # LeNet-5-Caffe
+    assert lenet5_sizes(report["architecture"]) == (params, flops)  # fc1 reads 80 of its kept channels' 160 positions
+
+
+def test_lenet5_sizes_count_what_count_parameters_and_flops_counts_and_refuse_other_architectures():
+    from varbnn.models import lenet5
+    from varbnn.prune import count_parameters_and_flops, lenet5_sizes
+
+    x = torch.zeros(1, 1, 28, 28)
+    for c1, c2, h in ((20, 50, 500), (4, 7, 66), (1, 1, 1), (3, 13, 63)):
+        assert lenet5_sizes((c1, c2, 16 * c2, h)) == count_parameters_and_flops(lenet5(widths=(c1, c2, h)), x)
+    assert lenet5_sizes("20-50-800-500") == (431080, 2308230)
+    for bad in ("4-7-113-66", "4-7-110", "0-7-50-66", (4, 7, 110, 66, 10)):  # 113 > 16 * 7 inputs; 3 or 5 numbers; 0
+        with pytest.raises(ValueError, match="architecture"):
+            lenet5_sizes(bad)
 
 
 def test_export_of_an_mlp_selects_input_features_and_rejects_unsupported_models():

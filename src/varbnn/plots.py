@@ -26,6 +26,7 @@ __all__ = [
     "ood_histograms",
     "overview_figure",
     "cost_figure",
+    "front_figure",
     "variance_explained_figure",
     "std_heatmaps",
     "trace_figure",
@@ -143,6 +144,49 @@ def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
         ax.annotate(str(row["variant"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
     ax.set(xlabel="training time / plain network's" if plain else "training time (s)", ylabel="test NLL (nats)")
+    return _save(fig, path, title, dpi=120)
+
+
+def front_figure(
+    rows: Sequence[Mapping[str, Any]],
+    budgets: Sequence[int],
+    published: Sequence[tuple[str, int, int, int, int, float]],
+    path: str | os.PathLike[str],
+    title: str = "",
+) -> Path:
+    """Test error against FLOPs (left) and parameters (right), log scale: each row's ``front{B}_*`` points over the
+    ``budgets`` (mean +- standard error over seeds; filled, joined by a line) and its random-initialisation control
+    (hollow, dashed), beside ``published`` rows ``(method, FLOPs as counted, FLOPs recomputed, parameters as counted,
+    parameters recomputed, error)``: black squares at the paper's counts, grey ones at the recomputed sizes."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    for axis, size in zip(axes, ("flops", "parameters"), strict=True):
+        for row in rows:
+            points = [(f"front{b}", b) for b in budgets if f"front{b}_{size}" in row]
+            if not points:
+                continue
+            x = [float(row[f"{p}_{size}"]) for p, _ in points]
+            for key, style in (("test_error", "-o"), ("scratch_test_error", "--o")):
+                if not all(f"{p}_{key}" in row for p, _ in points):
+                    continue
+                y = [100 * float(row[f"{p}_{key}"]) for p, _ in points]
+                err = [100 * float(row.get(f"{p}_{key}_sem", float("nan"))) for p, _ in points]
+                err = [0.0 if e != e else e for e in err]
+                label = f"{row['variant']}" + (", random init" if key.startswith("scratch") else "")
+                axis.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=label, markersize=5,
+                              mfc="none" if key.startswith("scratch") else None)  # fmt: skip
+        for method, flops, flops_again, params, params_again, error in published:
+            counted, again = (flops, flops_again) if size == "flops" else (params, params_again)
+            axis.plot([counted, again], [100 * error] * 2, color="0.6", linewidth=0.8)
+            axis.plot(counted, 100 * error, "s", color="black", markersize=5)
+            axis.plot(again, 100 * error, "s", color="0.6", markersize=5)
+            axis.annotate(method, (counted, 100 * error), textcoords="offset points", xytext=(3, 3), fontsize=6)
+        axis.set_xscale("log")
+        axis.set_xlabel("FLOPs (Oh et al.'s formulas)" if size == "flops" else "parameters")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("test error (%)")
+    axes[0].plot([], [], "s", color="black", label="published, as counted")
+    axes[0].plot([], [], "s", color="0.6", label="published, recomputed")
+    axes[0].legend(fontsize=7)
     return _save(fig, path, title, dpi=120)
 
 

@@ -30,9 +30,12 @@ _AFTER_TRAINING = (
     "description", "figures", "eval_samples", "eval_weight_samples", "posthoc_ranks", "heatmap_module",
     "prune", "prune_threshold", "prune_min_gap", "prune_validation_tolerance", "prune_budget", "prune_finetune_epochs",
     "prune_finetune_lr", "prune_finetune_schedule", "prune_stages", "prune_stage_epochs", "prune_distill_weight",
-    "prune_distill_samples", "prune_scratch_epochs", "ood_dataset",
+    "prune_distill_samples", "prune_scratch_epochs", "prune_front", "ood_dataset",
 )  # fmt: skip
-FIGURES = ("reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "ood", "overview", "cost")
+FIGURES = (
+    "reliability", "traces", "variance_explained", "std_heatmaps", "prune_histograms", "prune_front", "ood", "overview",
+    "cost",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,10 @@ class ExperimentConfig:
     ``prune_scratch_epochs`` > 0 (needs ``prune_stages``): the staged rule's architecture again, every weight re-drawn
     (:func:`varbnn.prune.reinitialize`) and trained by :func:`varbnn.prune.finetune` for that many epochs with the same
     learning rate, schedule and distillation: the random-initialisation control of Liu et al. (2019).
+    ``prune_front`` = FLOPs budgets (increasing; needs ``prune_stages``): an error-FLOPs front, the staged rule run to
+    each budget alone (no parameter cap; its retraining as above) and, with ``prune_scratch_epochs``, its random-init
+    control at each budget's architecture; score keys ``front{B}_*`` (figure ``prune_front``: test error against FLOPs
+    and parameters beside the published LeNet-5 rows).
 
     ``select_best_of_last`` = K > 0: evaluate (and prune) not the model after the last epoch but the one, among the
     last K epochs, with the lowest mean training NLL of its epoch (Oh et al. 2020's choice for LeNet-5: "the best
@@ -160,6 +167,7 @@ class ExperimentConfig:
     prune_distill_weight: float = 0.0
     prune_distill_samples: int = 16
     prune_scratch_epochs: int = 0
+    prune_front: tuple[int, ...] = ()
     select_best_of_last: int = 0
     kl_weight: float | None = 1.0
     pretrained: bool | None = False
@@ -199,9 +207,11 @@ class ExperimentConfig:
             raise ValueError(f"{self.name}: prune_budget must be (max FLOPs, max parameters), got {self.prune_budget!r}")
         if not isinstance(self.prune_finetune_epochs, int) or self.prune_finetune_epochs < 0:
             raise ValueError(f"{self.name}: prune_finetune_epochs must be a non-negative integer")
-        if self.prune_finetune_epochs and not (self.prune_validation_tolerance or self.prune_budget is not None):
+        if self.prune_finetune_epochs and not (
+            self.prune_validation_tolerance or self.prune_budget is not None or self.prune_front
+        ):
             raise ValueError(
-                f"{self.name}: prune_finetune_epochs retrains the validation or budget rule's model: set one of them"
+                f"{self.name}: prune_finetune_epochs retrains the validation, budget or front rules' models: set one of them"
             )
         for name in ("prune_stages", "prune_stage_epochs"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
@@ -220,8 +230,15 @@ class ExperimentConfig:
             )
         if self.prune_scratch_epochs and not self.prune_stages:
             raise ValueError(f"{self.name}: prune_scratch_epochs retrains the staged rule's architecture: set prune_stages")
-        if self.prune_stages and self.prune_budget is None:
-            raise ValueError(f"{self.name}: prune_stages prunes to prune_budget in stages: set prune_budget")
+        if self.prune_stages and self.prune_budget is None and not self.prune_front:
+            raise ValueError(f"{self.name}: prune_stages prunes to prune_budget (or prune_front) in stages: set one of them")
+        front = self.prune_front
+        if not isinstance(front, tuple) or any(not isinstance(b, int) or b < 1 for b in front) or list(front) != sorted(
+            set(front)
+        ):
+            raise ValueError(f"{self.name}: prune_front must be a tuple of increasing positive FLOPs budgets, got {front!r}")
+        if front and not (self.prune_stages and self.validation_size):
+            raise ValueError(f"{self.name}: prune_front prunes in prune_stages stages on the validation set: set both")
         converted = [v.label for v in self.variants if v.convert_epochs]
         if converted and self.plain_variant is None:
             raise ValueError(f"{self.name}: {converted} convert the plain network: add a variant with family='plain'")
@@ -256,7 +273,8 @@ class ExperimentConfig:
         for variant in data["variants"]:  # added later: variants trained from scratch keep their hashes
             if variant.get("convert_epochs") == 0:
                 variant.pop("convert_epochs")
-        for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", "")):
+        for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", ""),
+                              ("prune_front", ())):  # fmt: skip
             if data[name] == default:  # added later: configs that keep the default keep their checkpoint hashes
                 data.pop(name)
         return data

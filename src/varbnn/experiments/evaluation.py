@@ -187,7 +187,50 @@ def prune_scores(
                 "scratch_pruned_finetuned_epoch": float(retrained["epoch"]),
                 "scratch_pruned_finetuned_test_error": classification_error(scratch, x_test, y_test),
             })  # fmt: skip
+    for budget in config.prune_front:  # the error-FLOPs front: the staged rule to each FLOPs budget alone
+        scores.update(_front_point(config, model, budget, train, validation, test, seed, progress, soft_targets))
     return scores, cuts
+
+
+def _front_point(
+    config: ExperimentConfig,
+    model: torch.nn.Module,
+    budget: int,
+    train: tuple[torch.Tensor, torch.Tensor],
+    validation: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    seed: int,
+    progress: bool,
+    soft_targets: torch.Tensor | None,
+) -> dict[str, Any]:
+    """One point of ``prune_front``: :func:`varbnn.prune.iterative_budget` to ``budget`` FLOPs (no parameter cap) and,
+    with ``prune_scratch_epochs``, the random-initialisation control at its architecture; keys ``front{budget}_*``."""
+    from varbnn.prune import classification_error, finetune, iterative_budget, reinitialize
+
+    prefix = f"front{budget}"
+    staged, report = iterative_budget(
+        model, train, validation, max_flops=budget, stages=config.prune_stages, epochs=config.prune_stage_epochs,
+        final_epochs=config.prune_finetune_epochs, lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed,
+        schedule=config.prune_finetune_schedule, start=config.prune_threshold, min_gap=config.prune_min_gap,
+        progress=progress, soft_targets=soft_targets, distill_weight=config.prune_distill_weight,
+    )  # fmt: skip
+    scores: dict[str, Any] = {
+        **sizes(prefix, report),
+        f"{prefix}_reached": float(report["reached"]),
+        f"{prefix}_validation_error": float(report["validation_error"]),
+        f"{prefix}_test_error": classification_error(staged, *test),
+    }
+    if config.prune_scratch_epochs:
+        scratch, retrained = finetune(
+            reinitialize(staged, seed=seed), train, validation, epochs=config.prune_scratch_epochs,
+            lr=config.prune_finetune_lr, batch_size=config.batch_size, seed=seed, schedule=config.prune_finetune_schedule,
+            progress=progress, soft_targets=soft_targets, distill_weight=config.prune_distill_weight,
+        )  # fmt: skip
+        scores.update({
+            f"{prefix}_scratch_validation_error": float(retrained["validation_error"]),
+            f"{prefix}_scratch_test_error": classification_error(scratch, *test),
+        })  # fmt: skip
+    return scores
 
 
 def sizes(prefix: str, report: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Every page is drawn with the same helpers: :func:`markdown_table` (a table from 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,24 @@ def _table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return markdown_table(keys, ([_cell(row, key) for key in keys] for row in rows))
 
 
+# Oh, Adamczewski, Park (2020), Table 2 (both versions): (method, architecture, FLOPs, parameters, test error) as
+# published; the sizes are the paper's own counts (lenet5_sizes recomputes them by the paper's formulas).
+LENET5_PUBLISHED: tuple[tuple[str, str, int, int, float], ...] = (
+    ("RDP (paper)", "4-7-110-66", 125_000, 20_000, 0.010),
+    ("BC-GNJ", "8-13-88-13", 307_000, 22_000, 0.010),
+    ("BC-GHS", "5-10-76-16", 169_000, 15_000, 0.010),
+    ("FDOO(100K)", "2-7-112-478", 119_000, 66_000, 0.011),
+    ("FDOO(200K)", "3-8-128-499", 163_000, 81_000, 0.010),
+    ("GL", "3-12-192-500", 236_000, 134_000, 0.010),
+    ("GD", "7-13-208-16", 298_000, 49_000, 0.011),
+    ("SBP", "3-18-284-283", 295_000, 164_000, 0.009),
+)
+
+
+def _thousands(value: int) -> str:
+    return f"{value / 1000:.0f}K"
+
+
 # Published numbers shown beside a config's own results (kept out of ExperimentConfig, whose hash names the
 # checkpoints of running experiments).
 PAPER_TABLES: dict[str, list[str]] = {
@@ -187,21 +206,37 @@ PAPER_TABLES: dict[str, list[str]] = {
         "",
         *markdown_table(
             ["method", "architecture", "FLOPs", "parameters", "error"],
-            [
-                ["RDP (paper)", "4-7-110-66", "125K", "20K", "1.0%"],
-                ["BC-GNJ", "8-13-88-13", "307K", "22K", "1.0%"],
-                ["BC-GHS", "5-10-76-16", "169K", "15K", "1.0%"],
-                ["FDOO(100K)", "2-7-112-478", "119K", "66K", "1.1%"],
-                ["FDOO(200K)", "3-8-128-499", "163K", "81K", "1.0%"],
-                ["GL", "3-12-192-500", "236K", "134K", "1.0%"],
-                ["GD", "7-13-208-16", "298K", "49K", "1.1%"],
-                ["SBP", "3-18-284-283", "295K", "164K", "0.9%"],
-            ],
+            [[m, a, _thousands(f), _thousands(p), f"{100 * e:.1f}%"] for m, a, f, p, e in LENET5_PUBLISHED],
             ["---", "---", RIGHT, RIGHT, RIGHT],
         ),
     ],
 }
 PAPER_TABLES["lenet5-prune-published"] = PAPER_TABLES["lenet5-prune"]
+
+
+def _published_front_table() -> list[str]:
+    from varbnn.prune import lenet5_sizes
+
+    rows = []
+    for method, arch, flops, params, error in LENET5_PUBLISHED:
+        params_again, flops_again = lenet5_sizes(arch)
+        rows.append([method, arch, _thousands(flops), f"{flops_again:,}", _thousands(params), f"{params_again:,}",
+                     f"{100 * error:.1f}%"])  # fmt: skip
+    return [
+        "Oh, Adamczewski, Park (2020), Table 2: the published architectures with their sizes as counted there and as "
+        "varbnn.prune.lenet5_sizes recomputes them by the paper's formulas (fc1 reads the listed number of inputs). "
+        "Goals (issue 30): <= 1.0% test error at <= 160K FLOPs and <= 1.1% at <= 120K FLOPs, selected on validation.",
+        "",
+        *markdown_table(
+            ["method", "architecture", "FLOPs (paper)", "FLOPs (recomputed)", "parameters (paper)",
+             "parameters (recomputed)", "error"],  # fmt: skip
+            rows,
+            ["---", "---", RIGHT, RIGHT, RIGHT, RIGHT, RIGHT],
+        ),
+    ]
+
+
+PAPER_TABLES["lenet5-front"] = _published_front_table()
 
 
 # The pruning rules of a prune config, one row each in the rules table: (label, key prefix, how the rule chooses).
@@ -268,6 +303,53 @@ def _prune_table(rows: list[dict[str, Any]]) -> list[str]:
     return [*notes, "", *lines, *([""] + stages if stages else [])]
 
 
+_FRONT_KEY = re.compile(r"^front(\d+)_")
+
+
+def front_budgets(rows: list[dict[str, Any]]) -> list[int]:
+    """The FLOPs budgets of the ``prune_front`` points in ``rows`` (score keys ``front{B}_*``), increasing."""
+    return sorted({int(m.group(1)) for row in rows for key in row if (m := _FRONT_KEY.match(key))})
+
+
+def _percent_sem(value: Any, sem: Any) -> str:
+    spread = isinstance(sem, float) and not math.isnan(sem)
+    return _percent(value) + (f" ± {_percent(sem)}" if spread else "")
+
+
+def _front_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One row per (FLOPs budget, variant): the staged rule's exported model at that budget and its random-init
+    control; under it, per budget, the variant with the lowest mean validation error (the front's point)."""
+    header = ["FLOPs budget", "variant", "architecture (per seed)", "parameters", "FLOPs", "validation error",
+              "test error", "random init: validation error", "random init: test error"]  # fmt: skip
+    table: list[list[str]] = []
+    chosen: list[str] = []
+    for budget in front_budgets(rows):
+        p = f"front{budget}"
+        have = [row for row in rows if f"{p}_architecture" in row]
+        for row in have:
+            errors = [
+                _percent_sem(row.get(f"{p}_{k}", float("nan")), row.get(f"{p}_{k}_sem"))
+                for k in ("validation_error", "test_error", "scratch_validation_error", "scratch_test_error")
+            ]
+            table.append([_thousands(budget), str(row["variant"]), str(row[f"{p}_architecture"]),
+                          _format(row[f"{p}_parameters"]), _format(row[f"{p}_flops"]), *errors])  # fmt: skip
+        if have:
+            best = min(have, key=lambda r: r[f"{p}_validation_error"])
+            chosen.append(
+                f"- {_thousands(budget)} FLOPs: {best['variant']} (validation {_percent(best[f'{p}_validation_error'])}, "
+                f"test {_percent(best[f'{p}_test_error'])})"
+            )
+    notes = [
+        "Error-FLOPs front (`prune_front`): at each FLOPs budget the staged rule (varbnn.prune.iterative_budget, no "
+        "parameter cap) exports and retrains the model; the random-initialisation control trains the same architecture "
+        "from a fresh draw with the same retraining. Means ± standard errors over the seeds of the posterior.",
+        "",
+    ]
+    lines = markdown_table(header, table, ["---"] * 3 + [RIGHT] * (len(header) - 3))
+    return [*notes, *lines, "", "Chosen on validation (the variant with the lowest mean validation error at each budget):",
+            "", *chosen]  # fmt: skip
+
+
 def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> str:
     """The results tables (metrics as ``mean ± sem`` over seeds; ``*_wsem``: SEM over weight draws within a seed,
     averaged over seeds) with their provenance; traces (``name@step``) in a second table; a prune config's rules in a
@@ -278,7 +360,8 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
     for row in rows:
         keys += [k for k in row if not k.endswith("_sem") and k not in keys]
     prune = _prune_keys(keys)
-    main = [k for k in keys if "@" not in k and k not in prune]
+    front = [k for k in keys if _FRONT_KEY.match(k)]
+    main = [k for k in keys if "@" not in k and k not in prune and k not in front]
     trace = [k for k in keys if "@" in k]
     lines = [
         f"# {result['name']}",
@@ -294,6 +377,8 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
     lines += ["", *_table(rows, main)]
     if prune:
         lines += ["", *_prune_table(rows)]
+    if front:
+        lines += ["", *_front_table(rows)]
     if trace:
         lines += ["", "Traces during training (value at the given optimizer step):", "", *_table(rows, ["variant", *trace])]
     legend = [f"- `{k}`: {text}" for k, text in _LEGEND.items() if k in main or any(t.startswith(k + "@") for t in trace)]

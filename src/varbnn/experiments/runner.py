@@ -48,6 +48,7 @@ from varbnn.nn.base import BayesianModule
 from varbnn.objectives import default_kl_weight, linear_kl_annealing
 from varbnn.plots import (
     cost_figure,
+    front_figure,
     ood_histograms,
     overview_figure,
     reliability_diagram,
@@ -566,6 +567,13 @@ def _figures(
 ) -> list[str]:
     seed = config.seeds[0]
     paths: list[Path] = []
+    if "prune_front" in config.figures and rows:
+        from varbnn.experiments.render import LENET5_PUBLISHED, front_budgets
+        from varbnn.prune import lenet5_sizes
+
+        published = [(m, f, lenet5_sizes(a)[1], p, lenet5_sizes(a)[0], e) for m, a, f, p, e in LENET5_PUBLISHED]
+        title = f"{config.name}: test error against size, the front and Oh et al.'s Table 2"
+        paths.append(front_figure(rows, front_budgets(rows), published, out / f"{config.name}_front.png", title=title))
     if "cost" in config.figures and rows:
         paths.append(cost_figure(rows, out / f"{config.name}_cost.png", title=f"{config.name}: test NLL against training cost"))
     if "overview" in config.figures and entropies:

@@ -58,6 +58,7 @@ from varbnn.prune.export import (
     SelectFeatures,
     count_parameters_and_flops,
     export,
+    lenet5_sizes,
     masked_model,
 )
 from varbnn.prune.export import _export_plain as _export_plain
@@ -102,6 +103,7 @@ __all__ = [
     "export",
     "masked_model",
     "count_parameters_and_flops",
+    "lenet5_sizes",
     "SelectFeatures",
     "SAFE_LAMBDA",
     "lambda_from_gamma",

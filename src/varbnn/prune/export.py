@@ -3,7 +3,7 @@ removed, the masked dense reference it must equal, and Oh et al.'s parameter and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -77,6 +77,22 @@ def count_parameters_and_flops(model: nn.Module, example: torch.Tensor) -> tuple
             params += sum(p.numel() for p in module.parameters())
             flops += _flops(module, shapes[name][1])
     return params, flops
+
+
+def lenet5_sizes(architecture: str | Sequence[int]) -> tuple[int, int]:
+    """Parameters and FLOPs (Oh et al.'s formulas, as :func:`count_parameters_and_flops` counts them) of LeNet-5-Caffe
+    on 28x28 images with ``architecture`` = ``"c1-c2-f-h"`` (or four integers) units kept: conv1 filters, conv2
+    filters, fc1 inputs (at most ``16 c2``: the 4x4 positions of the kept conv2 channels) and fc1 outputs (10 classes).
+    The sizes of an exported model's ``architecture``; also a published architecture's sizes recomputed the same way
+    (a paper's own counts can differ)."""
+    units = [int(u) for u in architecture.split("-")] if isinstance(architecture, str) else [int(u) for u in architecture]
+    if len(units) != 4 or any(u < 1 for u in units) or units[2] > 16 * units[1]:
+        raise ValueError(
+            f"architecture must be four positive unit counts c1-c2-f-h with f <= 16 c2 (LeNet-5-Caffe), got {architecture!r}"
+        )
+    c1, c2, inputs, hidden = units
+    layers = [(26, 24 * 24, c1), (25 * c1 + 1, 8 * 8, c2), (inputs + 1, 1, hidden), (hidden + 1, 1, 10)]
+    return sum(fan * out for fan, _, out in layers), sum(fan * positions * out for fan, positions, out in layers)
 
 
 def _flops(module: nn.Linear | nn.Conv2d, out_shape: torch.Size) -> int:
