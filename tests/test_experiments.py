@@ -352,10 +352,11 @@ def test_lenet5_front_quick_run_prunes_to_each_budget_and_draws_the_front(data_d
             assert 0 <= row[f"{p}_{key}"] <= 1
     assert "iter_pruned_architecture" not in row and "budget_pruned_architecture" not in row
     markdown = (tmp_path / "lenet5-front.md").read_text()
-    front_rows = [line for line in markdown.splitlines() if line.startswith(("| 600K |", "| 1500K |"))]
+    front_rows = [line for line in markdown.splitlines() if line.startswith(("| 600K |", "| 1.5M |"))]
     assert len(front_rows) == 2 and "Chosen on validation" in markdown
     assert "| RDP (paper) | 4-7-110-66 | 125K | 113,148 | 20K | 8,807 | 1.0% |" in markdown
-    assert not any(key.startswith("front") for key in markdown.split("\n| variant |")[1].split("\n")[0].split(" | "))
+    header = markdown.split("\n| variant |")[1].split("\n")[0]
+    assert header.count("|") > 3 and not any(cell.strip().startswith("front") for cell in header.split("|"))
     assert (tmp_path / "lenet5-front_front.png").stat().st_size > 1000
 
 
@@ -365,11 +366,32 @@ def test_prune_front_is_checked_and_leaves_the_older_protocols_alone():
     front = get_config("lenet5-front")
     same = lambda c: {k: v for k, v in c.training_dict().items() if k not in ("name", "seeds")}  # noqa: E731
     assert same(front) == same(base) and front.seeds == (0, 1, 2)  # lenet5-prune's training, three seeds
-    for bad in ((120_000, 60_000), (0,), [60_000], (60_000, 60_000)):
+    for bad in ((120_000, 60_000), (0,), [60_000], (60_000, 60_000), (True,)):
         with pytest.raises(ValueError, match="prune_front"):
             dataclasses.replace(front, prune_front=bad)
-    with pytest.raises(ValueError, match="prune_front"):
-        dataclasses.replace(front, prune_stages=0, prune_scratch_epochs=0)
+    for changes in ({"prune_stages": 0, "prune_scratch_epochs": 0}, {"prune": False}, {"validation_size": 0}):
+        with pytest.raises(ValueError, match="prune_front"):
+            dataclasses.replace(front, **changes)
+    with pytest.raises(ValueError, match="'prune_front' figure"):
+        dataclasses.replace(front, prune_front=(), prune_budget=(120_000, 15_000))
+
+
+def test_the_front_table_formats_seed_means_names_unreached_budgets_and_skips_nan_in_the_choice():
+    from varbnn.experiments.render import _front_table, _thousands
+
+    assert [_thousands(v) for v in (125_000, 60_400, 1_000_000, 1_500_000)] == ["125K", "60.4K", "1M", "1.5M"]
+    rows = [
+        {"variant": "a", "front60000_architecture": "3-8-90-40 / 3-9-96-41", "front60000_parameters": 5000.5,
+         "front60000_flops": 59871.33, "front60000_reached": 0.5, "front60000_validation_error": float("nan"),
+         "front60000_test_error": 0.012},
+        {"variant": "b", "front60000_architecture": "2-8-90-40", "front60000_parameters": 4000.0,
+         "front60000_flops": 50000.0, "front60000_reached": 1.0, "front60000_validation_error": 0.02,
+         "front60000_test_error": 0.015, "front60000_test_error_sem": 0.001},
+    ]  # fmt: skip
+    lines = _front_table(rows)
+    assert "| 60K | a | 3-8-90-40 / 3-9-96-41 | 5,000 | 59,871 | 50% of seeds |" in "\n".join(lines)
+    assert any(line.startswith("| 60K | b |") and "1.50% ± 0.10%" in line for line in lines)
+    assert lines[-1].startswith("- 60K FLOPs: b ")  # a's NaN validation error is not chosen
 
 
 def test_lenet5_prune_published_differs_from_lenet5_prune_only_in_the_published_choices():
@@ -757,8 +779,8 @@ def test_a_variant_added_to_the_table_leaves_the_other_records_and_checkpoints_s
 
 def test_runs_are_batched_seed_by_seed_with_post_hoc_runs_after_their_plain_run():
     """One process: every run in one batch, seed-major, post-hoc runs after their seed's trainings. Workers: a seed's
-    post-hoc runs move to the front of the next seed's batch (never beside the plain run they reuse), so an
-    invocation cut off during a seed has finished every run of the seeds before it."""
+    post-hoc runs move to the front of the next seed's batch (never beside the plain run they reuse); without
+    post-hoc runs everything is one batch."""
     from varbnn.experiments.runner import _batches
 
     labels = ("temperature", "plain", "meanfield", "laplace")
@@ -781,3 +803,6 @@ def test_runs_are_batched_seed_by_seed_with_post_hoc_runs_after_their_plain_run(
     resumed = _batches([("laplace", 0), ("plain", 1), ("temperature", 1)], (0, 1), post_hoc, workers=2)
     assert resumed == [[("laplace", 0), ("plain", 1)], [("temperature", 1)]]
     assert _batches([], (0,), post_hoc, workers=2) == []
+    # nothing post-hoc (e.g. lenet5-front: one variant, three seeds): one batch, so the workers train seeds in parallel
+    trains = [("rdp", 2), ("rdp", 0), ("rdp", 1)]
+    assert _batches(trains, (0, 1, 2), post_hoc, workers=3) == [[("rdp", 0), ("rdp", 1), ("rdp", 2)]]

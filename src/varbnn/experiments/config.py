@@ -233,12 +233,18 @@ class ExperimentConfig:
         if self.prune_stages and self.prune_budget is None and not self.prune_front:
             raise ValueError(f"{self.name}: prune_stages prunes to prune_budget (or prune_front) in stages: set one of them")
         front = self.prune_front
-        if not isinstance(front, tuple) or any(not isinstance(b, int) or b < 1 for b in front) or list(front) != sorted(
-            set(front)
+        if (
+            not isinstance(front, tuple)
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in front)
+            or list(front) != sorted(set(front))
         ):
             raise ValueError(f"{self.name}: prune_front must be a tuple of increasing positive FLOPs budgets, got {front!r}")
-        if front and not (self.prune_stages and self.validation_size):
-            raise ValueError(f"{self.name}: prune_front prunes in prune_stages stages on the validation set: set both")
+        if front and not (self.prune and self.prune_stages and self.validation_size):
+            raise ValueError(
+                f"{self.name}: prune_front prunes (prune=True) in prune_stages stages on the validation set: set all three"
+            )
+        if "prune_front" in self.figures and not front:
+            raise ValueError(f"{self.name}: the 'prune_front' figure draws prune_front's points: set prune_front")
         converted = [v.label for v in self.variants if v.convert_epochs]
         if converted and self.plain_variant is None:
             raise ValueError(f"{self.name}: {converted} convert the plain network: add a variant with family='plain'")

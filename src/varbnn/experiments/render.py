@@ -193,7 +193,8 @@ LENET5_PUBLISHED: tuple[tuple[str, str, int, int, float], ...] = (
 
 
 def _thousands(value: int) -> str:
-    return f"{value / 1000:.0f}K"
+    """A size in K or M, e.g. 125K, 60.4K, 1.5M (the paper's style, without dropping significant digits)."""
+    return f"{value / 1e6:g}M" if value >= 1_000_000 else f"{value / 1e3:g}K"
 
 
 # Published numbers shown beside a config's own results (kept out of ExperimentConfig, whose hash names the
@@ -319,8 +320,8 @@ def _percent_sem(value: Any, sem: Any) -> str:
 def _front_table(rows: list[dict[str, Any]]) -> list[str]:
     """One row per (FLOPs budget, variant): the staged rule's exported model at that budget and its random-init
     control; under it, per budget, the variant with the lowest mean validation error (the front's point)."""
-    header = ["FLOPs budget", "variant", "architecture (per seed)", "parameters", "FLOPs", "validation error",
-              "test error", "random init: validation error", "random init: test error"]  # fmt: skip
+    header = ["FLOPs budget", "variant", "architecture (per seed)", "parameters", "FLOPs", "budget reached",
+              "validation error", "test error", "random init: validation error", "random init: test error"]  # fmt: skip
     table: list[list[str]] = []
     chosen: list[str] = []
     for budget in front_budgets(rows):
@@ -331,10 +332,13 @@ def _front_table(rows: list[dict[str, Any]]) -> list[str]:
                 _percent_sem(row.get(f"{p}_{k}", float("nan")), row.get(f"{p}_{k}_sem"))
                 for k in ("validation_error", "test_error", "scratch_validation_error", "scratch_test_error")
             ]
+            reached = float(row.get(f"{p}_reached", float("nan")))
             table.append([_thousands(budget), str(row["variant"]), str(row[f"{p}_architecture"]),
-                          _format(row[f"{p}_parameters"]), _format(row[f"{p}_flops"]), *errors])  # fmt: skip
-        if have:
-            best = min(have, key=lambda r: r[f"{p}_validation_error"])
+                          f"{row[f'{p}_parameters']:,.0f}", f"{row[f'{p}_flops']:,.0f}",
+                          MISSING if math.isnan(reached) else f"{reached:.0%} of seeds", *errors])  # fmt: skip
+        valid = [row for row in have if not math.isnan(float(row[f"{p}_validation_error"]))]
+        if valid:
+            best = min(valid, key=lambda r: r[f"{p}_validation_error"])
             chosen.append(
                 f"- {_thousands(budget)} FLOPs: {best['variant']} (validation {_percent(best[f'{p}_validation_error'])}, "
                 f"test {_percent(best[f'{p}_test_error'])})"
@@ -342,7 +346,8 @@ def _front_table(rows: list[dict[str, Any]]) -> list[str]:
     notes = [
         "Error-FLOPs front (`prune_front`): at each FLOPs budget the staged rule (varbnn.prune.iterative_budget, no "
         "parameter cap) exports and retrains the model; the random-initialisation control trains the same architecture "
-        "from a fresh draw with the same retraining. Means ± standard errors over the seeds of the posterior.",
+        "from a fresh draw with the same retraining. Parameters, FLOPs and errors: means (± standard errors) over the "
+        "seeds of the posterior; budget reached: the share of seeds whose rule met the budget.",
         "",
     ]
     lines = markdown_table(header, table, ["---"] * 3 + [RIGHT] * (len(header) - 3))

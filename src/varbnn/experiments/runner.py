@@ -482,12 +482,14 @@ def _batches(
 ) -> list[list[tuple[str, int]]]:
     """The order of ``pending`` runs, in batches that run one after the other: seed by seed (a partial invocation still
     compares every variant on the seeds it finished), a post-hoc run (``post_hoc`` labels: it reuses the plain run's
-    network) after the plain run of its seed. One process runs them as one batch in that order. Worker processes
-    (``workers`` > 1) pick runs in any order within a batch, so a seed's post-hoc runs go into the next seed's
-    batch, first (they are short and their plain run has finished): a batch never holds a post-hoc run beside the
-    training it needs, and an invocation cut off during seed ``s`` has every run of the seeds before it."""
+    network) after the plain run of its seed. One process, or runs without post-hoc ones, run as one batch in that
+    order. Worker processes (``workers`` > 1) pick runs in any order within a batch, so with post-hoc runs each seed's
+    trainings are a batch and that seed's post-hoc runs go first into the next seed's batch (they are short and their
+    plain run has finished): a batch never holds a post-hoc run beside the training it needs, and an invocation cut
+    off during seed ``s`` has every run of the seeds before ``s - 1`` and seed ``s - 1``'s trainings. The price: at
+    most one seed's trainings (plus the carried post-hoc runs) run at once."""
     ordered = sorted(pending, key=lambda k: (list(seeds).index(k[1]), k[0] in post_hoc))
-    if workers <= 1:
+    if workers <= 1 or not any(k[0] in post_hoc for k in ordered):  # nothing waits: every run in one batch
         return [ordered] if ordered else []
     batches: list[list[tuple[str, int]]] = []
     carried: list[tuple[str, int]] = []
