@@ -27,6 +27,7 @@ COVERED = {
     "ktied-mnist": "test_experiments.py::test_ktied_quick_run_logs_traces_and_counts_parameters",
     "ktied-posthoc": "test_experiments.py::test_posthoc_quick_run_adds_rank_k_rows_and_figures",
     "lenet5-prune": "test_experiments.py::test_lenet5_prune_quick_run_exports_and_resumes",
+    "lenet5-front": "test_experiments.py::test_lenet5_front_quick_run_prunes_to_each_budget_and_draws_the_front",
     "lenet5-radius-init": "test_experiments.py::test_lenet5_radius_init_quick_run_shows_the_even_splits_huge_kl",
     "uncertainty-mnist": "test_experiments.py::test_uncertainty_benchmark_quick_run",
     "uci": "test_uci.py::test_uci_quick_run_writes_results_and_resumes",
