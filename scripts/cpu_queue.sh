@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The long CPU reproductions that are still open, resumed in a fixed order, in the background of a working session:
+#
+#   nohup bash scripts/cpu_queue.sh > /tmp/cpu_queue.log 2>&1 &
+#   pkill -f scripts/cpu_queue.sh; pkill -f "varbnn.cli reproduce"   # stop it (its workers follow their parent;
+#                                                                       every finished run stays in its _runs.jsonl)
+#
+# Each entry is resumable: a finished (variant, seed) run is one line of its runs file and is skipped, a run cut off
+# resumes from its last epoch checkpoint. The code that runs is a snapshot of HEAD taken at the start (a clone under
+# /tmp on PYTHONPATH; the worker processes import it too), so edits made while the queue runs do not reach it; the
+# records name that commit. The outputs go into this checkout's benchmarks/results/. Render a page from its saved runs
+# with the same command plus --no-train, then commit the runs file and the page together.
+#
+# Order (issue 26 first, then issue 30): the 20-epoch uncertainty benchmark on MNIST, then on Fashion-MNIST, then the
+# LeNet-5 error-FLOPs front. One seed of every uncertainty variant is about 2 hours with 2 workers on the project's
+# 2-core machine; lenet5-front is about 4 hours per seed of the posterior.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+snapshot="$(mktemp -d)/varbnn"
+git clone -q "$root" "$snapshot"
+export PYTHONPATH="$snapshot/src" VARBNN_DATA="${VARBNN_DATA:-$root/../shared/data}"
+workers="${WORKERS:-2}"
+reproduce() {  # reproduce NAME OUT: from this checkout (relative --out, HEAD's commit), with the snapshot's code
+    echo "[cpu_queue] $(date -u +%FT%TZ) $1 -> $2 (code $(git -C "$snapshot" rev-parse --short HEAD))"
+    "$root/.venv/bin/python" -m varbnn.cli reproduce "$1" --workers "$workers" --out "$2" --no-progress
+}
+reproduce uncertainty-mnist benchmarks/results/uncertainty-mnist/20-epochs
+reproduce uncertainty-fmnist benchmarks/results/uncertainty-fmnist/20-epochs
+reproduce lenet5-front benchmarks/results/lenet5-front
+echo "[cpu_queue] $(date -u +%FT%TZ) done"
