@@ -4,6 +4,7 @@
 #   nohup bash scripts/cpu_queue.sh > /tmp/cpu_queue.log 2>&1 &
 #   pkill -f scripts/cpu_queue.sh; pkill -f "varbnn.cli reproduce"   # stop it (its workers follow their parent;
 #                                                                       every finished run stays in its _runs.jsonl)
+#   QUICK=1 bash scripts/cpu_queue.sh                                   # a dry run: the --quick forms, into /tmp
 #
 # Each entry is resumable: a finished (variant, seed) run is one line of its runs file and is skipped, a run cut off
 # resumes from its last epoch checkpoint. The code that runs is a snapshot of HEAD taken at the start (a clone under
@@ -21,9 +22,16 @@ snapshot="$(mktemp -d)/varbnn"
 git clone -q "$root" "$snapshot"
 export PYTHONPATH="$snapshot/src" VARBNN_DATA="${VARBNN_DATA:-$root/../shared/data}"
 workers="${WORKERS:-2}"
+quick=()
+prefix=""
+if [ "${QUICK:-0}" = 1 ]; then  # the plumbing only: every entry's --quick form, written under /tmp/cpu_queue_quick/
+    quick=(--quick)
+    prefix="/tmp/cpu_queue_quick/"
+fi
 reproduce() {  # reproduce NAME OUT: from this checkout (relative --out, HEAD's commit), with the snapshot's code
-    echo "[cpu_queue] $(date -u +%FT%TZ) $1 -> $2 (code $(git -C "$snapshot" rev-parse --short HEAD))"
-    "$root/.venv/bin/python" -m varbnn.cli reproduce "$1" --workers "$workers" --out "$2" --no-progress
+    echo "[cpu_queue] $(date -u +%FT%TZ) $1 -> $prefix$2 (code $(git -C "$snapshot" rev-parse --short HEAD))"
+    "$root/.venv/bin/python" -m varbnn.cli reproduce "$1" "${quick[@]}" --workers "$workers" --out "$prefix$2" \
+        --no-progress
 }
 reproduce uncertainty-mnist benchmarks/results/uncertainty-mnist/20-epochs
 reproduce uncertainty-fmnist benchmarks/results/uncertainty-fmnist/20-epochs
