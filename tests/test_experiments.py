@@ -756,6 +756,13 @@ def test_uncertainty_goals_are_judged_from_the_rows():
     assert goals(rows[:1])[1][1] is None  # rows missing: not measured, not "not met"
     page = "\n".join(goal_lines({"rows": rows}))
     assert "| ens | 0.0350 | 0.0060 | 0.9500 | 0.5000 | 5.00 | 1.00 |" in page and "**not met**" in page
+    # a partial result: a family of the config without runs leaves (a) unjudged and is named under (b) and (c)
+    rows[5]["ece"] = 0.009  # now every family present is below plain on both
+    variants = [{"label": r["variant"], "family": r["family"]} for r in rows] + [{"label": "KT", "family": "ktied"}]
+    partial = "\n".join(goal_lines({"rows": rows, "config": {"variants": variants}}))
+    assert "- (a) every family's NLL and ECE below the plain network's: not measured (no runs yet for KT)" in partial
+    assert partial.count("judged without KT") == 2
+    assert "not measured" not in "\n".join(goal_lines({"rows": rows, "config": {"variants": variants[:-1]}}))
 
 
 def test_a_variant_added_to_the_table_leaves_the_other_records_and_checkpoints_standing(tmp_path):
