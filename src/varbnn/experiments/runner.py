@@ -570,10 +570,9 @@ def _figures(
     seed = config.seeds[0]
     paths: list[Path] = []
     if "prune_front" in config.figures and rows:
-        from varbnn.experiments.render import LENET5_PUBLISHED, front_budgets
-        from varbnn.prune import lenet5_sizes
+        from varbnn.experiments.render import front_budgets, published_lenet5_sizes
 
-        published = [(m, f, lenet5_sizes(a)[1], p, lenet5_sizes(a)[0], e) for m, a, f, p, e in LENET5_PUBLISHED]
+        published = [(m, f, f2, p, p2, e) for m, _, f, f2, p, p2, e in published_lenet5_sizes()]
         title = f"{config.name}: test error against size, the front and Oh et al.'s Table 2"
         paths.append(front_figure(rows, front_budgets(rows), published, out / f"{config.name}_front.png", title=title))
     if "cost" in config.figures and rows:

@@ -90,9 +90,13 @@ def lenet5_sizes(architecture: str | Sequence[int]) -> tuple[int, int]:
         raise ValueError(
             f"architecture must be four positive unit counts c1-c2-f-h with f <= 16 c2 (LeNet-5-Caffe), got {architecture!r}"
         )
+    from varbnn.models import lenet5
+
     c1, c2, inputs, hidden = units
-    layers = [(26, 24 * 24, c1), (25 * c1 + 1, 8 * 8, c2), (inputs + 1, 1, hidden), (hidden + 1, 1, 10)]
-    return sum(fan * out for fan, _, out in layers), sum(fan * positions * out for fan, positions, out in layers)
+    features = lenet5(widths=(c1, c2, hidden))[:7]  # conv - pool - conv - pool - flatten, as the exported model
+    model = nn.Sequential(*features, SelectFeatures(torch.arange(inputs)), nn.Linear(inputs, hidden), nn.ReLU(),
+                          nn.Linear(hidden, 10))  # fmt: skip
+    return count_parameters_and_flops(model, torch.zeros(1, 1, 28, 28))
 
 
 def _flops(module: nn.Linear | nn.Conv2d, out_shape: torch.Size) -> int:
