@@ -1,7 +1,8 @@
 """Median training-step time (Adam) per family/estimator vs the deterministic model, in one process.
 
-Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Caffe, batch 100) and ``resnet18``
-(32x32 inputs, batch 32), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
+Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Caffe, batch 100), ``resnet18``
+(32x32 inputs, batch 32) and ``host`` (11 layers of 8 units at batch 4: a step's host time, which bounds an eager GPU
+step), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
        [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--skip SUBSTRING]
@@ -42,6 +43,9 @@ MODELS = {  # name: (builder, input shape without batch, default batch, descript
     "mlp": (lambda: mlp(784, (400, 400), 10), (1, 28, 28), 128, "MLP 784-400-400-10"),
     "lenet5": (lambda: lenet5(), (1, 28, 28), 100, "LeNet-5-Caffe"),
     "resnet18": (lambda: resnet18(), (3, 32, 32), 32, "ResNet-18 (32x32 inputs)"),
+    # 11 layers of 8 units at batch 4: the arithmetic is negligible, so a step's time is its host time (Python, autograd
+    # and dispatch), which is what bounds an eager step on a GPU (where kernels run asynchronously)
+    "host": (lambda: mlp(8, (8,) * 10, 10), (8,), 4, "MLP 8-(8x10)-10, batch 4 (host time per step)"),
 }
 
 
@@ -287,7 +291,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: cpu)")
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default: mlp 128, lenet5 100, resnet18 32)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: mlp 128, lenet5 100, resnet18 32, host 4)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)

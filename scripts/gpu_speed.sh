@@ -8,6 +8,7 @@
 #   peers there:  pip download --no-deps bayesian-torch==0.5.0 torchbnn==1.2 into an ignored .whl/ here, carry
 #                 ".whl", and set PEERS=1 (they are installed into /tmp/site before the runs)
 #   dry run here: DEVICE=cpu STEPS=3 REPEATS=1 bash scripts/gpu_speed.sh   (the plumbing only, not a measurement)
+#   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable)
 #
 # Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/) and record the device on each page.
 set -uo pipefail
@@ -37,18 +38,39 @@ part() {  # part SECONDS SCRIPT ARGS...: one benchmark under its own limit; its 
 }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; \
   "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } | tee -a "$log"
-common=(--device "$device" --compile --mc-samples "" --steps "$steps" --warmup "${WARMUP:-20}" --repeats "$repeats" --out "$work/step-time")
-# RDP's compiled steps compile for a minute or more each: in parts of their own (another table file), so that a
-# part stopped at its limit loses only them
+common=(--device "$device" --mc-samples "" --steps "$steps" --warmup "${WARMUP:-20}" --repeats "$repeats")
+# RDP's compiled steps compile for a minute or more each, and LeNet-5's and ResNet-18's compiled rows for 10-30 s each:
+# each in a part of its own (its own table file), so that a part stopped at its limit loses only its rows
 rdp=(--skip "RadialDirectional(row), fit" --skip "RadialDirectional(double), fit")
-part "${MLP_SECONDS:-240}" benchmarks/step_time.py --model mlp "${common[@]}" "${rdp[@]}"
-part "${LENET_SECONDS:-150}" benchmarks/step_time.py --model lenet5 "${common[@]}" "${rdp[@]}"
-rdp_only=(--only "RadialDirectional,floor" --skip "deterministic, compiled" --out "$work/step-time/rdp-compiled")
-part "${RDP_SECONDS:-150}" benchmarks/step_time.py --model mlp "${common[@]}" "${rdp_only[@]}"  # the last --out counts
-part "${RESNET_SECONDS:-90}" benchmarks/step_time.py --model resnet18 --batch 128 --device "$device" --mc-samples "" \
-    --steps "$(( steps < 20 ? steps : 20 ))" --warmup "${WARMUP:-5}" --repeats 1 --only "MeanField-reparam,Radial-reparam (MC,KTied(rank=2)-reparam,RadialDirectional,torchbnn,bayesian-torch Rep,floor" \
-    --out "$work/step-time"
-part "${PREDICT_SECONDS:-45}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" --out "$work/predict-time"
-part "${VMF_SECONDS:-30}" benchmarks/vmf.py --device "$device" --quick --out "$work/vmf"
+compiled_only=(--compile --only "fit(compile=True),compiled" "${rdp[@]}")
+resnet=(--model resnet18 --batch 128 --device "$device" --mc-samples "" --steps "$(( steps < 20 ? steps : 20 ))"
+        --warmup "${WARMUP:-5}" --repeats 1)
+# PARTS: which parts run, in this order (default all; the 2026-11-26 H200 session measured mlp, lenet5,
+# lenet5-compiled, rdp-mlp, rdp-lenet5, resnet18, predict and vmf at 21b4286, in 15 minutes of device time)
+parts="${PARTS:-resnet18-compiled resnet18 host mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 predict vmf}"
+for name in $parts; do
+    case "$name" in
+        mlp) part "${MLP_SECONDS:-150}" benchmarks/step_time.py --model mlp "${common[@]}" --compile "${rdp[@]}" \
+                 --out "$work/step-time" ;;
+        lenet5) part "${LENET_SECONDS:-60}" benchmarks/step_time.py --model lenet5 "${common[@]}" --out "$work/step-time" ;;
+        lenet5-compiled) part "${LENET_COMPILED_SECONDS:-130}" benchmarks/step_time.py --model lenet5 "${common[@]}" \
+                 "${compiled_only[@]}" --out "$work/step-time/lenet5-compiled" ;;
+        rdp-mlp|rdp-lenet5) part "${RDP_SECONDS:-120}" benchmarks/step_time.py --model "${name#rdp-}" "${common[@]}" \
+                 --compile --only "RadialDirectional,floor" --skip "deterministic, compiled" \
+                 --out "$work/step-time/rdp-compiled" ;;
+        resnet18) part "${RESNET_SECONDS:-90}" benchmarks/step_time.py "${resnet[@]}" \
+                 --only "MeanField-reparam,MeanField-local,Radial-reparam (MC,KTied(rank=2)-reparam,RadialDirectional,torchbnn,bayesian-torch Rep,floor" \
+                 --out "$work/step-time" ;;
+        resnet18-compiled) part "${RESNET_COMPILED_SECONDS:-200}" benchmarks/step_time.py "${resnet[@]}" --compile \
+                 --only "deterministic, compiled,MeanField-reparam, fit,Radial-reparam (MC cross-entropy), fit,KTied(rank=2)-reparam, fit" \
+                 --out "$work/step-time/resnet18-compiled" ;;
+        host) part "${HOST_SECONDS:-60}" benchmarks/step_time.py --model host "${common[@]}" --skip graves \
+                 --skip RadialDirectional --out "$work/step-time" ;;
+        predict) part "${PREDICT_SECONDS:-45}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
+                 --out "$work/predict-time" ;;
+        vmf) part "${VMF_SECONDS:-30}" benchmarks/vmf.py --device "$device" --quick --out "$work/vmf" ;;
+        *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 resnet18 resnet18-compiled host predict vmf)" | tee -a "$log" ;;
+    esac
+done
 tar czf "$out/gpu_speed.tgz" -C "$work" .
 echo "packed: $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.json$') result files into $out/gpu_speed.tgz" | tee -a "$log"

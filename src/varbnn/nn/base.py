@@ -84,8 +84,13 @@ class BayesianModule(nn.Module):
 
     def kl(self) -> torch.Tensor:
         """Sum of KL(q || p) over this layer's tensors (nats)."""
-        terms = [posterior.kl(prior) for _, posterior, prior in self.bayesian_tensors()]
-        return torch.stack(terms).sum()
+        total: torch.Tensor | None = None
+        for _, posterior, prior in self.bayesian_tensors():
+            term = posterior.kl(prior)
+            total = term if total is None else total + term
+        if total is None:
+            raise ValueError(f"{type(self).__name__} has no Bayesian tensors to take the KL of")
+        return total
 
     def _weight(self, name: str) -> torch.Tensor:
         return self.posteriors[name].weight(self.sample_mode)  # type: ignore[operator]
