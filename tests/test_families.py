@@ -299,6 +299,30 @@ def test_normal_kl_from_stats_gradcheck_and_value(var_scale):
     torch.testing.assert_close(f(loc, rho), expected)
 
 
+def test_normal_kl_from_stats_with_a_trainable_prior_gives_the_prior_its_gradient():
+    """A prior whose scale takes gradients goes through the recorded operations (the one-node form gives none to the
+    prior); both forms agree on the value and on the posterior's gradients. (No form trains the prior mean.)"""
+    from varbnn.families.gaussian import normal_kl_from_stats
+
+    loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    sigma = torch.rand(4, 3, dtype=torch.float64) + 0.1
+    prior_loc = torch.tensor(0.1, dtype=torch.float64)
+    prior_scale = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    stats = (sigma.log().sum(), sigma.square().sum())
+    trained = normal_kl_from_stats(loc, *stats, prior_loc, prior_scale)
+    fixed = normal_kl_from_stats(loc, *stats, prior_loc, prior_scale.detach())
+    expected = torch.distributions.kl_divergence(
+        torch.distributions.Normal(loc, sigma), torch.distributions.Normal(prior_loc, prior_scale)
+    ).sum()
+    torch.testing.assert_close(trained, expected)
+    torch.testing.assert_close(fixed, expected)
+    grads = torch.autograd.grad(trained, (loc, prior_scale))
+    reference = torch.autograd.grad(expected, (loc, prior_scale))
+    for a, b in zip(grads, reference):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(torch.autograd.grad(fixed, loc)[0], reference[0])
+
+
 # --- allowed ranges of the numeric init arguments (issue 25) ---------------------------------------------------------
 
 # (family name, argument, its allowed closed interval, other arguments)
