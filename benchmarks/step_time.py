@@ -45,7 +45,7 @@ MODELS = {  # name: (builder, input shape without batch, default batch, descript
     "resnet18": (lambda: resnet18(), (3, 32, 32), 32, "ResNet-18 (32x32 inputs)"),
     # 11 layers of 8 units at batch 4: the arithmetic is negligible, so a step's time is its host time (Python, autograd
     # and dispatch), which is what bounds an eager step on a GPU (where kernels run asynchronously)
-    "host": (lambda: mlp(8, (8,) * 10, 10), (8,), 4, "MLP 8-(8x10)-10, batch 4 (host time per step)"),
+    "host": (lambda: mlp(8, (8,) * 10, 10), (8,), 4, "MLP 8-(8x10)-10 (host time per step)"),
 }
 
 

@@ -161,7 +161,7 @@ def _kl_and_score(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         if isinstance(module, BayesianModule):
             term = module.kl()
             total = term if total is None else total + term
-        elif isinstance(module, VariationalFamily):
+        if isinstance(module, VariationalFamily):
             pending = module.take_score()
             if pending is not None:
                 score = pending if score is None else score + pending

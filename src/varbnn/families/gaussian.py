@@ -72,11 +72,13 @@ def step_key(sources: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
 
 
 def cache_until_backward(family: Any, attribute: str, tensors: Any) -> None:
-    """Drop ``family.<attribute>`` as soon as a backward pass reaches any of ``tensors`` (None entries skipped).
+    """Drop ``family.<attribute>`` as soon as a backward pass runs the autograd node that made any of ``tensors`` (None
+    entries skipped).
 
-    One pre-hook per distinct autograd node that made them (the outputs of one fused node, e.g.
-    :class:`_SoftplusStats`, share one), so a step pays for one hook per cache rather than one per tensor; a leaf tensor
-    gets a tensor hook."""
+    One pre-hook per distinct node (the outputs of one fused node, e.g. :class:`_SoftplusStats`, share one), so a step
+    pays for one hook per cache rather than one per tensor; a leaf tensor gets a tensor hook. A gradient taken with
+    respect to a cached tensor itself (``torch.autograd.grad(loss, [family.scale])``) does not run its node and leaves
+    the cache in place; the cache's key (the parameters' versions) still retires it after the next optimiser step."""
     drop = functools.partial(_clear_on_backward, weakref.ref(family), attribute)
     nodes: list[Any] = []
     for tensor in tensors:
