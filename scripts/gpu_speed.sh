@@ -10,7 +10,8 @@
 #   dry run here: DEVICE=cpu STEPS=3 REPEATS=1 bash scripts/gpu_speed.sh   (the plumbing only, not a measurement)
 #   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable)
 #
-# Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/) and record the device on each page.
+# Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page,
+# and rebuild the side-by-side table: PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpu_speed_out}"
