@@ -245,7 +245,7 @@ class _NormalKLFromStats(torch.autograd.Function):
         n = loc.numel()
         diff = loc - prior_loc
         flat = diff.reshape(-1)
-        half_precision = 0.5 / prior_scale.square()
+        half_precision = prior_scale.square().reciprocal().mul_(0.5)  # not 0.5 / t: Tensor.__rdiv__ is Python
         sum_sq = sum_sq_sigma * var_scale if var_scale != 1.0 else sum_sq_sigma
         ctx.save_for_backward(diff, half_precision)
         ctx.var_scale = var_scale
