@@ -72,10 +72,13 @@ def main() -> None:
         "MeanField-reparam": lambda: varbnn.MeanField(estimator="reparam"),
         "MeanField-local": lambda: varbnn.MeanField(estimator="local"),
         "Radial": lambda: varbnn.Radial(),
+        "KTied(rank=2)": lambda: varbnn.KTied(rank=2),
+        "RadialDirectional(row)": lambda: varbnn.RadialDirectional(grouping="row"),
     }
     rows = []
     for name, spec in families.items():
-        model = varbnn.bayesianize(lenet5(), spec()).to(device).eval()
+        prior = varbnn.RadialDirectionalPrior() if name.startswith("RadialDirectional") else None
+        model = varbnn.bayesianize(lenet5(), spec(), prior).to(device).eval()
 
         def sequential(model: torch.nn.Module = model) -> torch.Tensor:
             with torch.no_grad():

@@ -67,7 +67,7 @@ for name in $parts; do
                  --out "$work/step-time/resnet18-compiled" ;;
         host) part "${HOST_SECONDS:-60}" benchmarks/step_time.py --model host "${common[@]}" --skip graves \
                  --skip RadialDirectional --out "$work/step-time" ;;
-        predict) part "${PREDICT_SECONDS:-45}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
+        predict) part "${PREDICT_SECONDS:-75}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
                  --out "$work/predict-time" ;;
         vmf) part "${VMF_SECONDS:-30}" benchmarks/vmf.py --device "$device" --quick --out "$work/vmf" ;;
         *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 resnet18 resnet18-compiled host predict vmf)" | tee -a "$log" ;;
