@@ -139,35 +139,15 @@ def elbo_objective(
     """The loss of :func:`elbo_loss` and the model's total KL, without the argument checks: ``nll + beta / n_data *
     kl(model)`` plus the score correction. ``beta`` may be a 0-d tensor, so that a compiled step
     (``fit(compile=True)``) takes it as an input and an annealing schedule does not recompile."""
-    kl_total, score = _kl_and_score(model)
+    kl_total = model_kl(model)
     if isinstance(beta, torch.Tensor):
         loss = nll + beta / n_data * kl_total
     else:
         loss = nll + (beta / n_data) * kl_total if beta else nll + 0.0 * kl_total
+    score = score_correction(model)
     if score is not None:  # value 0: only the gradient changes (rejection-sampling correction, RDP / vMF)
         loss = loss + nll.detach() * score
     return loss, kl_total
-
-
-def _kl_and_score(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(kl(model), score_correction(model))`` in one walk over the modules (a training step's host time): a layer's
-    KL is taken before its families' pending scores, as by the two functions one after the other."""
-    from varbnn.families.base import VariationalFamily
-    from varbnn.nn.base import BayesianModule
-
-    total: torch.Tensor | None = None
-    score: torch.Tensor | None = None
-    for module in model.modules():
-        if isinstance(module, BayesianModule):
-            term = module.kl()
-            total = term if total is None else total + term
-        if isinstance(module, VariationalFamily):
-            pending = module.take_score()
-            if pending is not None:
-                score = pending if score is None else score + pending
-    if total is None:
-        total = model_kl(model)  # a model without Bayesian layers: a zero on its parameters' device
-    return total, score
 
 
 def score_correction(model: nn.Module) -> torch.Tensor | None:
