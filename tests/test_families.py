@@ -426,3 +426,103 @@ def test_numbers_of_any_numeric_type_are_accepted(name, argument, value):
 def test_non_numbers_are_refused_by_name(name, argument, value, message):
     with pytest.raises(ValueError, match=message):
         make_family(name, **{argument: value})
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# kl(model): the tensors with NormalKLParts in one autograd node (normal_kl_sum), against each tensor's own KL
+# ------------------------------------------------------------------------------------------------------------------
+def _mixed_model(dtype=torch.float32):
+    """Layers of every kind of KL path: batched (MeanField, KTied, Delta, Radial's closed form; a nonzero prior mean;
+    a float64 layer in its own group) and one by one (a pruned MeanField, a Laplace prior, Radial's Monte Carlo KL)."""
+    from varbnn.nn import BayesLinear
+
+    torch.manual_seed(0)
+    layers = [
+        BayesLinear(4, 3, family=MeanField(init_std=0.2), prior=Normal(0.1, 0.7)),
+        BayesLinear(3, 3, family=KTied(rank=2, init_std=0.3)),
+        BayesLinear(3, 3, family=Delta(), prior=Normal(-0.2, 1.5)),
+        BayesLinear(3, 3, family=Radial(init_std=0.1, cross_entropy="closed_form"), prior=Normal(0.0, 0.5)),
+        BayesLinear(3, 3, family=MeanField(init_std=0.2), prior=Laplace(0.0, 0.5)),
+        BayesLinear(3, 3, family=Radial(init_std=0.1, kl_samples=1)),
+        BayesLinear(3, 3, family=MeanField(init_std=0.2)),
+        BayesLinear(3, 2, family=MeanField(init_std=0.2)).to(torch.float64),
+    ]
+    with torch.no_grad():
+        for layer in layers:
+            for parameter in layer.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    layers[6].posteriors["weight"].prune_(torch.rand(3, 3) > 0.5)
+    return torch.nn.Sequential(*layers)
+
+
+def test_model_kl_equals_the_sum_of_each_tensors_kl_with_gradients():
+    import varbnn
+
+    model = _mixed_model()
+    params = list(model.parameters())
+    torch.manual_seed(1)
+    batched = varbnn.kl(model)
+    grads = torch.autograd.grad(batched, params, allow_unused=True)
+    torch.manual_seed(1)  # Radial's Monte Carlo term draws the same w
+    one_by_one = sum(
+        posterior.kl(prior)
+        for layer in model
+        for _, posterior, prior in layer.bayesian_tensors()
+    )
+    reference = torch.autograd.grad(one_by_one, params, allow_unused=True)
+    assert batched.dtype == one_by_one.dtype == torch.float64  # the float64 layer promotes the sum, as before
+    assert torch.allclose(batched, one_by_one, rtol=1e-6)
+    for got, want in zip(grads, reference, strict=True):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_model_kl_batches_the_normal_tensors_into_one_node_per_dtype():
+    import varbnn
+    from varbnn.nn import BayesLinear
+
+    model = torch.nn.Sequential(*(BayesLinear(3, 3, family=spec) for spec in (MeanField(), KTied(rank=1), Delta())))
+    total = varbnn.kl(model)
+    assert type(total.grad_fn).__name__ == "_NormalKLSumBackward"  # 6 tensors, one node
+    mixed = varbnn.kl(_mixed_model())  # the batched groups and the one-by-one terms summed
+    assert mixed.dim() == 0
+
+
+def test_normal_kl_sum_gradcheck_float64():
+    from varbnn.divergence import NormalKLParts, normal_kl_sum
+
+    torch.manual_seed(0)
+    locs = [torch.randn(3, 2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    sigmas = [torch.rand(3, 2, dtype=torch.float64) + 0.1 for _ in range(2)]
+    logs = [s.log().sum().requires_grad_() for s in sigmas]
+    squares = [s.square().sum().requires_grad_() for s in sigmas]
+    prior_locs = [torch.tensor(v, dtype=torch.float64) for v in (0.0, 0.3, -0.1)]
+    prior_scales = [torch.tensor(v, dtype=torch.float64) for v in (1.0, 0.4, 2.0)]
+
+    def total(*inputs):
+        a, b, c, la, lb, sa, sb = inputs
+        parts = [
+            NormalKLParts(a, la, sa, prior_locs[0], prior_scales[0], 1.0, 0.0),
+            NormalKLParts(b, None, None, prior_locs[1], prior_scales[1], 1.0, 2.5),
+            NormalKLParts(c, lb, sb, prior_locs[2], prior_scales[2], 1.0 / 6, -1.0),
+        ]
+        return normal_kl_sum(parts)
+
+    inputs = (*locs, logs[0], logs[1], squares[0], squares[1])
+    assert torch.autograd.gradcheck(total, inputs)
+    value = total(*inputs)
+
+    def one(loc, sum_log, sum_sq, m, s, v, constant):
+        n = loc.numel()
+        return n * s.log() - sum_log + (v * sum_sq + (loc - m).square().sum()) / (2 * s**2) - n / 2 + constant
+
+    zero = torch.zeros((), dtype=torch.float64)
+    want = (
+        one(locs[0], logs[0], squares[0], prior_locs[0], prior_scales[0], 1.0, 0.0)
+        + one(locs[1], zero, zero, prior_locs[1], prior_scales[1], 1.0, 2.5)
+        + one(locs[2], logs[1], squares[1], prior_locs[2], prior_scales[2], 1.0 / 6, -1.0)
+    )
+    assert torch.allclose(value, want, rtol=1e-12)
+    with pytest.raises(ValueError, match="no parts"):
+        normal_kl_sum([])

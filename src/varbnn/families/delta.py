@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from varbnn.distributions import Delta as DeltaDistribution
-from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
+from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import VariationalFamily, register_family
 from varbnn.priors import Normal as NormalPrior
 
@@ -57,7 +57,15 @@ class Delta(VariationalFamily):
         return self.value.expand(torch.Size(sample_shape) + self.value.shape)
 
 
-@register_family_kl(Delta, NormalPrior)
+def _delta_normal_kl_parts(family: Delta, prior: NormalPrior) -> NormalKLParts | None:
+    """``-log N(w | m, s^2)`` as :class:`~varbnn.divergence.NormalKLParts`: no sigma, ``constant = n (1 + log 2 pi) / 2``."""
+    if not scalar_normal_nll_applies(prior):
+        return None
+    n = family.value.numel()
+    return NormalKLParts(family.value, None, None, prior.loc, prior.scale, 1.0, n * 0.5 * (1.0 + math.log(2 * math.pi)))
+
+
+@register_family_kl(Delta, NormalPrior, parts=_delta_normal_kl_parts)
 def _delta_normal_kl(family: Delta, prior: NormalPrior) -> torch.Tensor:
     """-log N(w | m, s^2) summed over the tensor, (w - m)^2 / (2 s^2) + log(s sqrt(2 pi)), without building
     distribution objects (scalar or elementwise m, s; a scalar prior that is not learned takes a one-pass path)."""

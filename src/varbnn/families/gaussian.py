@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
 from varbnn._checks import as_bool, as_float_in
-from varbnn.divergence import register_family_kl
+from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
@@ -530,4 +530,11 @@ def _meanfield_normal_kl(family: MeanField, prior: Any) -> torch.Tensor:
     return fused_normal_kl(family.loc, family.scale, prior.loc, prior.scale)
 
 
-register_family_kl(MeanField, NormalPrior)(_meanfield_normal_kl)
+def _meanfield_normal_kl_parts(family: MeanField, prior: Any) -> NormalKLParts | None:
+    """The KL's :class:`~varbnn.divergence.NormalKLParts` (a scalar prior not trained by gradient, an unpruned tensor)."""
+    if family.weight_mask is not None or not scalar_normal_nll_applies(prior):
+        return None
+    return NormalKLParts(family.loc, *family.sigma_stats(), prior.loc, prior.scale)
+
+
+register_family_kl(MeanField, NormalPrior, parts=_meanfield_normal_kl_parts)(_meanfield_normal_kl)

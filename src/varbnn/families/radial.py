@@ -19,7 +19,7 @@ from torch.distributions import Distribution
 from varbnn._checks import as_float_in, as_positive_int
 from varbnn.distributions.radial import Radial as RadialDistribution
 from varbnn.distributions.radial import radial_entropy_constant
-from varbnn.divergence import register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
+from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.families.gaussian import (
     INIT_STD_RANGE,
@@ -233,4 +233,15 @@ def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
     return -family.entropy() - p.log_prob(w).mean(0)
 
 
-register_family_kl(Radial, Prior)(_radial_kl)
+def _radial_kl_parts(family: Radial, prior: Any) -> NormalKLParts | None:
+    """The closed form's :class:`~varbnn.divergence.NormalKLParts` (``var_scale = 1 / D``); ``None`` for the Monte Carlo
+    cross-entropy."""
+    if family.cross_entropy != "closed_form" or not scalar_normal_nll_applies(prior):
+        return None
+    n = family.loc.numel()
+    _, _, sum_log, sum_sq = softplus_stats(family)
+    constant = n * (0.5 + 0.5 * math.log(2 * math.pi)) - radial_entropy_constant(n)
+    return NormalKLParts(family.loc, sum_log, sum_sq, prior.loc, prior.scale, 1.0 / n, constant)
+
+
+register_family_kl(Radial, Prior, parts=_radial_kl_parts)(_radial_kl)
