@@ -464,11 +464,7 @@ def test_model_kl_equals_the_sum_of_each_tensors_kl_with_gradients():
     batched = varbnn.kl(model)
     grads = torch.autograd.grad(batched, params, allow_unused=True)
     torch.manual_seed(1)  # Radial's Monte Carlo term draws the same w
-    one_by_one = sum(
-        posterior.kl(prior)
-        for layer in model
-        for _, posterior, prior in layer.bayesian_tensors()
-    )
+    one_by_one = sum(posterior.kl(prior) for layer in model for _, posterior, prior in layer.bayesian_tensors())
     reference = torch.autograd.grad(one_by_one, params, allow_unused=True)
     assert batched.dtype == one_by_one.dtype == torch.float64  # the float64 layer promotes the sum, as before
     assert torch.allclose(batched, one_by_one, rtol=1e-6)

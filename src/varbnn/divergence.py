@@ -226,9 +226,7 @@ KLParts = Callable[[Any, Any], "NormalKLParts | None"]
 _FAMILY_KL_PARTS: dict[tuple[type, type], KLParts] = {}
 
 
-def register_family_kl(
-    family_type: type, prior_type: type, parts: KLParts | None = None
-) -> Callable[[FamilyKL], FamilyKL]:
+def register_family_kl(family_type: type, prior_type: type, parts: KLParts | None = None) -> Callable[[FamilyKL], FamilyKL]:
     """Decorator: register a fused closed form ``fn(family, prior) -> KL`` (a 0-d tensor, the KL summed over the
     tensor, in nats) for a (family type, prior type) pair; :func:`family_kl` finds it along both classes' MROs.
 
