@@ -522,3 +522,54 @@ def test_normal_kl_sum_gradcheck_float64():
     assert torch.allclose(value, want, rtol=1e-12)
     with pytest.raises(ValueError, match="no parts"):
         normal_kl_sum([])
+
+
+@pytest.mark.parametrize("draws", [1, 2])
+@pytest.mark.parametrize("kl_first", [False, True])
+def test_meanfield_rsample_through_the_fused_sample_node_equals_plain_autograd(draws, kl_first):
+    """A training step's draw ``loc + softplus(rho) * eps`` comes from one node with sigma's statistics (the first draw
+    of a step; a second draw, or a draw after the KL, uses the cached statistics): values, and the gradients of
+    ``sum_d <w_d, c_d> + KL`` against the same loss in plain torch ops with the same noise."""
+    family = MeanField(init_std=0.2).build((5, 4), torch.randn(5, 4))
+    with torch.no_grad():
+        family.rho.add_(torch.randn(5, 4) * 0.5)
+    prior = Normal(0.1, 0.7)
+    weights = [torch.randn(5, 4) for _ in range(draws)]
+    torch.manual_seed(3)
+    kl = family.kl(prior) if kl_first else None
+    draws_made = [family.rsample() for _ in range(draws)]
+    if kl is None:
+        kl = family.kl(prior)
+    fused_first = not kl_first
+    assert (type(draws_made[0].grad_fn).__name__ == "_SoftplusSampleBackward") == fused_first
+    loss = sum((w * c).sum() for w, c in zip(draws_made, weights, strict=True)) + kl
+    loss.backward()
+    assert family._scale_cache is None
+    loc, rho = family.loc.detach().requires_grad_(), family.rho.detach().requires_grad_()
+    sigma = torch.nn.functional.softplus(rho)
+    torch.manual_seed(3)
+    plain = [loc + sigma * torch.randn(5, 4) for _ in range(draws)]
+    for got, want in zip(draws_made, plain, strict=True):
+        torch.testing.assert_close(got, want)
+    plain_kl = torch.distributions.kl_divergence(
+        torch.distributions.Normal(loc, sigma), torch.distributions.Normal(prior.loc, prior.scale)
+    ).sum()
+    (sum((w * c).sum() for w, c in zip(plain, weights, strict=True)) + plain_kl).backward()
+    torch.testing.assert_close(family.rho.grad, rho.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(family.loc.grad, loc.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("used", [(1, 1, 1, 1), (1, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (0, 0, 1, 1), (0, 1, 1, 0)])
+def test_softplus_sample_node_gradcheck_float64(used):
+    from varbnn.families.gaussian import _SoftplusSample
+
+    loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    rho = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    eps, c1, c2 = (torch.randn(4, 3, dtype=torch.float64) for _ in range(3))
+
+    def f(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        w, sigma, sum_log, sum_sq = _SoftplusSample.apply(a, r, eps)
+        terms = [(w * c1).sum(), (sigma * c2).sum(), 0.7 * sum_log, -0.3 * sum_sq]
+        return sum(t for t, u in zip(terms, used, strict=True) if u)
+
+    assert torch.autograd.gradcheck(f, (loc, rho))

@@ -113,24 +113,38 @@ def stats_per_step(
     built without ``sigma^2`` serves it as ``sigma.square()``. Otherwise ``plain(with_square)``. The family must reset
     ``_scale_cache`` in ``__getstate__`` (copies, pickling).
     """
-    # under torch.compile the plain ops (which inductor fuses): the fused node's ctx-held tensors and the cache's
-    # backward hooks do not trace to the same gradients (fit(compile=True), MeanField(estimator="local"))
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in sources)) or _functorch_active():
-        return plain(with_square)
-    if torch.compiler.is_compiling():
+    if not _records_step(sources):
         return plain(with_square)
     key = step_key(sources)
-    cache = family._scale_cache
-    if cache is not None and cache[0] == key:
-        sigma, square, sum_log, sum_sq = cache[1]
+    cached = _cached_stats(family, key)
+    if cached is not None:
+        sigma, square, sum_log, sum_sq = cached
         if with_square and square is None:
             square = sigma.square()
         return sigma, square, sum_log, sum_sq
     outputs = node(with_square)
+    _cache_stats(family, key, outputs, sources)
+    return outputs
+
+
+def _records_step(sources: tuple[torch.Tensor, ...]) -> bool:
+    """Whether this is a recorded training step that the fused nodes and the per-step cache serve: gradients recorded
+    for a source, outside torch.func transforms and torch.compile (where the plain ops, which inductor fuses, are used:
+    the fused node's ctx-held tensors and the cache's backward hooks do not trace to the same gradients)."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in sources)) or _functorch_active():
+        return False
+    return not torch.compiler.is_compiling()
+
+
+def _cached_stats(family: Any, key: tuple[Any, ...]) -> ScaleStats | None:
+    cache = family._scale_cache
+    return cache[1] if cache is not None and cache[0] == key else None
+
+
+def _cache_stats(family: Any, key: tuple[Any, ...], outputs: Any, sources: tuple[torch.Tensor, ...]) -> None:
     cache_until_backward(family, "_scale_cache", outputs)
     # the sources are held so that their ids stay theirs; a plain attribute, set past nn.Module.__setattr__
     object.__setattr__(family, "_scale_cache", (key, outputs, sources))
-    return outputs
 
 
 def plain_stats(sigma: torch.Tensor, with_square: bool) -> ScaleStats:
@@ -180,6 +194,52 @@ class _SoftplusStats(torch.autograd.Function):
         if grad is None:
             return None, None
         return grad.mul_(torch.sigmoid(rho)), None
+
+
+class _SoftplusSample(_SoftplusStats):
+    """``w = loc + softplus(rho) * eps`` together with :class:`_SoftplusStats`'s outputs ``(sigma, sum(log sigma),
+    sum(sigma^2))``, one node: a reparameterised draw's own gradient meets the KL's in the same backward,
+
+        d/d loc = g_w,   d/d rho = sigmoid(rho) * (g_w eps + g_sigma + 2 sigma g_sumsq + g_sumlog / sigma)
+
+    (one node and one pass fewer per tensor and step than an ``addcmul`` after the statistics node)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, loc: torch.Tensor, rho: torch.Tensor, eps: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        sigma = F.softplus(rho)
+        flat = sigma.reshape(-1)
+        ctx.rho, ctx.sigma, ctx.eps = rho, sigma.detach(), eps
+        ctx.set_materialize_grads(False)
+        return torch.addcmul(loc, sigma, eps), sigma, torch.log(sigma).sum(), torch.dot(flat, flat)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx, g_w: torch.Tensor | None, g_sigma: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        if g_w is not None:
+            g_sigma = g_w * ctx.eps if g_sigma is None else torch.addcmul(g_sigma, g_w, ctx.eps)
+        grad_rho = _SoftplusStats.backward(ctx, g_sigma, None, g_log, g_sq)[0]
+        return g_w, grad_rho, None
+
+
+def softplus_sample(family: Any) -> torch.Tensor | None:
+    """One reparameterised draw ``loc + softplus(rho) * eps`` of a mean-field family through :class:`_SoftplusSample`,
+    whose statistics become the step's cached ones (:func:`stats_per_step`), within a recorded training step whose
+    statistics are not cached yet; ``None`` otherwise (the caller draws from the cached or plain statistics)."""
+    rho = family.rho
+    sources = (rho,)
+    if not _records_step(sources):
+        return None
+    key = step_key(sources)
+    if _cached_stats(family, key) is not None:
+        return None
+    loc = family.loc
+    eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+    w, sigma, sum_log, sum_sq = _SoftplusSample.apply(loc, rho, eps)
+    _cache_stats(family, key, (sigma, None, sum_log, sum_sq), sources)
+    return w
 
 
 def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
@@ -316,6 +376,7 @@ class MeanField(VariationalFamily):
     :param learn_std: ``True`` (default) or ``False``. ``False`` keeps sigma fixed at ``init_std`` (a buffer, not a
         parameter): Graves' fixed-variance "weight noise" posterior, where only the means are trained.
     """
+
     default_kl_weight = 0.1  # benchmarks/results/defaults: lowest mean validation NLL ratio over three tasks
 
     estimators = _ESTIMATORS
@@ -428,6 +489,10 @@ class MeanField(VariationalFamily):
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
+        if not sample_shape and self.weight_mask is None and type(self)._scale_stats is MeanField._scale_stats:
+            weight = softplus_sample(self)  # one draw in a training step: the draw and sigma's statistics in one node
+            if weight is not None:
+                return weight
         eps = torch.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
         weight = torch.addcmul(self.loc, self.scale, eps)
         return weight if self.weight_mask is None else weight * self.weight_mask
