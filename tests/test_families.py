@@ -7,6 +7,7 @@ import pytest
 import scipy.stats
 import torch
 
+from varbnn.distributions.radial import radial_entropy_constant
 from varbnn.families import FAMILIES, Delta, KTied, MeanField, Radial, make_family
 from varbnn.families.gaussian import INIT_STD_RANGE
 from varbnn.families.rdp import INIT_LOG_STD_RANGE, INIT_RESULTANT_RANGE
@@ -460,10 +461,13 @@ def test_model_kl_equals_the_sum_of_each_tensors_kl_with_gradients():
 
     model = _mixed_model()
     params = list(model.parameters())
+    x = torch.randn(5, 4)
     torch.manual_seed(1)
+    model[:-1](x)  # Radial's Monte Carlo term on the forward pass's draw (kl_samples=1; the last layer is float64)
     batched = varbnn.kl(model)
     grads = torch.autograd.grad(batched, params, allow_unused=True)
-    torch.manual_seed(1)  # Radial's Monte Carlo term draws the same w
+    torch.manual_seed(1)  # the same forward draws
+    model[:-1](x)
     one_by_one = sum(posterior.kl(prior) for layer in model for _, posterior, prior in layer.bayesian_tensors())
     reference = torch.autograd.grad(one_by_one, params, allow_unused=True)
     assert batched.dtype == one_by_one.dtype == torch.float64  # the float64 layer promotes the sum, as before
@@ -481,6 +485,10 @@ def test_model_kl_batches_the_normal_tensors_into_one_node_per_dtype():
     model = torch.nn.Sequential(*(BayesLinear(3, 3, family=spec) for spec in (MeanField(), KTied(rank=1), Delta())))
     total = varbnn.kl(model)
     assert type(total.grad_fn).__name__ == "_NormalKLSumBackward"  # 6 tensors, one node
+    radial = torch.nn.Sequential(BayesLinear(3, 3, family=Radial()), BayesLinear(3, 3, family=Radial()))
+    radial(torch.randn(2, 3))  # the Monte Carlo cross-entropy on the forward draws joins the node too
+    assert type(varbnn.kl(radial).grad_fn).__name__ == "_NormalKLSumBackward"
+    assert type(varbnn.kl(radial).grad_fn).__name__ != "_NormalKLSumBackward"  # no forward draw left: own draws
     mixed = varbnn.kl(_mixed_model())  # the batched groups and the one-by-one terms summed
     assert mixed.dim() == 0
 
@@ -573,3 +581,32 @@ def test_softplus_sample_node_gradcheck_float64(used):
         return sum(t for t, u in zip(terms, used, strict=True) if u)
 
     assert torch.autograd.gradcheck(f, (loc, rho))
+
+
+def test_radial_rsample_through_the_fused_sample_node_equals_plain_autograd():
+    """Radial's first draw of a step, ``loc + softplus(rho) * (eps / ||eps||) r``, through the statistics node: the same
+    draw as the plain formula with the same noise, and the same gradients of ``<w, c> + KL`` (closed form)."""
+    family = Radial(init_std=0.2, cross_entropy="closed_form").build((5, 4), torch.randn(5, 4))
+    with torch.no_grad():
+        family.rho.add_(torch.randn(5, 4) * 0.5)
+    prior, c = Normal(0.1, 0.7), torch.randn(5, 4)
+    torch.manual_seed(4)
+    w = family.rsample()
+    assert type(w.grad_fn).__name__ == "_SoftplusSampleBackward"
+    ((w * c).sum() + family.kl(prior)).backward()
+    loc, rho = family.loc.detach().requires_grad_(), family.rho.detach().requires_grad_()
+    sigma = torch.nn.functional.softplus(rho)
+    torch.manual_seed(4)
+    eps, r = torch.randn(5, 4), torch.randn(1, 1)
+    plain = loc + sigma * eps * (r / eps.norm())
+    torch.testing.assert_close(w, plain)
+    n = loc.numel()
+    plain_kl = (  # the closed form: -H[q] - E_q log N(w | m, s^2), Var_q[w_i] = sigma_i^2 / n
+        (0.5 * ((loc - 0.1).square() + sigma.square() / n) / 0.7**2).sum()
+        + n * (math.log(0.7) + 0.5 * math.log(2 * math.pi))
+        - sigma.log().sum()
+        - radial_entropy_constant(n)
+    )
+    ((plain * c).sum() + plain_kl).backward()
+    torch.testing.assert_close(family.rho.grad, rho.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(family.loc.grad, loc.grad, rtol=1e-5, atol=1e-6)

@@ -224,10 +224,12 @@ class _SoftplusSample(_SoftplusStats):
         return g_w, grad_rho, None
 
 
-def softplus_sample(family: Any) -> torch.Tensor | None:
-    """One reparameterised draw ``loc + softplus(rho) * eps`` of a mean-field family through :class:`_SoftplusSample`,
-    whose statistics become the step's cached ones (:func:`stats_per_step`), within a recorded training step whose
-    statistics are not cached yet; ``None`` otherwise (the caller draws from the cached or plain statistics)."""
+def softplus_sample(family: Any, noise: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    """One reparameterised draw ``loc + softplus(rho) * eps`` of a family with ``sigma = softplus(rho)`` through
+    :class:`_SoftplusSample`, whose statistics become the step's cached ones (:func:`stats_per_step`), within a
+    recorded training step whose statistics are not cached yet; ``None`` otherwise (the caller draws from the cached or
+    plain statistics). ``noise()`` makes ``eps`` (default: ``N(0, I)`` of the weight's shape; Radial passes its
+    direction times radius); it is called only when the node is used."""
     rho = family.rho
     sources = (rho,)
     if not _records_step(sources):
@@ -236,7 +238,7 @@ def softplus_sample(family: Any) -> torch.Tensor | None:
     if _cached_stats(family, key) is not None:
         return None
     loc = family.loc
-    eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+    eps = noise() if noise is not None else torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
     w, sigma, sum_log, sum_sq = _SoftplusSample.apply(loc, rho, eps)
     _cache_stats(family, key, (sigma, None, sum_log, sum_sq), sources)
     return w

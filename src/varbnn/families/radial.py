@@ -30,6 +30,7 @@ from varbnn.families.gaussian import (
     fused_normal_kl,
     inverse_softplus,
     normal_kl_from_stats,
+    softplus_sample,
     softplus_stats,
     step_key,
 )
@@ -164,6 +165,10 @@ class Radial(VariationalFamily):
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
+        if not sample_shape:  # a training step's first draw: the draw and sigma's statistics in one node
+            weight = softplus_sample(self, lambda: self._noise(torch.Size()))
+            if weight is not None:
+                return weight
         return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
 
     def weight(self, mode: SampleMode = "sample") -> torch.Tensor:
@@ -175,8 +180,8 @@ class Radial(VariationalFamily):
                 # a compiled step (fit(compile=True)) traces the forward pass and the KL as one function: the
                 # parameters cannot change between them, so no version key (untraceable) and no backward hook
                 self._forward_draw = (None, w)
-            elif not _functorch_active():
-                self._forward_draw = (step_key((self.loc, self.rho)), w)
+            elif not _functorch_active():  # a plain attribute, set past nn.Module.__setattr__ (once per step)
+                object.__setattr__(self, "_forward_draw", (step_key((self.loc, self.rho)), w))
                 cache_until_backward(self, "_forward_draw", (w,))
         return w
 
@@ -234,14 +239,24 @@ def _radial_kl(family: Radial, prior: Any) -> torch.Tensor:
 
 
 def _radial_kl_parts(family: Radial, prior: Any) -> NormalKLParts | None:
-    """The closed form's :class:`~varbnn.divergence.NormalKLParts` (``var_scale = 1 / D``); ``None`` for the Monte Carlo
-    cross-entropy."""
-    if family.cross_entropy != "closed_form" or not scalar_normal_nll_applies(prior):
+    """The KL as :class:`~varbnn.divergence.NormalKLParts` for a fixed scalar Normal prior: the closed form
+    (``var_scale = 1 / D``), or the Monte Carlo cross-entropy on this step's forward draw ``w`` (``kl_samples=1``),
+    ``|w - m|^2 / (2 s^2) + D log s + D log(2 pi) / 2 - H[q]`` (the parts' ``loc`` is ``w``, ``var_scale = 0``); ``None``
+    otherwise (a Monte Carlo KL without a forward draw takes its own draws in :func:`_radial_kl`)."""
+    if not scalar_normal_nll_applies(prior) or (prior.loc.dtype, prior.loc.device) != (family.loc.dtype, family.loc.device):
         return None
     n = family.loc.numel()
-    _, _, sum_log, sum_sq = softplus_stats(family)
     constant = n * (0.5 + 0.5 * math.log(2 * math.pi)) - radial_entropy_constant(n)
-    return NormalKLParts(family.loc, sum_log, sum_sq, prior.loc, prior.scale, 1.0 / n, constant)
+    if family.cross_entropy == "closed_form":
+        _, _, sum_log, sum_sq = softplus_stats(family)
+        return NormalKLParts(family.loc, sum_log, sum_sq, prior.loc, prior.scale, 1.0 / n, constant)
+    if family.kl_samples != 1:
+        return None
+    forward = family.take_forward_draw()
+    if forward is None:
+        return None
+    _, _, sum_log, sum_sq = softplus_stats(family)
+    return NormalKLParts(forward, sum_log, sum_sq, prior.loc, prior.scale, 0.0, constant)
 
 
 register_family_kl(Radial, Prior, parts=_radial_kl_parts)(_radial_kl)
