@@ -471,8 +471,8 @@ CLAIMS: tuple[Claim, ...] = (
         "compiled MeanField (<= 2x) and LeNet-5's compiled local, flipout (<= 2.2x) and RDP row (<= 3x); not for LeNet-5's "
         "compiled MeanField reparam (<= 1.3x), KTied and Radial (<= 1.5x) and RDP double; eager, every family is slower "
         "than both peers, on ResNet-18 about 1.9x a peer's step; compiled ResNet-18 rows are not measured. The eager gap is "
-        "host time per Bayesian tensor (step_time_host.md, CPU, 11 layers of 8 units): MeanField reparam 9.12 ms at "
-        "a17286e (12.34 at 8e07757) against torchbnn 8.67 ms; on the CPU MLP eager MeanField reparam is now 8% faster "
+        "host time per Bayesian tensor (step_time_host.md, CPU, 11 layers of 8 units): MeanField reparam against torchbnn "
+        "1.57x at 8e07757, 1.05x at a17286e, 0.93x at 4160ed0 (9.87 ms against 10.59 ms); on the CPU MLP eager MeanField reparam is now 8% faster "
         "than torchbnn in the same run (issue 29 asks 15%), KTied and Radial are still slower.",
         sources=(J,),
     ),
