@@ -610,3 +610,24 @@ def test_radial_rsample_through_the_fused_sample_node_equals_plain_autograd():
     ((plain * c).sum() + plain_kl).backward()
     torch.testing.assert_close(family.rho.grad, rho.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(family.loc.grad, loc.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", [lambda: MeanField(init_std=0.2), lambda: KTied(rank=2, init_std=0.2), lambda: Radial()])
+def test_outside_a_training_step_sigma_is_computed_alone(spec):
+    """Prediction (no gradients recorded) computes sigma without the KL's statistics (no log over the tensor) and leaves
+    no per-step cache; the values are the training step's."""
+    from torch.profiler import profile
+
+    family = spec().build((6, 5), torch.randn(6, 5))
+    with torch.no_grad():
+        with profile() as prof:
+            scale = family.scale
+            family.rsample()
+            if isinstance(family, MeanField):
+                variance = family.variance
+        ops = {event.key for event in prof.key_averages()}
+    assert "aten::log" not in ops and "aten::dot" not in ops
+    assert family._scale_cache is None and scale.grad_fn is None
+    torch.testing.assert_close(scale, family.scale.detach())  # the same sigma as within a step
+    if isinstance(family, MeanField):
+        torch.testing.assert_close(variance, scale.square())

@@ -258,7 +258,10 @@ def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
 
 def cached_softplus(family: Any) -> torch.Tensor:
     """``softplus(family.rho)``, shared within a training step by the forward pass and the KL (:func:`softplus_stats`):
-    one softplus and one fused backward per step."""
+    one softplus and one fused backward per step; outside training steps the softplus alone."""
+    rho = family.rho
+    if not _records_step((rho,)):
+        return F.softplus(rho)
     return softplus_stats(family)[0]
 
 
@@ -443,8 +446,20 @@ class MeanField(VariationalFamily):
 
     @property
     def scale(self) -> torch.Tensor:
-        """Posterior standard deviations, softplus(rho), computed once per training step (:func:`cached_softplus`)."""
+        """Posterior standard deviations, softplus(rho), computed once per training step (:func:`cached_softplus`);
+        outside training steps (no gradients recorded, e.g. prediction) sigma alone, without the KL's statistics."""
+        if not _records_step(self._scale_sources()):
+            return self._plain_scale()
         return self._scale_stats()[0]
+
+    def _scale_sources(self) -> tuple[torch.Tensor, ...]:
+        """The parameters sigma is computed from (the per-step cache's key); subclasses with another parameterisation
+        of sigma override this, :meth:`_plain_scale` and :meth:`_scale_stats` together."""
+        return (self.rho,)
+
+    def _plain_scale(self) -> torch.Tensor:
+        """sigma computed directly, without statistics or cache (outside training steps)."""
+        return F.softplus(self.rho)
 
     def _scale_stats(self, with_square: bool = False) -> ScaleStats:
         """(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2)) from the step's fused node (:func:`stats_per_step`);
@@ -454,6 +469,8 @@ class MeanField(VariationalFamily):
     @property
     def variance(self) -> torch.Tensor:
         """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node."""
+        if not _records_step(self._scale_sources()):
+            return self._plain_scale().square()
         square = self._scale_stats(with_square=True)[1]
         assert square is not None
         return square

@@ -163,8 +163,16 @@ class KTied(MeanField):
     @property
     def scale(self) -> torch.Tensor:
         """Posterior standard deviations: U V^T reshaped to the weight's shape (or softplus(rho) if untied), computed once
-        per training step and shared by the forward pass and the KL."""
-        return self._scale_stats()[0]
+        per training step and shared by the forward pass and the KL (outside training steps sigma alone)."""
+        return super().scale
+
+    def _scale_sources(self) -> tuple[torch.Tensor, ...]:
+        return (self.log_u, self.log_v) if self.tied else (self.rho,)
+
+    def _plain_scale(self) -> torch.Tensor:
+        if not self.tied:
+            return super()._plain_scale()
+        return (self.u @ self.v.T).reshape(self._require_built())
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.tied or not self.is_built else ", untied (per-element std)")
