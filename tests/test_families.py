@@ -631,3 +631,46 @@ def test_outside_a_training_step_sigma_is_computed_alone(spec):
     torch.testing.assert_close(scale, family.scale.detach())  # the same sigma as within a step
     if isinstance(family, MeanField):
         torch.testing.assert_close(variance, scale.square())
+
+
+@pytest.mark.parametrize("kl_first", [False, True])
+def test_ktied_rsample_through_the_fused_sample_node_equals_plain_autograd(kl_first):
+    """KTied's first draw of a step, ``loc + (U V^T) * eps``, through the statistics node (:class:`_ExpOuterSample`):
+    the same draw and the same gradients of ``<w, c> + KL`` as plain torch ops with the same noise."""
+    family = KTied(rank=2, init_std=0.2).build((5, 4), torch.randn(5, 4))
+    with torch.no_grad():
+        family.log_u.add_(torch.randn_like(family.log_u) * 0.3)
+    prior, c = Normal(0.1, 0.7), torch.randn(5, 4)
+    torch.manual_seed(5)
+    kl = family.kl(prior) if kl_first else None
+    w = family.rsample()
+    assert (type(w.grad_fn).__name__ == "_ExpOuterSampleBackward") != kl_first
+    ((w * c).sum() + (kl if kl is not None else family.kl(prior))).backward()
+    loc = family.loc.detach().requires_grad_()
+    log_u, log_v = family.log_u.detach().requires_grad_(), family.log_v.detach().requires_grad_()
+    sigma = log_u.exp() @ log_v.exp().T
+    torch.manual_seed(5)
+    plain = loc + sigma * torch.randn(5, 4)
+    torch.testing.assert_close(w, plain)
+    plain_kl = torch.distributions.kl_divergence(
+        torch.distributions.Normal(loc, sigma), torch.distributions.Normal(prior.loc, prior.scale)
+    ).sum()
+    ((plain * c).sum() + plain_kl).backward()
+    for got, want in ((family.loc, loc), (family.log_u, log_u), (family.log_v, log_v)):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_ktied_sample_node_gradcheck_float64():
+    from varbnn.families.ktied import _ExpOuterSample
+
+    shape = torch.Size((4, 3))
+    loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    log_u = (torch.randn(4, 2, dtype=torch.float64) * 0.3).requires_grad_()
+    log_v = (torch.randn(3, 2, dtype=torch.float64) * 0.3).requires_grad_()
+    eps, c1, c2 = (torch.randn(4, 3, dtype=torch.float64) for _ in range(3))
+
+    def f(a: torch.Tensor, lu: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
+        w, sigma, sum_log, sum_sq = _ExpOuterSample.apply(a, lu, lv, eps, shape)
+        return (w * c1).sum() + (sigma * c2).sum() + 0.7 * sum_log - 0.3 * sum_sq
+
+    assert torch.autograd.gradcheck(f, (loc, log_u, log_v))

@@ -29,6 +29,8 @@ __all__ = [
     "cache_until_backward",
     "plain_stats",
     "softplus_stats",
+    "fused_sample",
+    "softplus_sample",
     "normal_kl_from_stats",
     "normal_kl_elementwise",
 ]
@@ -224,14 +226,18 @@ class _SoftplusSample(_SoftplusStats):
         return g_w, grad_rho, None
 
 
-def softplus_sample(family: Any, noise: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-    """One reparameterised draw ``loc + softplus(rho) * eps`` of a family with ``sigma = softplus(rho)`` through
-    :class:`_SoftplusSample`, whose statistics become the step's cached ones (:func:`stats_per_step`), within a
-    recorded training step whose statistics are not cached yet; ``None`` otherwise (the caller draws from the cached or
-    plain statistics). ``noise()`` makes ``eps`` (default: ``N(0, I)`` of the weight's shape; Radial passes its
-    direction times radius); it is called only when the node is used."""
-    rho = family.rho
-    sources = (rho,)
+def fused_sample(
+    family: Any,
+    sources: tuple[torch.Tensor, ...],
+    draw: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    noise: Callable[[], torch.Tensor] | None = None,
+) -> torch.Tensor | None:
+    """One reparameterised draw ``loc + sigma * eps`` through a node that also outputs sigma's statistics,
+    ``draw(eps) -> (w, sigma, sum(log sigma), sum(sigma^2))`` (e.g. :class:`_SoftplusSample`), whose statistics become
+    the step's cached ones (:func:`stats_per_step`), within a recorded training step whose statistics are not cached
+    yet; ``None`` otherwise (the caller draws from the cached or plain statistics). ``noise()`` makes ``eps`` (default:
+    ``N(0, I)`` of the weight's shape; Radial passes its direction times radius); it is called only when the node is
+    used."""
     if not _records_step(sources):
         return None
     key = step_key(sources)
@@ -239,9 +245,15 @@ def softplus_sample(family: Any, noise: Callable[[], torch.Tensor] | None = None
         return None
     loc = family.loc
     eps = noise() if noise is not None else torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
-    w, sigma, sum_log, sum_sq = _SoftplusSample.apply(loc, rho, eps)
+    w, sigma, sum_log, sum_sq = draw(eps)
     _cache_stats(family, key, (sigma, None, sum_log, sum_sq), sources)
     return w
+
+
+def softplus_sample(family: Any, noise: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    """:func:`fused_sample` for ``sigma = softplus(family.rho)`` through :class:`_SoftplusSample`."""
+    loc, rho = family.loc, family.rho
+    return fused_sample(family, (rho,), lambda eps: _SoftplusSample.apply(loc, rho, eps), noise)
 
 
 def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
@@ -461,6 +473,14 @@ class MeanField(VariationalFamily):
         """sigma computed directly, without statistics or cache (outside training steps)."""
         return F.softplus(self.rho)
 
+    def _fused_sample(self) -> torch.Tensor | None:
+        """A training step's first draw through a node that also gives sigma's statistics (:func:`fused_sample`), or
+        None; a subclass with another parameterisation of sigma overrides this too (None: the draw from
+        :attr:`scale`)."""
+        if type(self)._scale_stats is not MeanField._scale_stats:
+            return None
+        return softplus_sample(self)
+
     def _scale_stats(self, with_square: bool = False) -> ScaleStats:
         """(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2)) from the step's fused node (:func:`stats_per_step`);
         subclasses with another parameterisation of sigma override this."""
@@ -508,8 +528,8 @@ class MeanField(VariationalFamily):
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
-        if not sample_shape and self.weight_mask is None and type(self)._scale_stats is MeanField._scale_stats:
-            weight = softplus_sample(self)  # one draw in a training step: the draw and sigma's statistics in one node
+        if not sample_shape and self.weight_mask is None:
+            weight = self._fused_sample()  # a training step's first draw: the draw and sigma's statistics in one node
             if weight is not None:
                 return weight
         eps = torch.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)

@@ -22,7 +22,7 @@ from torch import nn
 
 from varbnn._checks import as_float_in, as_positive_int
 from varbnn.families.base import register_family
-from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, ScaleStats, stats_per_step
+from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, ScaleStats, fused_sample, softplus_sample, stats_per_step
 
 __all__ = ["KTied"]
 
@@ -76,6 +76,28 @@ class _ExpOuterStats(torch.autograd.Function):
         return (g_u * u if g_u is not None else None), (g_v * v if g_v is not None else None), None, None
 
 
+class _ExpOuterSample(_ExpOuterStats):
+    """``w = loc + sigma * eps`` with ``sigma = exp(log_u) @ exp(log_v).T`` and :class:`_ExpOuterStats`'s statistics,
+    one node: the draw's gradient ``g_w eps`` joins sigma's in the same backward (``d/d loc = g_w``)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, loc: torch.Tensor, log_u: torch.Tensor, log_v: torch.Tensor, eps: torch.Tensor, shape: torch.Size
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        sigma, _, sum_log, sum_sq = _ExpOuterStats.forward(ctx, log_u, log_v, False, shape)
+        ctx.eps = eps
+        return torch.addcmul(loc, sigma, eps), sigma, sum_log, sum_sq
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx, g_w: torch.Tensor | None, g_sigma: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
+        if g_w is not None:
+            g_sigma = g_w * ctx.eps if g_sigma is None else torch.addcmul(g_sigma, g_w, ctx.eps)
+        g_u, g_v, _, _ = _ExpOuterStats.backward(ctx, g_sigma, None, g_log, g_sq)
+        return g_w, g_u, g_v, None, None
+
+
 @register_family("ktied")
 class KTied(MeanField):
     """k-tied Normal posterior (Swiatkowski et al. 2020, eq. 7-8): ``q(W) = N(mu, diag(vec((U V^T)^2)))``, i.e.
@@ -97,6 +119,7 @@ class KTied(MeanField):
         rescaled so that the mean of U V^T is ``init_std``.
     :param estimator: ``"reparam"``, ``"local"``, ``"flipout"`` or ``"graves"``, as for :class:`MeanField`.
     """
+
     default_kl_weight = 0.03  # benchmarks/results/defaults
 
     log_u: nn.Parameter
@@ -173,6 +196,12 @@ class KTied(MeanField):
         if not self.tied:
             return super()._plain_scale()
         return (self.u @ self.v.T).reshape(self._require_built())
+
+    def _fused_sample(self) -> torch.Tensor | None:
+        if not self.tied:
+            return softplus_sample(self)
+        loc, log_u, log_v, shape = self.loc, self.log_u, self.log_v, self._require_built()
+        return fused_sample(self, (log_u, log_v), lambda eps: _ExpOuterSample.apply(loc, log_u, log_v, eps, shape))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.tied or not self.is_built else ", untied (per-element std)")
