@@ -458,8 +458,9 @@ class MeanField(VariationalFamily):
 
     @property
     def scale(self) -> torch.Tensor:
-        """Posterior standard deviations, softplus(rho), computed once per training step (:func:`cached_softplus`);
-        outside training steps (no gradients recorded, e.g. prediction) sigma alone, without the KL's statistics."""
+        """Posterior standard deviations (softplus(rho); KTied's U V^T), computed once per training step with the KL's
+        statistics (:func:`stats_per_step`); outside training steps (no gradients recorded, e.g. prediction) sigma
+        alone."""
         if not _records_step(self._scale_sources()):
             return self._plain_scale()
         return self._scale_stats()[0]

@@ -183,11 +183,9 @@ class KTied(MeanField):
             self, (log_u, log_v), lambda square: _ExpOuterStats.apply(log_u, log_v, square, shape), plain, with_square
         )
 
-    @property
-    def scale(self) -> torch.Tensor:
-        """Posterior standard deviations: U V^T reshaped to the weight's shape (or softplus(rho) if untied), computed once
-        per training step and shared by the forward pass and the KL (outside training steps sigma alone)."""
-        return super().scale
+    # ``scale`` (MeanField's property): U V^T reshaped to the weight's shape (or softplus(rho) if untied), from the
+    # step's statistics node within a training step, sigma alone outside one. Not overridden here: torch.compile cannot
+    # trace a property reached through super().
 
     def _scale_sources(self) -> tuple[torch.Tensor, ...]:
         return (self.log_u, self.log_v) if self.tied else (self.rho,)
