@@ -674,3 +674,54 @@ def test_ktied_sample_node_gradcheck_float64():
         return (w * c1).sum() + (sigma * c2).sum() + 0.7 * sum_log - 0.3 * sum_sq
 
     assert torch.autograd.gradcheck(f, (loc, log_u, log_v))
+
+
+@pytest.mark.parametrize(
+    "spec", [lambda: MeanField(init_std=0.2), lambda: KTied(rank=1, init_std=0.2), lambda: Radial(cross_entropy="closed_form")]
+)
+@pytest.mark.parametrize("kl_first", [False, True])
+def test_activation_checkpointing_recomputes_the_fused_draw(spec, kl_first):
+    """Non-reentrant activation checkpointing reruns the forward pass in the backward, when the step's statistics are
+    cached: the cached draw must save what the fused draw saved (it raised CheckpointError), and the gradients equal the
+    step without checkpointing."""
+    import varbnn
+    from varbnn.nn import BayesLinear
+
+    torch.manual_seed(0)
+    layer, x = BayesLinear(4, 3, family=spec()), torch.randn(5, 4)
+    grads = []
+    for use_checkpoint in (False, True):
+        layer.zero_grad()
+        torch.manual_seed(1)
+        kl = varbnn.kl(layer) if kl_first else None
+        out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if use_checkpoint else layer(x)
+        (out.square().sum() + (kl if kl is not None else varbnn.kl(layer))).backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+    for plain, checkpointed in zip(*grads, strict=True):
+        torch.testing.assert_close(checkpointed, plain)
+
+
+def test_meanfield_subclasses_with_their_own_sigma_keep_it_in_training_and_prediction():
+    """A subclass that overrides the ``scale`` property, or only ``_scale_stats``, draws with its own sigma in a
+    training step and outside one (the fused draw and the plain sigma are MeanField's softplus)."""
+
+    class Shifted(MeanField):
+        @property
+        def scale(self):
+            return torch.nn.functional.softplus(self.rho) + 0.5
+
+    class Exp(MeanField):
+        def _scale_stats(self, with_square=False):
+            sigma = self.rho.exp()
+            return sigma, sigma.square() if with_square else None, sigma.log().sum(), sigma.square().sum()
+
+    shifted = Shifted(init_std=0.01).build((300, 300), torch.zeros(300, 300))
+    assert abs(float(shifted.rsample().std()) - 0.51) < 0.02
+    with torch.no_grad():
+        assert abs(float(shifted.rsample().std()) - 0.51) < 0.02
+    exp = Exp(init_std=0.01).build((3, 3), torch.zeros(3, 3))
+    with torch.no_grad():
+        exp.rho.zero_()
+        torch.testing.assert_close(exp.scale, torch.ones(3, 3))
+        torch.testing.assert_close(exp.variance, torch.ones(3, 3))
+    torch.testing.assert_close(exp.scale, torch.ones(3, 3))

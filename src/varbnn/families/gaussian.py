@@ -212,7 +212,8 @@ class _SoftplusSample(_SoftplusStats):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         sigma = F.softplus(rho)
         flat = sigma.reshape(-1)
-        ctx.rho, ctx.sigma, ctx.eps = rho, sigma.detach(), eps
+        ctx.rho, ctx.sigma = rho, sigma.detach()
+        ctx.save_for_backward(eps)  # as _CachedDraw does: activation checkpointing compares what both paths save
         ctx.set_materialize_grads(False)
         return torch.addcmul(loc, sigma, eps), sigma, torch.log(sigma).sum(), torch.dot(flat, flat)
 
@@ -220,10 +221,36 @@ class _SoftplusSample(_SoftplusStats):
     def backward(  # type: ignore[override]
         ctx, g_w: torch.Tensor | None, g_sigma: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        if g_w is not None:
-            g_sigma = g_w * ctx.eps if g_sigma is None else torch.addcmul(g_sigma, g_w, ctx.eps)
+        if g_w is not None:  # eps only when the draw has a gradient: the KL's part may run again without it
+            (eps,) = ctx.saved_tensors
+            g_sigma = g_w * eps if g_sigma is None else torch.addcmul(g_sigma, g_w, eps)
         grad_rho = _SoftplusStats.backward(ctx, g_sigma, None, g_log, g_sq)[0]
         return g_w, grad_rho, None
+
+
+class _CachedDraw(torch.autograd.Function):
+    """``loc + sigma * eps`` (as ``torch.addcmul``) saving only ``eps``, like the fused draw nodes: a draw from a step's
+    cached sigma. Activation checkpointing (``torch.utils.checkpoint``, non-reentrant) recomputes a forward pass whose
+    first run drew through :class:`_SoftplusSample` while the recomputation finds the statistics cached, and requires
+    both runs to save tensors of the same shapes."""
+
+    @staticmethod
+    def forward(ctx, loc: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(eps)
+        return torch.addcmul(loc, sigma, eps)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        (eps,) = ctx.saved_tensors
+        return grad, grad * eps, None
+
+
+def cached_draw(family: Any, sources: tuple[torch.Tensor, ...], sigma: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """``family.loc + sigma * eps``: through :class:`_CachedDraw` within a recorded training step (the fused draw's
+    counterpart when the step's statistics are already cached), else ``torch.addcmul``."""
+    if _records_step(sources):
+        return _CachedDraw.apply(family.loc, sigma, eps)
+    return torch.addcmul(family.loc, sigma, eps)
 
 
 def fused_sample(
@@ -461,9 +488,15 @@ class MeanField(VariationalFamily):
         """Posterior standard deviations (softplus(rho); KTied's U V^T), computed once per training step with the KL's
         statistics (:func:`stats_per_step`); outside training steps (no gradients recorded, e.g. prediction) sigma
         alone."""
-        if not _records_step(self._scale_sources()):
+        if self._plain_scale_applies() and not _records_step(self._scale_sources()):
             return self._plain_scale()
         return self._scale_stats()[0]
+
+    def _plain_scale_applies(self) -> bool:
+        """Whether :meth:`_plain_scale` is this class's sigma: a subclass that overrides :meth:`_scale_stats` without it
+        (another parameterisation of sigma) keeps :meth:`_scale_stats` outside training steps too."""
+        cls = type(self)
+        return cls._scale_stats is MeanField._scale_stats or cls._plain_scale is not MeanField._plain_scale
 
     def _scale_sources(self) -> tuple[torch.Tensor, ...]:
         """The parameters sigma is computed from (the per-step cache's key); subclasses with another parameterisation
@@ -478,8 +511,8 @@ class MeanField(VariationalFamily):
         """A training step's first draw through a node that also gives sigma's statistics (:func:`fused_sample`), or
         None; a subclass with another parameterisation of sigma overrides this too (None: the draw from
         :attr:`scale`)."""
-        if type(self)._scale_stats is not MeanField._scale_stats:
-            return None
+        if type(self)._scale_stats is not MeanField._scale_stats or type(self).scale is not MeanField.scale:
+            return None  # a subclass with its own sigma draws from it (the scale property)
         return softplus_sample(self)
 
     def _scale_stats(self, with_square: bool = False) -> ScaleStats:
@@ -490,7 +523,7 @@ class MeanField(VariationalFamily):
     @property
     def variance(self) -> torch.Tensor:
         """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node."""
-        if not _records_step(self._scale_sources()):
+        if self._plain_scale_applies() and not _records_step(self._scale_sources()):
             return self._plain_scale().square()
         square = self._scale_stats(with_square=True)[1]
         assert square is not None
@@ -534,7 +567,10 @@ class MeanField(VariationalFamily):
             if weight is not None:
                 return weight
         eps = torch.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
-        weight = torch.addcmul(self.loc, self.scale, eps)
+        if sample_shape:
+            weight = torch.addcmul(self.loc, self.scale, eps)
+        else:
+            weight = cached_draw(self, self._scale_sources(), self.scale, eps)
         return weight if self.weight_mask is None else weight * self.weight_mask
 
     def forward_op(

@@ -85,15 +85,16 @@ class _ExpOuterSample(_ExpOuterStats):
         ctx, loc: torch.Tensor, log_u: torch.Tensor, log_v: torch.Tensor, eps: torch.Tensor, shape: torch.Size
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         sigma, _, sum_log, sum_sq = _ExpOuterStats.forward(ctx, log_u, log_v, False, shape)
-        ctx.eps = eps
+        ctx.save_for_backward(eps)  # as the cached draw does (activation checkpointing compares the two)
         return torch.addcmul(loc, sigma, eps), sigma, sum_log, sum_sq
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx, g_w: torch.Tensor | None, g_sigma: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
-        if g_w is not None:
-            g_sigma = g_w * ctx.eps if g_sigma is None else torch.addcmul(g_sigma, g_w, ctx.eps)
+        if g_w is not None:  # eps only when the draw has a gradient: the KL's part may run again without it
+            (eps,) = ctx.saved_tensors
+            g_sigma = g_w * eps if g_sigma is None else torch.addcmul(g_sigma, g_w, eps)
         g_u, g_v, _, _ = _ExpOuterStats.backward(ctx, g_sigma, None, g_log, g_sq)
         return g_w, g_u, g_v, None, None
 
@@ -196,6 +197,8 @@ class KTied(MeanField):
         return (self.u @ self.v.T).reshape(self._require_built())
 
     def _fused_sample(self) -> torch.Tensor | None:
+        if type(self)._scale_stats is not KTied._scale_stats or type(self).scale is not MeanField.scale:
+            return None  # a subclass with its own sigma draws from it
         if not self.tied:
             return softplus_sample(self)
         loc, log_u, log_v, shape = self.loc, self.log_u, self.log_v, self._require_built()

@@ -26,6 +26,7 @@ from varbnn.families.gaussian import (
     _functorch_active,
     _rademacher,
     cache_until_backward,
+    cached_draw,
     cached_softplus,
     fused_normal_kl,
     inverse_softplus,
@@ -165,11 +166,13 @@ class Radial(VariationalFamily):
 
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
-        if not sample_shape:  # a training step's first draw: the draw and sigma's statistics in one node
+        if sample_shape:
+            return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
+        if type(self).scale is Radial.scale:  # a training step's first draw: the draw and sigma's statistics in one node
             weight = softplus_sample(self, lambda: self._noise(torch.Size()))
             if weight is not None:
                 return weight
-        return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
+        return cached_draw(self, (self.rho,), self.scale, self._noise(torch.Size()))
 
     def weight(self, mode: SampleMode = "sample") -> torch.Tensor:
         """As :meth:`VariationalFamily.weight`; in a training step a draw is also kept for the Monte Carlo KL (see
@@ -243,7 +246,8 @@ def _radial_kl_parts(family: Radial, prior: Any) -> NormalKLParts | None:
     (``var_scale = 1 / D``), or the Monte Carlo cross-entropy on this step's forward draw ``w`` (``kl_samples=1``),
     ``|w - m|^2 / (2 s^2) + D log s + D log(2 pi) / 2 - H[q]`` (the parts' ``loc`` is ``w``, ``var_scale = 0``); ``None``
     otherwise (a Monte Carlo KL without a forward draw takes its own draws in :func:`_radial_kl`)."""
-    if not scalar_normal_nll_applies(prior) or (prior.loc.dtype, prior.loc.device) != (family.loc.dtype, family.loc.device):
+    here = (family.loc.dtype, family.loc.device)
+    if not scalar_normal_nll_applies(prior) or any((t.dtype, t.device) != here for t in (prior.loc, prior.scale)):
         return None
     n = family.loc.numel()
     constant = n * (0.5 + 0.5 * math.log(2 * math.pi)) - radial_entropy_constant(n)
