@@ -530,6 +530,11 @@ def test_normal_kl_sum_gradcheck_float64():
     assert torch.allclose(value, want, rtol=1e-12)
     with pytest.raises(ValueError, match="no parts"):
         normal_kl_sum([])
+    trainable = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError, match="prior_scale must be a 0-d tensor without gradient"):
+        normal_kl_sum([NormalKLParts(locs[0], None, None, prior_locs[0], trainable)])
+    with pytest.raises(ValueError, match="prior_loc must be a 0-d tensor"):
+        normal_kl_sum([NormalKLParts(locs[0], None, None, torch.zeros(3, 2, dtype=torch.float64), prior_scales[0])])
 
 
 @pytest.mark.parametrize("draws", [1, 2])

@@ -385,6 +385,14 @@ def normal_kl_sum(parts: list[NormalKLParts]) -> torch.Tensor:
     the same value as summing each tensor's KL, up to rounding."""
     if not parts:
         raise ValueError("normal_kl_sum: no parts")
+    for part in parts:
+        for name in ("prior_loc", "prior_scale"):
+            value = getattr(part, name)
+            if value.dim() != 0 or value.requires_grad:
+                raise ValueError(
+                    f"normal_kl_sum: {name} must be a 0-d tensor without gradient (its gradient is not computed), got "
+                    f"shape {tuple(value.shape)}, requires_grad={value.requires_grad}"
+                )
     ordered = sorted(parts, key=lambda part: part.sum_log_sigma is None)  # the ones with sigma statistics first
     stats = [part for part in ordered if part.sum_log_sigma is not None]
     plan = _KLSumPlan(
