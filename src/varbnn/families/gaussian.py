@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
 from varbnn._checks import as_bool, as_float_in
-from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll_applies
+from varbnn.divergence import NormalKLParts, _functorch_active, register_family_kl, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
@@ -53,11 +53,6 @@ def inverse_softplus(y: float | torch.Tensor) -> float | torch.Tensor:
     if isinstance(y, torch.Tensor):
         return y + torch.log(-torch.expm1(-y))
     return y + math.log(-math.expm1(-y))
-
-
-def _functorch_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active()) if active is not None else False
 
 
 def _clear_on_backward(family_ref: weakref.ref, attribute: str, grad: Any) -> None:  # type: ignore[type-arg]
