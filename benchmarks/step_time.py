@@ -377,7 +377,11 @@ def main() -> None:
         f"(the Graves-estimator row: {args.repeats} x {min(args.steps, SLOW_STEPS)} steps)"
     ]
     if not any("graves" in name for name in samples):
-        notes.append("no Graves-estimator row: the model has BatchNorm, under which per-example gradients are undefined")
+        notes.append(
+            "no Graves-estimator row: the model has BatchNorm, under which per-example gradients are undefined"
+            if args.model == "resnet18"
+            else "no Graves-estimator row: left out by --only/--skip"
+        )
     table = [
         "| model | median step (ms) | ratio to deterministic | images/s |",
         "|---|---:|---:|---:|",
