@@ -442,6 +442,13 @@ def test_householder_sample_equals_the_explicit_reflection_and_passes_gradcheck(
 
         inputs = tuple(t.clone().requires_grad_() for t in (base, omega, sin_theta, radius))
         assert torch.autograd.gradcheck(fn, inputs)
+    # the plain operations a torch.func transform runs: the same values, and autograd's gradients pass gradcheck
+    from varbnn.distributions.vmf import _householder_values
+
+    plain = _householder_values(mu, noise, omega, sin_theta, radius, normalize=True)[0]
+    torch.testing.assert_close(plain, out, rtol=1e-12, atol=1e-12)
+    inputs = tuple(t.clone().requires_grad_() for t in (mu, omega, sin_theta, radius))
+    assert torch.autograd.gradcheck(lambda m, o, st, r: _householder_values(m, noise, o, st, r, True)[0], inputs)
     # a zero row (as F.normalize leaves it: direction e_1 up to sign) still gives a point on the sphere
     zero = mu.clone()
     zero[0] = 0
@@ -478,15 +485,41 @@ def test_wood_sample_closed_form_backward_matches_autograd_of_the_formula(dim, m
     for w in weights:
         grads = []
         fused = lambda k: vmf.wood_sample(dim, k, score=True, resultant=a_d)  # noqa: E731
-        for fn in (fused, lambda k: _wood_transform_autograd(dim, k, eps, a_d)):
+        plain = lambda k: vmf._wood_plain_with_score(k, eps, a_d, dim)  # noqa: E731  (the torch.func path)
+        for fn in (fused, lambda k: _wood_transform_autograd(dim, k, eps, a_d), plain):
             kappa = kappa0.clone().requires_grad_(True)
             omega, sin_theta, score = fn(kappa)
             (w[0] * omega + w[1] * sin_theta + w[2] * score).sum().backward()
             grads.append((omega.detach(), sin_theta.detach(), score.detach(), kappa.grad))
-        for got, want in zip(*grads):
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-300)
+        for other in grads[1:]:
+            for got, want in zip(grads[0], other):
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-300)
     # without the score: two outputs, no Bessel ratio needed
     kappa = kappa0.clone().requires_grad_(True)
     omega, sin_theta, none = vmf.wood_sample(dim, kappa)
     assert none is None
     assert torch.autograd.gradcheck(lambda k: vmf.wood_sample(dim, k)[:2], (kappa,))
+
+
+def test_draws_under_vmap_equal_the_draws_one_by_one():
+    """Under torch.func.vmap (``varbnn.predict``'s batched draws) the Householder map takes plain operations, since
+    its autograd Function is not transform-ready: with the same noise, the batched draws equal the draws one by one;
+    Wood's sampler takes its fixed rounds there (no data-dependent loop) and gives the right number of draws."""
+    from torch.func import vmap
+
+    from varbnn.distributions.vmf import wood_sample
+
+    g = torch.Generator().manual_seed(5)
+    mu = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    omega = torch.rand(4, generator=g, dtype=torch.float64) * 1.8 - 0.9
+    sin_theta = (1 - omega.square()).sqrt()
+    radius = torch.rand(4, generator=g, dtype=torch.float64) + 0.5
+    noise = torch.randn(3, 4, 6, generator=g, dtype=torch.float64)
+    batched = vmap(lambda n: householder_sample(mu, omega, sin_theta, radius, normalize=True, noise=n))(noise)
+    one_by_one = torch.stack([householder_sample(mu, omega, sin_theta, radius, normalize=True, noise=n) for n in noise])
+    torch.testing.assert_close(batched, one_by_one, rtol=1e-12, atol=1e-12)
+    kappa = torch.tensor([0.5, 5.0, 50.0, 500.0], dtype=torch.float64)
+    with torch.no_grad():
+        omega_b, sin_b = vmap(lambda _: wood_sample(6, kappa)[:2], randomness="different")(torch.arange(5))
+    assert omega_b.shape == (5, 4) and not torch.equal(omega_b[0], omega_b[1])
+    torch.testing.assert_close(omega_b.square() + sin_b.square(), torch.ones_like(omega_b), rtol=1e-12, atol=1e-12)

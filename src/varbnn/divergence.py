@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributions import Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, register_kl
 from torch.distributions import kl_divergence as _torch_kl
 
+from varbnn._transforms import functorch_active as _functorch_active
 from varbnn.distributions import Delta, ImproperUniform, Radial
 
 __all__ = [
@@ -410,11 +411,6 @@ def normal_kl_sum(parts: list[NormalKLParts]) -> torch.Tensor:
         *(part.prior_loc for part in ordered),
         *(part.prior_scale for part in ordered),
     )
-
-
-def _functorch_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active()) if active is not None else False
 
 
 def _model_kl(model: nn.Module) -> torch.Tensor | None:

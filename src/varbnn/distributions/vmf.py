@@ -39,6 +39,7 @@ from torch.distributions.utils import lazy_property
 from torch.types import _size
 
 from varbnn._checks import as_int, as_positive_int
+from varbnn._transforms import functorch_active
 from varbnn.special import (
     RATIO_METHODS,
     RatioMethod,
@@ -181,7 +182,8 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     shared = _compact(kappa.detach())
     kappa_all: Tensor | None = None
     kappa_arg: Tensor | float
-    fixed = _fixed_rounds or torch.compiler.is_compiling()
+    # under a torch.func transform (predict's vmap over draws) the proposals are batched: no data-dependent rounds
+    fixed = _fixed_rounds or torch.compiler.is_compiling() or functorch_active()
     if shared.dim() == 0:
         kappa_arg = float(shared) if device.type == "cpu" and not fixed else shared
     else:
@@ -246,14 +248,44 @@ def wood_sample(
     gradient). Shapes and dtype of ``kappa`` (the working precision).
     """
     eps = wood_accepted_proposals(dim, kappa, max_rounds)
+    plain = functorch_active()  # a torch.func transform: plain operations, differentiated by autograd
     if not score:
+        if plain:
+            omega, sin_theta, _ = _wood_values(kappa, eps, dim)
+            return omega, sin_theta, None
         omega, sin_theta, _ = _WoodTransform.apply(kappa, eps, None, dim)
         return omega, sin_theta, None
     if resultant is None:
         a_d = bessel_ratio(dim / 2, _compact(kappa.detach()), method=ratio_method, validate=False)
     else:
         a_d = resultant.detach()
+    if plain:
+        return _wood_plain_with_score(kappa, eps, a_d, dim)
     return _WoodTransform.apply(kappa, eps, a_d, dim)
+
+
+def _wood_values(kappa: Tensor, eps: Tensor, dim: int) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    """``(omega, sin_theta, (root, b, denom))`` of :class:`_WoodTransform`'s forward, in plain operations."""
+    root, b = _wood_root_and_b(dim, kappa)
+    denom = 1 - (1 - b) * eps
+    one_minus = 2 * b * eps / denom
+    sin_theta = torch.sqrt(one_minus * (2 * (1 - eps) / denom))  # sqrt((1 - omega)(1 + omega))
+    return 1 - one_minus, sin_theta, (root, b, denom)
+
+
+def _wood_plain_with_score(kappa: Tensor, eps: Tensor, a_d: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:class:`_WoodTransform` with a score in plain operations: ``score = log pi - log pi.detach()`` with ``log pi``
+    of its docstring, whose value is 0 and whose autograd gradient in ``kappa`` is the Function's."""
+    omega, sin_theta, (root, b, denom) = _wood_values(kappa, eps, dim)
+    log_one_minus_sq = torch.log(4 * b * eps * (1 - eps)) - 2 * torch.log(denom)  # log(1 - omega^2)
+    log_pi = (
+        -(kappa - kappa.detach()) * a_d
+        + kappa * omega
+        + 0.5 * (dim - 3) * log_one_minus_sq
+        + torch.log(2 * b)
+        - 2 * torch.log(denom)
+    )
+    return omega, sin_theta, log_pi - log_pi.detach()
 
 
 class _WoodTransform(torch.autograd.Function):
@@ -270,11 +302,7 @@ class _WoodTransform(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kappa: Tensor, eps: Tensor, a_d: Tensor | None, dim: int) -> tuple[Tensor, Tensor, Tensor | None]:  # type: ignore[override]
-        root, b = _wood_root_and_b(dim, kappa)
-        denom = 1 - (1 - b) * eps
-        one_minus = 2 * b * eps / denom
-        sin_theta = torch.sqrt(one_minus * (2 * (1 - eps) / denom))  # sqrt((1 - omega)(1 + omega))
-        omega = 1 - one_minus
+        omega, sin_theta, (root, b, denom) = _wood_values(kappa, eps, dim)
         ctx.save_for_backward(kappa, eps, root, b, denom, omega, sin_theta, a_d)
         ctx.dim = dim
         ctx.mark_non_differentiable(eps)
@@ -302,6 +330,40 @@ class _WoodTransform(torch.autograd.Function):
         return grad, None, None, None
 
 
+def _householder_values(
+    mu: Tensor, x: Tensor, omega: Tensor, sin_theta: Tensor, radius: Tensor, normalize: bool, inplace: bool = False
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """The output of :class:`_HouseholderMap` and what its backward needs, in plain operations (differentiable by
+    autograd, and what a torch.func transform runs; ``inplace``: the Function's forward, one output buffer)."""
+    dtype = mu.dtype
+    v_norm = torch.linalg.vector_norm(x[..., 1:], dim=-1)
+    squared_norm = torch.linalg.vector_norm(mu, dim=-1).square()
+    dot = torch.linalg.vecdot(x[..., 1:], mu[..., 1:])
+    first = mu[..., 0]
+    s = torch.where(first >= 0, 1.0, -1.0).to(dtype)
+    if normalize:  # as F.normalize: a zero row stays finite
+        inv_n = squared_norm.clamp_min(torch.finfo(dtype).tiny).rsqrt()
+        q = squared_norm * inv_n.square()
+    else:
+        inv_n, q = torch.ones_like(squared_norm), squared_norm
+    fh, dn = first * inv_n, dot * inv_n
+    u1 = fh + s
+    p = 0.5 * (1 + q) + s * fh
+    ss = sin_theta / v_norm
+    c = (u1 * omega + ss * dn) / p
+    sr = s * radius
+    alpha = sr * c * inv_n
+    first_out = -sr * (omega - c * u1)
+    if inplace:
+        out = x * (-sr * ss).unsqueeze(-1)
+        out.addcmul_(mu, alpha.unsqueeze(-1))
+        out[..., 0] = first_out
+    else:  # out of place: vmap has no batching rule for addcmul_, and autograd records these operations
+        rest = torch.addcmul(x[..., 1:] * (-sr * ss).unsqueeze(-1), mu[..., 1:], alpha.unsqueeze(-1))
+        out = torch.cat([first_out.unsqueeze(-1), rest], dim=-1)
+    return out, (mu, x, omega, radius, s, squared_norm, inv_n, q, fh, dn, u1, p, ss, c, v_norm, alpha)
+
+
 class _HouseholderMap(torch.autograd.Function):
     """The whole map of :func:`householder_sample` as one autograd node: row statistics, the per-row scalars and the
     output pass in the forward; in the backward two row dot products, the scalars' chain rule written out, and one
@@ -314,28 +376,8 @@ class _HouseholderMap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mu: Tensor, x: Tensor, omega: Tensor, sin_theta: Tensor, radius: Tensor, normalize: bool) -> Tensor:  # type: ignore[override]
-        dtype = mu.dtype
-        v_norm = torch.linalg.vector_norm(x[..., 1:], dim=-1)
-        squared_norm = torch.linalg.vector_norm(mu, dim=-1).square()
-        dot = torch.linalg.vecdot(x[..., 1:], mu[..., 1:])
-        first = mu[..., 0]
-        s = torch.where(first >= 0, 1.0, -1.0).to(dtype)
-        if normalize:  # as F.normalize: a zero row stays finite
-            inv_n = squared_norm.clamp_min(torch.finfo(dtype).tiny).rsqrt()
-            q = squared_norm * inv_n.square()
-        else:
-            inv_n, q = torch.ones_like(squared_norm), squared_norm
-        fh, dn = first * inv_n, dot * inv_n
-        u1 = fh + s
-        p = 0.5 * (1 + q) + s * fh
-        ss = sin_theta / v_norm
-        c = (u1 * omega + ss * dn) / p
-        sr = s * radius
-        alpha = sr * c * inv_n
-        out = x * (-sr * ss).unsqueeze(-1)
-        out.addcmul_(mu, alpha.unsqueeze(-1))
-        out[..., 0] = -sr * (omega - c * u1)
-        ctx.save_for_backward(mu, x, omega, radius, s, squared_norm, inv_n, q, fh, dn, u1, p, ss, c, v_norm, alpha)
+        out, saved = _householder_values(mu, x, omega, sin_theta, radius, normalize, inplace=True)
+        ctx.save_for_backward(*saved)
         ctx.normalize = normalize
         return out
 
@@ -408,6 +450,8 @@ def householder_sample(
     d, dtype = mu.shape[-1], mu.dtype
     x = torch.randn(*shape, d, dtype=dtype, device=mu.device) if noise is None else noise
     radius_t = torch.ones((), dtype=dtype, device=mu.device).expand(shape) if radius is None else radius.to(dtype)
+    if functorch_active():  # e.g. predict's vmap over draws: plain operations (the Function is not transform-ready)
+        return _householder_values(mu, x, omega.to(dtype), sin_theta.to(dtype), radius_t, normalize)[0]
     return _HouseholderMap.apply(mu, x, omega.to(dtype), sin_theta.to(dtype), radius_t, normalize)
 
 

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from varbnn._checks import as_bool, as_float_in
+from varbnn._transforms import functorch_active
 from varbnn.distributions.vmf import (
     RATIO_METHODS,
     VonMisesFisher,
@@ -96,6 +97,12 @@ def _log_radius_moments(
         mean = mean + 0.5 * global_loc.sum()
         variance = variance + 0.25 * g_sigma.square().sum()
     return mean, variance
+
+
+def _log_normal_radius(local_loc: Tensor, local_rho: Tensor, global_loc: Tensor, global_rho: Tensor, z: Tensor) -> Tensor:
+    """:class:`_LogNormalRadius` in plain operations (differentiated by autograd; what a torch.func transform runs)."""
+    mean, variance = _log_radius_moments(local_loc, F.softplus(local_rho), global_loc, F.softplus(global_rho), softplus=False)
+    return torch.exp(mean + variance.sqrt() * z)
 
 
 class _LogNormalRadius(torch.autograd.Function):
@@ -369,7 +376,11 @@ class RadialDirectional(VariationalFamily):
         if score_terms is not None:
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
         noise = torch.randn(sample_shape + (groups,), dtype=param.dtype, device=param.device)
-        radius = _LogNormalRadius.apply(*(self._param(grouping, name) for name in _RADIUS_PARAMS), noise)
+        radius_params = [self._param(grouping, name) for name in _RADIUS_PARAMS]
+        if functorch_active():  # e.g. predict's vmap over draws: plain operations (the Function is not transform-ready)
+            radius = _log_normal_radius(*radius_params, noise)
+        else:
+            radius = _LogNormalRadius.apply(*radius_params, noise)
         matrix = householder_sample(param, omega, sin_theta, radius, normalize=True)
         return _from_groups(matrix, self._require_built(), grouping), score
 
