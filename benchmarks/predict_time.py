@@ -93,7 +93,9 @@ def main() -> None:
         for chunk, batch in SETTINGS:
 
             def vectorised(model: torch.nn.Module = model, chunk: int = chunk, batch: int = batch) -> torch.Tensor:
-                return varbnn.predict(model, x, samples=args.samples, chunk_size=chunk, batch_size=batch, seed=0)
+                return varbnn.predict(
+                    model, x, samples=args.samples, chunk_size=chunk, batch_size=batch, seed=0, vectorize=True
+                )
 
             vec_s, vec_mb, out = _timed(vectorised, device, args.repeats)
             same = bool(torch.equal(out, vectorised()))

@@ -493,8 +493,10 @@ CLAIMS: tuple[Claim, ...] = (
         "autograd Functions: the loop over draws), 0.37x at chunk_size=8, batch_size=2500. The H200 table of 21b4286 had "
         "MeanField-reparam 0.41-0.44x, local 0.39-0.44x, Radial 0.26-0.28x.",
         verdict="partly",
-        why="Time, memory and determinism together for MeanField, Radial and KTied; RDP falls back to the loop over draws "
-        "and is not faster than the sequential passes at the default chunking.",
+        why="Time, memory and determinism together for MeanField, Radial and KTied; RDP fell back to the loop over draws "
+        "and was not faster than the sequential passes (its draws run under vmap since bad3b39, not yet timed on a GPU). "
+        "On the CPU (predict_time.md, 1 thread, 16 draws of 500 images) the batched pass is slower than the loop for every "
+        "family (1.13-2.68x), so predict loops there by default.",
         sources=(J,),
     ),
     Claim(

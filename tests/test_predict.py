@@ -11,7 +11,7 @@ def test_predict_shape_and_vectorised_equals_loop_in_distribution():
     torch.manual_seed(0)
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4)), MeanField(init_std=0.3))
     x = torch.randn(5, 3)
-    vec = varbnn.predict(model, x, samples=4000)
+    vec = varbnn.predict(model, x, samples=4000, vectorize=True)
     loop = varbnn.predict(model, x, samples=4000, vectorize=False)
     assert vec.shape == loop.shape == (4000, 5, 4)
     se = (vec.var(0) / 4000 + loop.var(0) / 4000).sqrt()
@@ -22,7 +22,7 @@ def test_predict_shape_and_vectorised_equals_loop_in_distribution():
 def test_predict_chunked_and_deterministic_models():
     plain = nn.Linear(3, 2)
     x = torch.randn(4, 3)
-    out = varbnn.predict(plain, x, samples=3, chunk_size=2)
+    out = varbnn.predict(plain, x, samples=3, chunk_size=2, vectorize=True)
     assert out.shape == (3, 4, 2) and torch.equal(out[0], out[2])
     with pytest.raises(ValueError, match="samples must be a positive integer"):
         varbnn.predict(plain, x, samples=0)
@@ -34,7 +34,7 @@ def test_lstm_prediction_falls_back_or_vectorises():
     model = varbnn.bayesianize(nn.LSTM(2, 3, batch_first=True), MeanField(init_std=0.2))
     seqs = torch.randn(2, 5, 2)
     wrapped = _FirstOutput(model)
-    assert varbnn.predict(wrapped, seqs, samples=6).shape == (6, 2, 5, 3)
+    assert varbnn.predict(wrapped, seqs, samples=6, vectorize=True).shape == (6, 2, 5, 3)
 
 
 class _FirstOutput(nn.Module):
@@ -68,21 +68,49 @@ def test_regression_summary():
     torch.testing.assert_close(s.variance, torch.tensor([1.25, 0.25]))
 
 
-def test_predict_batches_and_seed_reproduce_exactly():
+@pytest.mark.parametrize("vectorize", [True, False], ids=["vmap", "loop"])
+def test_predict_batches_and_seed_reproduce_exactly(vectorize):
     model = varbnn.bayesianize(
         nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4)), MeanField(init_std=0.3, estimator="reparam")
     )
     x = torch.randn(10, 3)
-    a = varbnn.predict(model, x, samples=6, chunk_size=2, batch_size=4, seed=3)
+    a = varbnn.predict(model, x, samples=6, chunk_size=2, batch_size=4, seed=3, vectorize=vectorize)
     state = torch.get_rng_state()
-    b = varbnn.predict(model, x, samples=6, chunk_size=2, batch_size=4, seed=3)
+    b = varbnn.predict(model, x, samples=6, chunk_size=2, batch_size=4, seed=3, vectorize=vectorize)
     assert torch.equal(torch.get_rng_state(), state)  # the global stream is untouched
     assert a.shape == (6, 10, 4) and torch.equal(a, b)
     # whole-weight draws: draw s is the same network on every example batch, so batching changes nothing
-    whole = varbnn.predict(model, x, samples=6, chunk_size=2, seed=3)
+    whole = varbnn.predict(model, x, samples=6, chunk_size=2, seed=3, vectorize=vectorize)
     torch.testing.assert_close(a, whole)
     # without a seed the draws differ between calls
-    assert not torch.equal(varbnn.predict(model, x, samples=6), varbnn.predict(model, x, samples=6))
+    assert not torch.equal(
+        varbnn.predict(model, x, samples=6, vectorize=vectorize), varbnn.predict(model, x, samples=6, vectorize=vectorize)
+    )
     for name in ("chunk_size", "batch_size"):
         with pytest.raises(ValueError, match=name):
             varbnn.predict(model, x, samples=2, **{name: 0})
+
+
+def test_default_vectorises_only_off_the_cpu(monkeypatch):
+    """vectorize=None (the default) loops over draws for CPU inputs (where the batched pass measured slower) and
+    calls vmap when asked to; anything but a bool or None is refused, naming the argument."""
+    import importlib
+
+    predict_module = importlib.import_module("varbnn.predict")  # the attribute varbnn.predict is the function
+
+    calls = []
+    real = predict_module.vmap
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict_module, "vmap", counting)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4)), MeanField(init_std=0.3))
+    x = torch.randn(5, 3)
+    assert varbnn.predict(model, x, samples=3).shape == (3, 5, 4)
+    assert calls == []
+    varbnn.predict(model, x, samples=3, vectorize=True)
+    assert calls == [1]
+    with pytest.raises(ValueError, match="vectorize must be True, False or None"):
+        varbnn.predict(model, x, samples=3, vectorize="yes")

@@ -488,7 +488,7 @@ def test_predict_batches_the_draws_under_vmap_and_matches_the_loop_in_distributi
         draws = vmap(lambda _: model(x), randomness="different")(torch.arange(3))  # raises if not transform-ready
     assert not torch.equal(draws[0], draws[1])
     n = 4000
-    vectorised = predict(model, x, samples=n, seed=1)
+    vectorised = predict(model, x, samples=n, seed=1, vectorize=True)
     loop = predict(model, x, samples=n, seed=2, vectorize=False)
     se = torch.sqrt((vectorised.var(0) + loop.var(0)) / n)
     assert ((vectorised.mean(0) - loop.mean(0)).abs() <= 5 * se + 1e-6).all()

@@ -523,3 +523,18 @@ def test_draws_under_vmap_equal_the_draws_one_by_one():
         omega_b, sin_b = vmap(lambda _: wood_sample(6, kappa)[:2], randomness="different")(torch.arange(5))
     assert omega_b.shape == (5, 4) and not torch.equal(omega_b[0], omega_b[1])
     torch.testing.assert_close(omega_b.square() + sin_b.square(), torch.ones_like(omega_b), rtol=1e-12, atol=1e-12)
+
+
+def test_wood_sampler_reads_the_host_only_on_the_cpu():
+    """Off the CPU a host read waits for the device (one per layer and step before): there, inside torch.compile and
+    under torch.func transforms, Wood's sampler takes the fixed proposals (their distribution is tested above)."""
+    from torch.func import vmap
+
+    from varbnn.distributions.vmf import _without_host_sync
+
+    assert not _without_host_sync(torch.device("cpu"))
+    for device in ("cuda", "cuda:1", "mps", "xpu"):
+        assert _without_host_sync(torch.device(device))
+    seen = []
+    vmap(lambda t: seen.append(_without_host_sync(torch.device("cpu"))) or t)(torch.zeros(2))
+    assert seen == [True]

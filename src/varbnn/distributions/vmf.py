@@ -164,6 +164,13 @@ def _wood_proposals(
     return e, t >= log_u
 
 
+def _without_host_sync(device: torch.device) -> bool:
+    """Whether Wood's sampler draws its fixed proposals at once instead of rounds that read the acceptance on the host:
+    on every device but the CPU (a read waits for the device: one per layer and step), inside torch.compile (one
+    graph) and under a torch.func transform (batched proposals, no data-dependent control flow)."""
+    return device.type != "cpu" or torch.compiler.is_compiling() or functorch_active()
+
+
 def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> Tensor:
     """Draw eps ~ Beta((d-1)/2, (d-1)/2) until Wood's acceptance test passes, for every element of ``kappa``
     (detached, any shape; the result has its shape).
@@ -174,16 +181,17 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     were accepted): with an acceptance rate >= 0.63 for all d and kappa (see ``PROPOSALS_FIXED``), an element needs
     a second round with probability <= 0.37^8 ~ 4e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4)
     proposals. A concentration expanded from one value (a layer's) is used as that value (on the CPU as a Python
-    float). Inside torch.compile (and within :func:`fixed_rejection_rounds`) the loop is replaced by
-    ``PROPOSALS_FIXED`` (32) proposals drawn at once, without a host synchronisation.
+    float). That loop runs on the CPU, where Gamma draws are dear and a host read is free. On every other device,
+    inside torch.compile, under a torch.func transform (e.g. ``varbnn.predict``'s vmap over draws, where the
+    proposals are batched) and within :func:`fixed_rejection_rounds`, it is replaced by ``PROPOSALS_FIXED`` (32)
+    proposals drawn at once, without a host synchronisation (:func:`_without_host_sync`).
     """
     shape, work, device = kappa.shape, kappa.dtype, kappa.device
     n = kappa.numel()
     shared = _compact(kappa.detach())
     kappa_all: Tensor | None = None
     kappa_arg: Tensor | float
-    # under a torch.func transform (predict's vmap over draws) the proposals are batched: no data-dependent rounds
-    fixed = _fixed_rounds or torch.compiler.is_compiling() or functorch_active()
+    fixed = _fixed_rounds or _without_host_sync(device)
     if shared.dim() == 0:
         kappa_arg = float(shared) if device.type == "cpu" and not fixed else shared
     else:
