@@ -33,9 +33,9 @@ def predict(
 
     With ``vectorize`` the draws run as one batched pass (``torch.func.vmap`` with independent randomness per
     draw); models vmap cannot handle fall back to a Python loop over draws. The default (``None``) vectorises on an
-    accelerator and loops on the CPU, where the batched pass was never faster: LeNet-5, 16 draws of 1,000 images,
-    one thread, 12.5 s batched against 6.6 s in a loop (the MLP 784-400-400-10: 0.56 s against 0.50 s), while on an
-    H100 64 batched draws take 0.28-0.50x the loop's time (``benchmarks/results/predict-time/``). Memory is capped by chunking:
+    accelerator and loops on the CPU, where the batched pass was slower for every family (LeNet-5, 16 draws of 500
+    images, one thread: 1.13-2.68x the loop's time), while on an H100 64 batched draws of MeanField, Radial and KTied
+    take 0.28-0.50x the loop's time (``benchmarks/results/predict-time/``). Memory is capped by chunking:
     ``chunk_size`` draws are batched at once (default: all) over ``batch_size`` examples at a time (default: all),
     so the activations held at once are those of ``chunk_size * batch_size`` examples (e.g. LeNet-5, 64 draws of
     10,000 images: ``chunk_size=16, batch_size=1000`` peaks well under 2 GB; see ``benchmarks/predict_time.py``).
