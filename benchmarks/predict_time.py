@@ -1,11 +1,14 @@
 """Vectorised Monte Carlo prediction vs sequential passes: 64 draws of a Bayesian LeNet-5 on 10,000 images.
 
-Usage: python benchmarks/predict_time.py [--device cpu] [--samples 64] [--images 10000] [--repeats 3] [--threads 2]
-       [--out benchmarks/results/predict-time]
+Usage: python benchmarks/predict_time.py [--model lenet5|mlp|uci] [--device cpu] [--samples 64] [--images 10000]
+       [--repeats 3] [--threads 2] [--out benchmarks/results/predict-time]
+``--model``: LeNet-5-Caffe (default), the MNIST MLP 784-400-400-10, or a UCI-sized MLP 8-50-1 (random 8-feature
+inputs): where the batched pass pays depends on the network and the device (``varbnn.predict``'s default).
 For each family/estimator: the time of ``samples`` sequential forward passes over the images (in batches of 1000)
 and of ``varbnn.predict(model, x, samples, chunk_size=C, batch_size=B)`` for several (C, B), the ratio, the peak
 memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU: peak RSS growth of the process, coarse) and whether two
-calls with the same ``seed`` agree exactly. Writes OUT/predict_time[_cuda].json and .md.
+calls with the same ``seed`` agree exactly. Writes OUT/predict_time[_MODEL][_cuda].json and .md (no _MODEL for
+LeNet-5).
 """
 
 from __future__ import annotations
@@ -23,10 +26,15 @@ from report import write_result  # type: ignore[import-not-found]
 import varbnn
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
-from varbnn.models import lenet5
+from varbnn.models import lenet5, mlp
 from varbnn.train import resolve_device
 
 SETTINGS = ((64, 1000), (16, 1000), (8, 2500))  # (chunk_size, batch_size)
+NETWORKS = {  # name: (builder, input shape without batch, description)
+    "lenet5": (lenet5, (1, 28, 28), "LeNet-5"),
+    "mlp": (lambda: mlp(784, (400, 400), 10), (1, 28, 28), "MLP 784-400-400-10"),
+    "uci": (lambda: mlp(8, (50,), 1), (8,), "MLP 8-50-1 (UCI-sized)"),
+}
 
 
 def _timed(fn: Callable[[], torch.Tensor], device: torch.device, repeats: int) -> tuple[float, float, torch.Tensor]:
@@ -56,6 +64,7 @@ def _timed(fn: Callable[[], torch.Tensor], device: torch.device, repeats: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="lenet5", choices=sorted(NETWORKS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--images", type=int, default=10000)
@@ -67,7 +76,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     start = time.perf_counter()
-    x = torch.rand(args.images, 1, 28, 28, generator=torch.Generator().manual_seed(0)).to(device)
+    build, in_shape, description = NETWORKS[args.model]
+    x = torch.rand(args.images, *in_shape, generator=torch.Generator().manual_seed(0)).to(device)
     families = {
         "MeanField-reparam": lambda: varbnn.MeanField(estimator="reparam"),
         "MeanField-local": lambda: varbnn.MeanField(estimator="local"),
@@ -78,7 +88,7 @@ def main() -> None:
     rows = []
     for name, spec in families.items():
         prior = varbnn.RadialDirectionalPrior() if name.startswith("RadialDirectional") else None
-        model = varbnn.bayesianize(lenet5(), spec(), prior).to(device).eval()
+        model = varbnn.bayesianize(build(), spec(), prior).to(device).eval()
 
         def sequential(model: torch.nn.Module = model) -> torch.Tensor:
             with torch.no_grad():
@@ -111,7 +121,7 @@ def main() -> None:
         "device": describe_device(device),
         "seconds": round(time.perf_counter() - start, 1),
         "config": {
-            "model": "LeNet-5-Caffe",
+            "model": description,
             "samples": args.samples,
             "images": args.images,
             "repeats": args.repeats,
@@ -120,7 +130,7 @@ def main() -> None:
         },  # fmt: skip
         "rows": rows,
     }
-    stem = "predict_time" + ("" if device.type == "cpu" else f"_{device.type}")
+    stem = "predict_time" + ("" if args.model == "lenet5" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
     notes = [
         f"wall time: {result['seconds']} s; median of {args.repeats} calls after one warm-up",
         "peak memory: CUDA allocator peak above the resident model; on the CPU the growth of the process's peak RSS "
@@ -135,7 +145,7 @@ def main() -> None:
             for r in rows
         ],  # fmt: skip
     ]
-    title = f"Monte Carlo prediction: {args.samples} draws of a Bayesian LeNet-5 on {args.images:,} images"
+    title = f"Monte Carlo prediction: {args.samples} draws of a Bayesian {description} on {args.images:,} inputs"
     path = write_result(args.out, stem, result, title, notes, table)
     print(f"wrote {path}.json and .md")
 

@@ -8,7 +8,8 @@
 #   peers there:  pip download --no-deps bayesian-torch==0.5.0 torchbnn==1.2 into an ignored .whl/ here, carry
 #                 ".whl", and set PEERS=1 (they are installed into /tmp/site before the runs)
 #   dry run here: DEVICE=cpu STEPS=3 REPEATS=1 bash scripts/gpu_speed.sh   (the plumbing only, not a measurement)
-#   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable)
+#   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable;
+#                 "profile" is not in the default list: PARTS="profile" adds benchmarks/profile_step.py's tables)
 #
 # Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page,
 # and rebuild the side-by-side table: PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
@@ -71,8 +72,15 @@ for name in $parts; do
         predict) part "${PREDICT_SECONDS:-75}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
                  --out "$work/predict-time" ;;
         vmf) part "${VMF_SECONDS:-30}" benchmarks/vmf.py --device "$device" --quick --out "$work/vmf" ;;
-        *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 resnet18 resnet18-compiled host predict vmf)" | tee -a "$log" ;;
+        profile)  # kernel launches, host syncs and the costliest operators per step, for the rows that miss issue 29's targets
+            mkdir -p "$work/profiles"
+            for spec in "lenet5|MeanField-reparam" "lenet5|KTied(rank=2)-reparam" "lenet5|RadialDirectional(row)" \
+                        "resnet18|MeanField-reparam" "resnet18|KTied(rank=2)-reparam"; do
+                part "${PROFILE_SECONDS:-40}" benchmarks/profile_step.py --model "${spec%%|*}" --device "$device" \
+                    --candidate "${spec#*|}" --out "$work/profiles"
+            done ;;
+        *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
     esac
 done
 tar czf "$out/gpu_speed.tgz" -C "$work" .
-echo "packed: $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.json$') result files into $out/gpu_speed.tgz" | tee -a "$log"
+echo "packed: $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.json$') result files and $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.txt$') profiles into $out/gpu_speed.tgz" | tee -a "$log"

@@ -65,7 +65,7 @@ def test_fast_estimators_have_the_exact_output_moments(estimator):
     layer = BayesLinear(5, 3, family=KTied(rank=1, init_std=0.4, estimator=estimator))
     x = torch.randn(4, 5)
     n = 20000
-    out = varbnn.predict(layer, x, samples=n)
+    out = varbnn.predict(layer, x, samples=n, vectorize=True)
     w, b = layer.posteriors["weight"], layer.posteriors["bias"]
     mean = (x @ w.loc.T + b.loc).detach()
     var = ((x * x) @ (w.scale**2).T + b.scale**2).detach()

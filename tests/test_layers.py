@@ -99,7 +99,7 @@ def test_estimators_have_the_exact_output_mean_and_variance(estimator, kind):
         for q in layer.posteriors.values():
             q.rho.add_(torch.randn_like(q.rho) * 0.3)
     n = 20000
-    out = varbnn.predict(layer, x, samples=n)
+    out = varbnn.predict(layer, x, samples=n, vectorize=True)
     mean, var = exact_moments(layer, x)
     # Monte Carlo tolerance: 5 standard errors of the mean and of the (Gaussian) sample variance
     assert ((out.mean(0) - mean).abs() <= 5 * (var / n).sqrt()).all()
@@ -110,10 +110,10 @@ def test_flipout_decorrelates_examples_in_a_batch():
     torch.manual_seed(0)
     layer = BayesLinear(4, 1, bias=False, family=MeanField(init_std=1.0, estimator="flipout"))
     x = torch.ones(2, 4)
-    out = varbnn.predict(layer, x, samples=20000)[..., 0]
+    out = varbnn.predict(layer, x, samples=20000, vectorize=True)[..., 0]
     reparam = BayesLinear(4, 1, bias=False, family=MeanField(init_std=1.0))
     reparam.load_state_dict(layer.state_dict())
-    out_r = varbnn.predict(reparam, x, samples=20000)[..., 0]
+    out_r = varbnn.predict(reparam, x, samples=20000, vectorize=True)[..., 0]
     corr = lambda o: float(torch.corrcoef(o.T)[0, 1])  # noqa: E731
     assert abs(corr(out)) < 0.05  # flipout: pairwise uncorrelated examples
     assert corr(out_r) > 0.99  # reparam: one weight draw per batch

@@ -91,13 +91,13 @@ def test_predict_batches_and_seed_reproduce_exactly(vectorize):
             varbnn.predict(model, x, samples=2, **{name: 0})
 
 
-def test_default_vectorises_only_off_the_cpu(monkeypatch):
-    """vectorize=None (the default) loops over draws for CPU inputs (where the batched pass measured slower) and
-    calls vmap when asked to; anything but a bool or None is refused, naming the argument."""
+def test_default_loops_only_for_bayesian_convolutions_on_the_cpu(monkeypatch):
+    """vectorize=None (the default) loops over draws for CPU inputs to a model with a Bayesian convolution (where the
+    batched pass measured slower) and calls vmap otherwise; anything but a bool or None is refused, naming the
+    argument."""
     import importlib
 
     predict_module = importlib.import_module("varbnn.predict")  # the attribute varbnn.predict is the function
-
     calls = []
     real = predict_module.vmap
 
@@ -106,11 +106,18 @@ def test_default_vectorises_only_off_the_cpu(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(predict_module, "vmap", counting)
-    model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4)), MeanField(init_std=0.3))
-    x = torch.randn(5, 3)
-    assert varbnn.predict(model, x, samples=3).shape == (3, 5, 4)
-    assert calls == []
-    varbnn.predict(model, x, samples=3, vectorize=True)
+    dense = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4)), MeanField(init_std=0.3))
+    conv = varbnn.bayesianize(nn.Sequential(nn.Conv1d(2, 3, 3), nn.Flatten()), MeanField(init_std=0.3))
+    x, seqs = torch.randn(5, 3), torch.randn(5, 2, 6)
+    assert varbnn.predict(dense, x, samples=3).shape == (3, 5, 4)
     assert calls == [1]
+    assert varbnn.predict(conv, seqs, samples=3).shape == (3, 5, 12)
+    assert calls == [1]  # looped
+    varbnn.predict(conv, seqs, samples=3, vectorize=True)
+    assert calls == [1, 1]
+    # off the CPU every model is batched (a meta tensor stands in for a device here)
+    assert predict_module.vectorized_by_default(conv, torch.empty(5, 2, 6, device="meta"))
+    assert not predict_module.vectorized_by_default(conv, seqs)
+    assert predict_module.vectorized_by_default(nn.Sequential(nn.Conv1d(2, 3, 3)), seqs)  # plain convolutions: batched
     with pytest.raises(ValueError, match="vectorize must be True, False or None"):
-        varbnn.predict(model, x, samples=3, vectorize="yes")
+        varbnn.predict(dense, x, samples=3, vectorize="yes")

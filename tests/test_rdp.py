@@ -487,7 +487,9 @@ def test_predict_batches_the_draws_under_vmap_and_matches_the_loop_in_distributi
     with torch.no_grad():
         draws = vmap(lambda _: model(x), randomness="different")(torch.arange(3))  # raises if not transform-ready
     assert not torch.equal(draws[0], draws[1])
-    n = 4000
+    if grouping != "double":  # double grouping runs both spheres' code: the distribution check once, there
+        return
+    n = 2000
     vectorised = predict(model, x, samples=n, seed=1, vectorize=True)
     loop = predict(model, x, samples=n, seed=2, vectorize=False)
     se = torch.sqrt((vectorised.var(0) + loop.var(0)) / n)

@@ -525,12 +525,35 @@ def test_draws_under_vmap_equal_the_draws_one_by_one():
     torch.testing.assert_close(omega_b.square() + sin_b.square(), torch.ones_like(omega_b), rtol=1e-12, atol=1e-12)
 
 
-def test_wood_sampler_reads_the_host_only_on_the_cpu():
+def test_wood_sampler_reads_the_host_only_on_the_cpu(monkeypatch):
     """Off the CPU a host read waits for the device (one per layer and step before): there, inside torch.compile and
     under torch.func transforms, Wood's sampler takes the fixed proposals (their distribution is tested above)."""
     from torch.func import vmap
+    from torch.overrides import TorchFunctionMode
 
+    from varbnn.distributions import vmf
     from varbnn.distributions.vmf import _without_host_sync
+
+    class CountSyncs(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.syncs: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in ("item", "__bool__", "__float__", "__int__", "nonzero", "tolist"):
+                self.syncs.append(name)
+            return func(*args, **(kwargs or {}))
+
+    q = VonMisesFisher(_unit(20), torch.tensor(10.0, dtype=torch.float64))
+    with CountSyncs() as counter:
+        q.rsample((50,))
+    assert counter.syncs  # the CPU's rounds read the acceptance
+    monkeypatch.setattr(vmf, "_without_host_sync", lambda device: True)  # what a GPU device gets
+    with CountSyncs() as counter:
+        assert q.rsample((50,)).shape == (50, 20)
+    assert counter.syncs == []
+    monkeypatch.undo()
 
     assert not _without_host_sync(torch.device("cpu"))
     for device in ("cuda", "cuda:1", "mps", "xpu"):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-__all__ = ["predict", "ClassificationSummary", "classification_summary", "RegressionSummary", "regression_summary"]
+__all__ = ["predict", "vectorized_by_default", "ClassificationSummary", "classification_summary", "RegressionSummary", "regression_summary"]
 
 
 @torch.no_grad()
@@ -32,18 +32,21 @@ def predict(
     """Outputs of ``samples`` weight draws, stacked: ``[samples, *model(x).shape]``.
 
     With ``vectorize`` the draws run as one batched pass (``torch.func.vmap`` with independent randomness per
-    draw); models vmap cannot handle fall back to a Python loop over draws. The default (``None``) vectorises on an
-    accelerator and loops on the CPU, where the batched pass was slower for every family (LeNet-5, 16 draws of 500
-    images, one thread: 1.13-2.68x the loop's time), while on an H100 64 batched draws of MeanField, Radial and KTied
+    draw); models vmap cannot handle fall back to a Python loop over draws. The default (``None``) batches the draws
+    except for a model with Bayesian convolutions on the CPU, which loops (:func:`vectorized_by_default`): there a
+    batched pass convolves with a different kernel per draw, and took 1.13-2.68x the loop's time for every family
+    (LeNet-5, 16 draws of 500 images, one thread), while on an H100 64 batched draws of MeanField, Radial and KTied
     take 0.28-0.50x the loop's time (``benchmarks/results/predict-time/``). Memory is capped by chunking:
-    ``chunk_size`` draws are batched at once (default: all) over ``batch_size`` examples at a time (default: all),
-    so the activations held at once are those of ``chunk_size * batch_size`` examples (e.g. LeNet-5, 64 draws of
-    10,000 images: ``chunk_size=16, batch_size=1000`` peaks well under 2 GB; see ``benchmarks/predict_time.py``).
+    ``chunk_size`` draws are batched at once (default: all; the loop draws one at a time) over ``batch_size``
+    examples at a time (default: all), so the activations held at once are those of ``chunk_size * batch_size``
+    examples (e.g. LeNet-5, 64 draws of 10,000 images: ``chunk_size=16, batch_size=1000`` peaks well under 2 GB; see
+    ``benchmarks/predict_time.py``).
 
     ``seed``: every example batch replays the same seeded random stream in a forked RNG (the global RNG is left
     untouched), so results are reproducible, and with estimators that draw whole weights (``reparam``) draw ``s``
-    is the same network on every batch. The draws depend on ``chunk_size`` (a different chunking gives different,
-    equally distributed draws). The model's ``training`` flag is left as it is.
+    is the same network on every batch. The batched draws depend on ``chunk_size`` (a different chunking gives
+    different, equally distributed draws), and the loop's differ from the batched ones for the same seed.
+    The model's ``training`` flag is left as it is.
 
     A model that defines ``predictive_draws(x, samples)`` supplies its own draws (:class:`varbnn.baselines.DeepEnsemble`:
     one per member, whatever ``samples``).
@@ -55,7 +58,7 @@ def predict(
     :param batch_size: examples per pass (default ``None``: all).
     :param seed: seed of a forked random stream (default ``None``: the global one).
     :param vectorize: run the draws under ``torch.func.vmap`` (True; a model vmap refuses falls back to a loop) or in a
-        loop (False); default ``None``: vectorised unless ``x`` is on the CPU.
+        loop (False); default ``None``: :func:`vectorized_by_default`.
     :returns: the stacked outputs ``[S, N, ...]`` (logits for a classifier), without gradients.
     """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
@@ -68,9 +71,12 @@ def predict(
     if x.dim() == 0:
         raise ValueError("x must have a batch dimension, got a scalar")
     if vectorize is not None and not isinstance(vectorize, bool):
-        raise ValueError(f"vectorize must be True, False or None (vectorised unless x is on the CPU), got {vectorize!r}")
+        raise ValueError(
+            "vectorize must be True, False or None (batched unless the model has Bayesian convolutions and x is on "
+            f"the CPU), got {vectorize!r}"
+        )
     if vectorize is None:
-        vectorize = x.device.type != "cpu"
+        vectorize = vectorized_by_default(model, x)
     step = batch_size or max(int(x.shape[0]), 1)
     outputs = []
     for start in range(0, max(int(x.shape[0]), 1), step):
@@ -83,6 +89,15 @@ def predict(
             torch.manual_seed(seed)
             outputs.append(_draws(model, xb, samples, chunk_size, vectorize))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def vectorized_by_default(model: nn.Module, x: torch.Tensor) -> bool:
+    """:func:`predict`'s choice when ``vectorize=None``: False (a loop over draws) for inputs on the CPU to a model
+    with a Bayesian convolution (:class:`~varbnn.BayesConv1d`, 2d, 3d), whose batched pass convolves with a kernel
+    per draw and measured slower than the loop there; True (vmap) otherwise."""
+    from varbnn.nn.layers import _BayesConvNd
+
+    return x.device.type != "cpu" or not any(isinstance(m, _BayesConvNd) for m in model.modules())
 
 
 def _draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: int | None, vectorize: bool) -> torch.Tensor:

@@ -116,8 +116,8 @@ def _log_sphere_area(dim: int) -> float:
 PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
 PROPOSALS_FIXED = 32
-"""Proposals per element when the rejection loop cannot wait on the host (inside torch.compile): all drawn at once
-and the first accepted kept. Wood's acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks
+"""Proposals per element when the rejection loop does not wait on the host (off the CPU, inside torch.compile and
+under torch.func transforms: :func:`_without_host_sync`): all drawn at once and the first accepted kept. Wood's acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks
 d from 2 to 1000 over kappa in [1e-3, 1e6]; the lowest is on the circle, d = 2): an element has none accepted with
 probability <= 0.37^32 ~ 2e-14; it then keeps its last proposal (a draw from Wood's envelope, not the target).
 The price: four times the eager first round's Gamma draws (Gamma((d-1)/2) samples are not cheap on the CPU)."""
@@ -471,9 +471,11 @@ class VonMisesFisher(Distribution):
     :param ratio_method: how ``A_d(kappa) = I_{d/2}(kappa) / I_{d/2-1}(kappa)`` is computed for ``mean``,
         ``entropy``, KLs and gradients: ``"accurate"`` (default) or the paper's ``"bounds"`` (see
         :func:`varbnn.special.bessel_ratio`).
-    :param max_rejection_rounds: rounds of Wood's sampler (8 proposals per element, then 4 per pending element) before
-        :class:`RejectionSamplingError` (default 1000; the acceptance rate is above 0.5 for every d and kappa, so
-        more than ~15 rounds never happens in practice).
+    :param max_rejection_rounds: rounds of Wood's sampler on the CPU (8 proposals per element, then 4 per pending
+        element) before :class:`RejectionSamplingError` (default 1000; the acceptance rate is above 0.5 for every d
+        and kappa, so more than ~15 rounds never happens in practice). Off the CPU, under torch.compile and under
+        torch.func transforms the sampler draws 32 proposals at once instead and never raises (an element with none
+        accepted, probability <= 2e-14, keeps its last proposal; see ``PROPOSALS_FIXED``).
     :param validate_args: as in ``torch.distributions``; when on (the default), a non-unit ``loc`` or a
         non-positive / non-finite ``concentration`` raises ``ValueError`` naming the argument.
     """
