@@ -103,9 +103,7 @@ def main() -> None:
         for chunk, batch in SETTINGS:
 
             def vectorised(model: torch.nn.Module = model, chunk: int = chunk, batch: int = batch) -> torch.Tensor:
-                return varbnn.predict(
-                    model, x, samples=args.samples, chunk_size=chunk, batch_size=batch, seed=0, vectorize=True
-                )
+                return varbnn.predict(model, x, samples=args.samples, chunk_size=chunk, batch_size=batch, seed=0, vectorize=True)
 
             vec_s, vec_mb, out = _timed(vectorised, device, args.repeats)
             same = bool(torch.equal(out, vectorised()))
@@ -130,7 +128,8 @@ def main() -> None:
         },  # fmt: skip
         "rows": rows,
     }
-    stem = "predict_time" + ("" if args.model == "lenet5" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
+    stem = "predict_time" + ("" if args.model == "lenet5" else f"_{args.model}")
+    stem += "" if device.type == "cpu" else f"_{device.type}"
     notes = [
         f"wall time: {result['seconds']} s; median of {args.repeats} calls after one warm-up",
         "peak memory: CUDA allocator peak above the resident model; on the CPU the growth of the process's peak RSS "

@@ -496,7 +496,8 @@ CLAIMS: tuple[Claim, ...] = (
         why="Time, memory and determinism together for MeanField, Radial and KTied; RDP fell back to the loop over draws "
         "and was not faster than the sequential passes (its draws run under vmap since bad3b39, not yet timed on a GPU). "
         "On the CPU (predict_time.md, 1 thread, 16 draws of 500 images) the batched pass is slower than the loop for every "
-        "family (1.13-2.68x), so predict loops there by default.",
+        "family on LeNet-5 (1.13-2.68x) and faster on dense networks (MLP 0.52-1.20x, UCI-sized 0.08-0.40x), so predict "
+        "loops there by default for Bayesian convolutions only.",
         sources=(J,),
     ),
     Claim(

@@ -15,7 +15,14 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-__all__ = ["predict", "vectorized_by_default", "ClassificationSummary", "classification_summary", "RegressionSummary", "regression_summary"]
+__all__ = [
+    "predict",
+    "vectorized_by_default",
+    "ClassificationSummary",
+    "classification_summary",
+    "RegressionSummary",
+    "regression_summary",
+]
 
 
 @torch.no_grad()
@@ -35,12 +42,13 @@ def predict(
     draw); models vmap cannot handle fall back to a Python loop over draws. The default (``None``) batches the draws
     except for a model with Bayesian convolutions on the CPU, which loops (:func:`vectorized_by_default`): there a
     batched pass convolves with a different kernel per draw, and took 1.13-2.68x the loop's time for every family
-    (LeNet-5, 16 draws of 500 images, one thread), while on an H100 64 batched draws of MeanField, Radial and KTied
-    take 0.28-0.50x the loop's time (``benchmarks/results/predict-time/``). Memory is capped by chunking:
-    ``chunk_size`` draws are batched at once (default: all; the loop draws one at a time) over ``batch_size``
-    examples at a time (default: all), so the activations held at once are those of ``chunk_size * batch_size``
-    examples (e.g. LeNet-5, 64 draws of 10,000 images: ``chunk_size=16, batch_size=1000`` peaks well under 2 GB; see
-    ``benchmarks/predict_time.py``).
+    (LeNet-5, 16 draws of 500 images, one thread), while the batched draws of dense networks took 0.52-1.20x
+    (MLP 784-400-400-10) and 0.08-0.40x (a UCI-sized MLP 8-50-1) of it there, and on an H100 64 batched draws of
+    LeNet-5 with MeanField, Radial and KTied take 0.28-0.50x the loop's time (``benchmarks/results/predict-time/``).
+    Memory is capped by chunking: ``chunk_size`` draws are batched at once (default: all; the loop draws one at a
+    time) over ``batch_size`` examples at a time (default: all), so the activations held at once are those of
+    ``chunk_size * batch_size`` examples (e.g. LeNet-5, 64 draws of 10,000 images: ``chunk_size=16, batch_size=1000``
+    peaks well under 2 GB; see ``benchmarks/predict_time.py``).
 
     ``seed``: every example batch replays the same seeded random stream in a forked RNG (the global RNG is left
     untouched), so results are reproducible, and with estimators that draw whole weights (``reparam``) draw ``s``

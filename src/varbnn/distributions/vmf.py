@@ -117,9 +117,10 @@ PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
 PROPOSALS_FIXED = 32
 """Proposals per element when the rejection loop does not wait on the host (off the CPU, inside torch.compile and
-under torch.func transforms: :func:`_without_host_sync`): all drawn at once and the first accepted kept. Wood's acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks
-d from 2 to 1000 over kappa in [1e-3, 1e6]; the lowest is on the circle, d = 2): an element has none accepted with
-probability <= 0.37^32 ~ 2e-14; it then keeps its last proposal (a draw from Wood's envelope, not the target).
+under torch.func transforms: :func:`_without_host_sync`): all drawn at once and the first accepted kept. Wood's
+acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks d from 2 to 1000 over kappa in
+[1e-3, 1e6]; the lowest is on the circle, d = 2): an element has none accepted with probability <= 0.37^32 ~ 2e-14;
+it then keeps its last proposal (a draw from Wood's envelope, not the target).
 The price: four times the eager first round's Gamma draws (Gamma((d-1)/2) samples are not cheap on the CPU)."""
 _fixed_rounds = False  # tests: the compiled path's draws in an eager step (see fixed_rejection_rounds)
 
