@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy import stats
 from torch.distributions import kl_divergence
+from torch.overrides import TorchFunctionMode
 
 from varbnn.distributions import HypersphericalUniform, RejectionSamplingError, VonMisesFisher
 from varbnn.distributions.vmf import fixed_rejection_rounds, householder_sample
@@ -312,7 +313,6 @@ def test_a_concentration_shared_by_rows_is_evaluated_once_and_gets_the_summed_gr
 
 def test_rsample_synchronises_with_the_host_once_when_the_first_round_accepts_all():
     """Boolean indexing, .item() and bool() each wait for the device on a GPU: the common case must need one."""
-    from torch.overrides import TorchFunctionMode
 
     torch.manual_seed(0)
     q = VonMisesFisher(_unit(50), torch.tensor(30.0, dtype=torch.float64))
@@ -334,27 +334,28 @@ def test_rsample_synchronises_with_the_host_once_when_the_first_round_accepts_al
     assert x.shape == (200, 50) and syncs == ["__float__", "__bool__"]
 
 
+class _CountSyncs(TorchFunctionMode):
+    """Records the calls that read a tensor's value on the host (each waits for the device on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("item", "__bool__", "__float__", "__int__", "nonzero", "tolist"):
+            self.syncs.append(name)
+        return func(*args, **(kwargs or {}))
+
+
 def test_fixed_rejection_rounds_draw_the_same_distribution_without_a_host_synchronisation():
     """The compiled step's sampler (32 proposals at once, the first accepted kept): on S^2 the marginal of mu.x against
     its exact CDF (Kolmogorov-Smirnov), and the first two moments at d = 50 and 1000; no data-dependent host read.
     kappa = 1 at d = 3 is where Wood's acceptance rate is lowest."""
-    from torch.overrides import TorchFunctionMode
-
-    class CountSyncs(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.syncs: list[str] = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            name = getattr(func, "__name__", "")
-            if name in ("item", "__bool__", "__float__", "__int__", "nonzero", "tolist"):
-                self.syncs.append(name)
-            return func(*args, **(kwargs or {}))
-
     torch.manual_seed(0)
     for kappa in (1.0, 5.0, 50.0):
         q = VonMisesFisher(_unit(3), torch.tensor(kappa, dtype=torch.float64))
-        with fixed_rejection_rounds(), CountSyncs() as counter:
+        with fixed_rejection_rounds(), _CountSyncs() as counter:
             w = q.rsample((5000,)) @ q.loc
         assert counter.syncs == []
         cdf = lambda t, k=kappa: np.expm1(k * (t + 1)) / np.expm1(2 * k)  # noqa: E731
@@ -529,28 +530,16 @@ def test_wood_sampler_reads_the_host_only_on_the_cpu(monkeypatch):
     """Off the CPU a host read waits for the device (one per layer and step before): there, inside torch.compile and
     under torch.func transforms, Wood's sampler takes the fixed proposals (their distribution is tested above)."""
     from torch.func import vmap
-    from torch.overrides import TorchFunctionMode
 
     from varbnn.distributions import vmf
     from varbnn.distributions.vmf import _without_host_sync
 
-    class CountSyncs(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.syncs: list[str] = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            name = getattr(func, "__name__", "")
-            if name in ("item", "__bool__", "__float__", "__int__", "nonzero", "tolist"):
-                self.syncs.append(name)
-            return func(*args, **(kwargs or {}))
-
     q = VonMisesFisher(_unit(20), torch.tensor(10.0, dtype=torch.float64))
-    with CountSyncs() as counter:
+    with _CountSyncs() as counter:
         q.rsample((50,))
     assert counter.syncs  # the CPU's rounds read the acceptance
     monkeypatch.setattr(vmf, "_without_host_sync", lambda device: True)  # what a GPU device gets
-    with CountSyncs() as counter:
+    with _CountSyncs() as counter:
         assert q.rsample((50,)).shape == (50, 20)
     assert counter.syncs == []
     monkeypatch.undo()
