@@ -44,8 +44,9 @@ class _ExpOuterStats(torch.autograd.Function):
     ) -> ScaleStats:
         u, v = log_u.exp(), log_v.exp()
         sigma = u @ v.T
-        sum_sq = ((u.T @ u) * (v.T @ v)).sum()
-        ctx.log_u, ctx.log_v, ctx.sigma = log_u, log_v, sigma.detach()
+        gram_u, gram_v = u.T @ u, v.T @ v  # k x k, kept for the backward's sum(sigma^2) term
+        sum_sq = (gram_u * gram_v).sum()
+        ctx.log_u, ctx.log_v, ctx.sigma, ctx.grams = log_u, log_v, sigma.detach(), (gram_u, gram_v)  # no graph in forward
         ctx.set_materialize_grads(False)
         square = (sigma * sigma).reshape(shape) if with_square else None
         return sigma.reshape(shape), square, torch.log(sigma).sum(), sum_sq
@@ -67,12 +68,14 @@ class _ExpOuterStats(torch.autograd.Function):
             g_matrix = g_sigma.reshape(sigma.shape)
             grad = g_matrix if grad is None else grad.add_(g_matrix, alpha=1.0 / factor)  # only read from here on
         g_u = g_v = None
-        if grad is not None:
-            g_u, g_v = (grad @ v).mul_(factor), (grad.T @ u).mul_(factor)
-        if g_sq is not None:
-            extra_u, extra_v = (u @ (v.T @ v)) * (2 * g_sq), (v @ (u.T @ u)) * (2 * g_sq)
-            g_u = extra_u if g_u is None else g_u.add_(extra_u)
-            g_v = extra_v if g_v is None else g_v.add_(extra_v)
+        if g_sq is not None:  # 2 g_sumsq U (V^T V), 2 g_sumsq V (U^T U): the k x k grams scaled first, then one product
+            gram_u, gram_v = ctx.grams
+            g_u, g_v = u @ (gram_v * (2 * g_sq)), v @ (gram_u * (2 * g_sq))
+        if grad is not None:  # + factor G V, + factor G^T U, added by the same GEMM (addmm)
+            if g_u is None:
+                g_u, g_v = (grad @ v).mul_(factor), (grad.T @ u).mul_(factor)
+            else:
+                g_u, g_v = torch.addmm(g_u, grad, v, alpha=factor), torch.addmm(g_v, grad.T, u, alpha=factor)
         return (g_u * u if g_u is not None else None), (g_v * v if g_v is not None else None), None, None
 
 
