@@ -9,7 +9,8 @@
 #                 ".whl", and set PEERS=1 (they are installed into /tmp/site before the runs)
 #   dry run here: DEVICE=cpu STEPS=3 REPEATS=1 bash scripts/gpu_speed.sh   (the plumbing only, not a measurement)
 #   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable;
-#                 "profile" is not in the default list: PARTS="profile" adds benchmarks/profile_step.py's tables)
+#                 "profile" and "rdp-resnet18" (RDP row compiled on ResNet-18, minutes of compiling) are not in the default
+#                 list: PARTS="profile rdp-resnet18" adds them)
 #
 # Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page,
 # and rebuild the side-by-side table: PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
@@ -64,6 +65,9 @@ for name in $parts; do
         resnet18) part "${RESNET_SECONDS:-90}" benchmarks/step_time.py "${resnet[@]}" \
                  --only "MeanField-reparam,MeanField-local,Radial-reparam (MC,KTied(rank=2)-reparam,RadialDirectional,torchbnn,bayesian-torch Rep,floor" \
                  --out "$work/step-time" ;;
+        rdp-resnet18) part "${RDP_RESNET_SECONDS:-300}" benchmarks/step_time.py "${resnet[@]}" --compile \
+                 --only compile --skip "deterministic, compiled" --skip MeanField --skip KTied --skip Delta \
+                 --skip Radial- --skip "(double)" --out "$work/step-time/resnet18-rdp-compiled" ;;
         resnet18-compiled) part "${RESNET_COMPILED_SECONDS:-200}" benchmarks/step_time.py "${resnet[@]}" --compile \
                  --only compile --skip Delta --skip=-local --skip=-flipout --skip RadialDirectional \
                  --out "$work/step-time/resnet18-compiled" ;;
@@ -79,7 +83,7 @@ for name in $parts; do
                 part "${PROFILE_SECONDS:-40}" benchmarks/profile_step.py --model "${spec%%|*}" --device "$device" \
                     --candidate "${spec#*|}" --out "$work/profiles"
             done ;;
-        *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
+        *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
     esac
 done
 tar czf "$out/gpu_speed.tgz" -C "$work" .
