@@ -105,7 +105,10 @@ def scalar_normal_nll_applies(prior: Any) -> bool:
 
 
 def scalar_normal_nll(value: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``-sum log N(value | loc, scale^2)`` for 0-d ``loc`` and ``scale`` without gradients, with a one-pass backward."""
+    """``-sum log N(value | loc, scale^2)`` for 0-d ``loc`` and ``scale`` without gradients, with a one-pass backward
+    (plain operations under a torch.func transform, for which the Function is not ready)."""
+    if _functorch_active():
+        return 0.5 * ((value - loc) / scale).square().sum() + value.numel() * (scale.log() + 0.5 * math.log(2 * math.pi))
     return _ScalarNormalNLL.apply(value, loc, scale)
 
 
@@ -148,6 +151,11 @@ def half_cauchy_pair_kl(loc: torch.Tensor, sigma: torch.Tensor, rate: float) -> 
         raise ValueError(
             f"half_cauchy_pair_kl: loc and sigma must have the same shape [..., 2], got {tuple(loc.shape)}, {tuple(sigma.shape)}"
         )
+    if _functorch_active():  # the Function is not transform-ready: the two closed forms, differentiated by autograd
+        return (
+            lognormal_gamma_kl(loc[..., 0], sigma[..., 0], 0.5, float(rate))
+            + lognormal_inverse_gamma_kl(loc[..., 1], sigma[..., 1], 0.5, 1.0)
+        ).sum()
     return _HalfCauchyPairKL.apply(loc, sigma, float(rate))
 
 

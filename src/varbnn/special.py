@@ -505,11 +505,15 @@ def _ratio_derivative(nu: Tensor, z: Tensor, r: Tensor) -> Tensor:
 class _BesselRatio(torch.autograd.Function):
     """R_nu(z) = I_nu(z) / I_{nu-1}(z); dR/dz = 1 - (2 nu - 1) R / z - R^2 (from the recurrences)."""
 
+    generate_vmap_rule = True  # forward and setup_context apart: usable under torch.func transforms too
+
     @staticmethod
-    def forward(ctx, nu: Tensor, z: Tensor) -> Tensor:  # type: ignore[override]
-        out = _elementwise(_scalar_ratio, nu, z) if _scalar_path(z) else _accurate_ratio(nu, z)
-        ctx.save_for_backward(nu, z, out)
-        return out
+    def forward(nu: Tensor, z: Tensor) -> Tensor:  # type: ignore[override]
+        return _elementwise(_scalar_ratio, nu, z) if _scalar_path(z) else _accurate_ratio(nu, z)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(*inputs, output)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:  # type: ignore[override]
@@ -521,13 +525,18 @@ class _LogBessel(torch.autograd.Function):
     """log I_nu(z) (``over_power=False``; d/dz = I'_nu / I_nu = R_{nu+1}(z) + nu / z, no cancellation) or
     log(I_nu(z) / z^nu) (``over_power=True``; d/dz = R_{nu+1}(z): the nu / z terms cancel analytically)."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, nu: Tensor, z: Tensor, over_power: bool) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(nu, z)
-        ctx.over_power = over_power
+    def forward(nu: Tensor, z: Tensor, over_power: bool) -> Tensor:  # type: ignore[override]
         if _scalar_path(z):
             return _elementwise(_scalar_log_iv_over_power if over_power else _scalar_log_iv, nu, z)
         return _accurate_log_iv_over_power(nu, z) if over_power else _accurate_log_iv(nu, z)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, bool], output: Tensor) -> None:
+        nu, z, ctx.over_power = inputs
+        ctx.save_for_backward(nu, z)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor, None]:  # type: ignore[override]
@@ -543,14 +552,17 @@ class _LogNormalizerAndRatio(torch.autograd.Function):
     length (nu = d/2 - 1). Both derivatives are closed forms of the ratio (d/dz log(I_nu / z^nu) = R_{nu+1},
     dR_{nu+1}/dz = 1 - (2 nu + 1) R / z - R^2), so the backward pass evaluates no Bessel function."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(nu: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         if _scalar_path(z):
-            log_iv, ratio = _elementwise(_scalar_log_iv_over_power, nu, z), _elementwise(_scalar_ratio, nu + 1, z)
-        else:
-            log_iv, ratio = _accurate_log_iv_over_power(nu, z), _accurate_ratio(nu + 1, z)
-        ctx.save_for_backward(nu, z, ratio)
-        return log_iv, ratio
+            return _elementwise(_scalar_log_iv_over_power, nu, z), _elementwise(_scalar_ratio, nu + 1, z)
+        return _accurate_log_iv_over_power(nu, z), _accurate_ratio(nu + 1, z)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+        ctx.save_for_backward(*inputs, output[1])
 
     @staticmethod
     def backward(ctx, grad_log: Tensor | None, grad_ratio: Tensor | None) -> tuple[None, Tensor]:  # type: ignore[override]

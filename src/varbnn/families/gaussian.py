@@ -312,11 +312,12 @@ def normal_kl_from_stats(
     :func:`fused_normal_kl`, with the sigma part's gradient flowing into the statistics' fused node."""
     if prior_scale.dim() != 0:
         raise ValueError(f"normal_kl_from_stats needs a scalar prior scale, got shape {tuple(prior_scale.shape)}")
-    if not (prior_scale.requires_grad or prior_loc.requires_grad):  # one node with a closed-form backward
+    plain = _functorch_active()  # a torch.func transform: plain operations (the Functions are not transform-ready)
+    if not (plain or prior_scale.requires_grad or prior_loc.requires_grad):  # one node with a closed-form backward
         return _NormalKLFromStats.apply(loc, sum_log_sigma, sum_sq_sigma, prior_loc, prior_scale, var_scale)
     n = loc.numel()
     half_precision = 0.5 / prior_scale.square()
-    quadratic = _SquaredDistance.apply(loc, prior_loc)
+    quadratic = (loc - prior_loc).square().sum() if plain else _SquaredDistance.apply(loc, prior_loc)
     if var_scale != 1.0:
         sum_sq_sigma = sum_sq_sigma * var_scale
     return n * prior_scale.log() - sum_log_sigma + (sum_sq_sigma + quadratic) * half_precision - 0.5 * n
