@@ -505,7 +505,8 @@ def _ratio_derivative(nu: Tensor, z: Tensor, r: Tensor) -> Tensor:
 class _BesselRatio(torch.autograd.Function):
     """R_nu(z) = I_nu(z) / I_{nu-1}(z); dR/dz = 1 - (2 nu - 1) R / z - R^2 (from the recurrences)."""
 
-    generate_vmap_rule = True  # forward and setup_context apart: usable under torch.func transforms too
+    generate_vmap_rule = True  # forward apart from setup_context: usable under torch.func.grad and vjp (not under vmap
+    # of batched arguments: the CPU scalar path reads values and the two-branch path indexes by masks)
 
     @staticmethod
     def forward(nu: Tensor, z: Tensor) -> Tensor:  # type: ignore[override]
