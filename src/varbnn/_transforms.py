@@ -1,6 +1,7 @@
-"""Whether a torch.func transform (vmap, grad, jacrev, ...) is active: the hand-written autograd Functions of the
-families are not transform-ready (no ``setup_context``), so under a transform their callers take plain torch
-operations with the same values, which autograd and vmap handle by themselves."""
+"""Whether a torch.func transform (vmap, grad, jacrev, ...) is active: most hand-written autograd Functions of the
+families and KLs are not transform-ready (no ``setup_context``; the Bessel Functions of :mod:`varbnn.special` are, for
+grad and vjp), so under a transform their callers take plain torch operations with the same values, which autograd
+and vmap handle by themselves."""
 
 from __future__ import annotations
 
