@@ -155,6 +155,7 @@ def test_posthoc_quick_run_adds_rank_k_rows_and_figures(data_dir, tmp_path):
     result = run_experiment(get_config("ktied-posthoc", quick=True), out_dir=tmp_path, data_dir=str(data_dir), progress=False)
     labels = [r["variant"] for r in result["rows"]]
     assert labels == ["mean-field"] + [f"mean-field, stds -> rank-{k}" for k in (1, 2, 3)]
+    assert list(result["variant_devices"].values()) == [["mean-field"]] and len(result["run_commits"]) == 1
     assert all(r["nelbo"] > 0 for r in result["rows"])
     for figure in ("variance_explained", "std_heatmaps"):
         assert (tmp_path / f"ktied-posthoc_{figure}.png").stat().st_size > 1000
@@ -173,6 +174,32 @@ def test_render_markdown_puts_traces_in_their_own_table():
     text = render_markdown(result)
     assert "| variant | accuracy |" in text and "0.5 ± 0.1" in text
     assert "| variant | snr@10 |" in text
+
+
+def test_a_page_names_the_devices_and_commits_that_trained_its_runs():
+    from varbnn.experiments.runner import _run_provenance
+
+    records = [
+        {"variant": "plain", "seed": 0, "commit": "c2", "device": "cuda: H200"},
+        {"variant": "plain", "seed": 1, "commit": "c1", "device": "cuda: H200"},
+        {"variant": "ensemble, 5", "seed": 0, "commit": "c2", "device": "cpu: EPYC"},
+    ]
+    provenance = _run_provenance(records)
+    assert provenance == {
+        "run_commits": ["c1", "c2"],
+        "run_devices": ["cpu: EPYC", "cuda: H200"],
+        "variant_devices": {"cuda: H200": ["plain"], "cpu: EPYC": ["ensemble, 5"]},
+    }
+    result = {"name": "x", "command": "c", "commit": "h", "device": "cpu", "seconds": 1.0, "config": {}, "rows": []}
+    lines = render_markdown({**result, **provenance}).splitlines()
+    assert "- commits that trained the runs: `c1`, `c2`" in lines
+    assert (
+        "- devices that trained the runs: cuda: H200 (plain); cpu: EPYC (ensemble, 5). Times (`train_seconds`, "
+        "`predict_seconds`) compare only between runs of one device"
+    ) in lines
+    one = render_markdown({**result, **_run_provenance(records[:2])}).splitlines()
+    assert "- device that trained the runs: cuda: H200" in one and not any("compare only" in line for line in one)
+    assert not any("trained the runs" in line for line in render_markdown(result).splitlines())  # an older result
 
 
 def _pruned_result() -> dict:

@@ -382,7 +382,8 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
         "",
         result["config"].get("description", ""),
         "",
-        *provenance_lines(result),
+        *provenance_lines(result, runs_note="variant_devices" in result, run_commits=True),
+        *_device_lines(result),
     ]
     if "n_train" in result:
         lines.append(f"- training examples: {result['n_train']}, optimizer steps per run: {result['steps']}")
@@ -408,6 +409,22 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
     for figure in result.get("figures", []):
         lines += ["", f"![{figure}]({figure})"]
     return "\n".join(lines) + "\n"
+
+
+def _device_lines(result: Mapping[str, Any]) -> list[str]:
+    """The bullet naming the devices that trained a generic runner page's runs (``variant_devices``: each device's
+    variant labels), with a warning that times compare only within a device when there are several; nothing for a
+    result saved before runs recorded it."""
+    by_device = result.get("variant_devices")
+    if not by_device:
+        return []
+    if len(by_device) == 1:
+        return [f"- device that trained the runs: {next(iter(by_device))}"]
+    parts = "; ".join(f"{device} ({', '.join(labels)})" for device, labels in by_device.items())
+    return [
+        f"- devices that trained the runs: {parts}. Times (`train_seconds`, `predict_seconds`) compare only between "
+        "runs of one device"
+    ]
 
 
 _RESULT_KEYS = ("name", "rows", "config", "command", "commit", "device", "seconds")

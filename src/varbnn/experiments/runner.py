@@ -15,7 +15,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -283,10 +283,27 @@ def run_experiment(
         "figures": figures,
         "rows": rows,
         "traces": traces,
+        **_run_provenance([done[k] for k in runs if k in done]),
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / f"{config.name}.md").write_text(render_markdown(result))
     return result
+
+
+def _run_provenance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Where the saved runs ``records`` (lines of a ``_runs.jsonl`` file) were trained: ``run_commits`` and
+    ``run_devices`` (sorted, each once) and ``variant_devices`` (each device's variant labels, in the records' order),
+    so that a page assembled from runs of several machines (e.g. part on a GPU, part on the CPU) says which is which."""
+    by_device: dict[str, list[str]] = {}
+    for record in records:
+        labels = by_device.setdefault(str(record.get("device", "unknown")), [])
+        if record["variant"] not in labels:
+            labels.append(record["variant"])
+    return {
+        "run_commits": sorted({str(r["commit"]) for r in records if r.get("commit")}),
+        "run_devices": sorted(by_device),
+        "variant_devices": by_device,
+    }
 
 
 def _data(config: ExperimentConfig, data_dir: str | None) -> dict[str, Any]:
