@@ -790,6 +790,15 @@ def test_uncertainty_goals_are_judged_from_the_rows():
     assert "- (a) every family's NLL and ECE below the plain network's: not measured (no runs yet for KT)" in partial
     assert partial.count("judged without KT") == 2
     assert "not measured" not in "\n".join(goal_lines({"rows": rows, "config": {"variants": variants[:-1]}}))
+    # runs from two devices: times are not compared across them
+    on_two = {"cuda: H200": ["plain", "T", "MCD", "MF", "R"], "cpu: EPYC": ["ens"]}
+    page = "\n".join(goal_lines({"rows": rows, "variant_devices": on_two}))
+    assert "| ens | 0.0350 | 0.0060 | 0.9500 | 0.5000 | – | 1.00 |" in page and "| MF | 0.0380 |" in page
+    assert "| R | 0.0490 | 0.0090 | 0.9300 | 0.5000 | 1.10 |" in page
+    c = goals(rows, devices={"MF": frozenset({"cuda: H200"}), "ens": frozenset({"cpu: EPYC"})})[2]
+    assert c[1] is None and "not compared" in c[2] and "1.09 x" in c[2]  # NLL within 10%: the cost decides, unmeasured
+    rows[4]["nll"] = 0.04
+    assert goals(rows, devices={"MF": frozenset({"cuda: H200"}), "ens": frozenset({"cpu: EPYC"})})[2][1] is False
 
 
 def test_a_variant_added_to_the_table_leaves_the_other_records_and_checkpoints_standing(tmp_path):

@@ -6,6 +6,10 @@ All three compare means over the seeds run (the tables give each standard error)
 (b) the best family (lowest NLL) below plain + temperature scaling and MC dropout on NLL, and above both on OOD AUROC
     (by predictive entropy, the score every method has);
 (c) the best family's NLL within 10% of the 5-member deep ensemble's, at no more than half its training time.
+
+Training times compare only between runs of one device: where a result names the devices that trained each variant
+(``variant_devices``, e.g. a page assembled from GPU and CPU runs), a row trained elsewhere than the row it is compared
+with gets no time ratio, and goal (c) judges only the NLL part (its cost part is then not measured).
 """
 
 from __future__ import annotations
@@ -22,10 +26,31 @@ def _one(rows: list[dict[str, Any]], family: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def goals(rows: list[dict[str, Any]], missing: list[str] | None = None) -> list[tuple[str, bool | None, str]]:
+def _devices_by_variant(result: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """Each variant label's training devices, from a result's ``variant_devices`` (empty when it has none)."""
+    out: dict[str, set[str]] = {}
+    for device, labels in (result.get("variant_devices") or {}).items():
+        for label in labels:
+            out.setdefault(label, set()).add(device)
+    return {label: frozenset(devices) for label, devices in out.items()}
+
+
+def _same_device(a: dict[str, Any], b: dict[str, Any], devices: dict[str, frozenset[str]] | None) -> bool:
+    """Whether rows ``a`` and ``b`` were trained on one device (assumed when the result does not say)."""
+    if not devices:
+        return True
+    da, db = devices.get(a["variant"]), devices.get(b["variant"])
+    return da is None or db is None or (len(da) == 1 and da == db)
+
+
+def goals(
+    rows: list[dict[str, Any]], missing: list[str] | None = None, devices: dict[str, frozenset[str]] | None = None
+) -> list[tuple[str, bool | None, str]]:
     """``(goal, met, evidence)`` for goals (a), (b), (c); ``met`` is None when a row the goal needs is missing.
     ``missing``: the labels of family variants of the config without any run yet (a partial result): goal (a) is then
-    not judged, and the evidence of (b) and (c) names them (their best family is the best of the rows present)."""
+    not judged, and the evidence of (b) and (c) names them (their best family is the best of the rows present).
+    ``devices``: each variant label's training devices; when the best family and the ensemble differ, (c) judges the
+    NLL alone: ``met`` is False if the NLL misses, else None (the cost is not measured)."""
     plain, temperature = _one(rows, "plain"), _one(rows, "temperature")
     dropout, ensemble = _one(rows, "mc-dropout"), _one(rows, "ensemble")
     families = [r for r in rows if r.get("family") not in ("plain", *BASELINES)]  # the varbnn families
@@ -62,12 +87,14 @@ def goals(rows: list[dict[str, Any]], missing: list[str] | None = None) -> list[
     if best is None or ensemble is None:
         out.append((goal_c, None, "the ensemble row or the family rows are missing"))
     else:
-        ratio, cost = best["nll"] / ensemble["nll"], best["train_seconds"] / ensemble["train_seconds"]
-        evidence = (
-            f"{best['variant']}: NLL {ratio:.2f} x the ensemble's ({best['nll']:.4f} vs {ensemble['nll']:.4f}), training "
-            f"time {cost:.2f} x"
-        )
-        out.append((goal_c, ratio <= 1.1 and cost <= 0.5, evidence))
+        ratio = best["nll"] / ensemble["nll"]
+        evidence = f"{best['variant']}: NLL {ratio:.2f} x the ensemble's ({best['nll']:.4f} vs {ensemble['nll']:.4f}), "
+        if _same_device(best, ensemble, devices):
+            cost = best["train_seconds"] / ensemble["train_seconds"]
+            out.append((goal_c, ratio <= 1.1 and cost <= 0.5, evidence + f"training time {cost:.2f} x"))
+        else:
+            evidence += "training time not compared: the two were trained on different devices"
+            out.append((goal_c, False if ratio > 1.1 else None, evidence))
     if missing:
         out = [(g, met, f"{evidence}; judged without {', '.join(missing)}") if g != goal_a else (g, met, evidence)
                for g, met, evidence in out]  # fmt: skip
@@ -78,6 +105,7 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
     """The page section: the cost of every row relative to the plain network, then the goals with their verdicts."""
     rows = result["rows"]
     plain = _one(rows, "plain")
+    devices = _devices_by_variant(result)
     lines = ["## Against the goals", ""]
     if plain is not None:
         lines += [
@@ -85,16 +113,18 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
             "|---|---|---|---|---|---|---|",
         ]
         for r in rows:
+            cost = f"{r['train_seconds'] / plain['train_seconds']:.2f}" if _same_device(r, plain, devices) else "–"
             lines.append(
                 f"| {r['variant']} | {r['nll']:.4f} | {r['ece']:.4f} | {r.get('ood_auroc_entropy', float('nan')):.4f} | "
-                f"{r.get('ood_auroc_mi', float('nan')):.4f} | {r['train_seconds'] / plain['train_seconds']:.2f} | "
-                f"{r.get('predict_seconds', float('nan')):.2f} |"
+                f"{r.get('ood_auroc_mi', float('nan')):.4f} | {cost} | {r.get('predict_seconds', float('nan')):.2f} |"
             )
         lines.append("")
+        if any(not _same_device(r, plain, devices) for r in rows):
+            lines += ["–: trained on another device than the plain network (see the devices above).", ""]
     verdict = {True: "**met**", False: "**not met**", None: "not measured"}
     present = {r.get("variant") for r in rows}
     expected = [v for v in result.get("config", {}).get("variants", []) if v.get("family") not in ("plain", *BASELINES)]
     missing = [str(v["label"]) for v in expected if v.get("label") not in present]
-    lines += [f"- {goal}: {verdict[met]} ({evidence})" for goal, met, evidence in goals(rows, missing)]
+    lines += [f"- {goal}: {verdict[met]} ({evidence})" for goal, met, evidence in goals(rows, missing, devices)]
     lines += ["", "Means over the seeds run; the standard errors are in the table above."]
     return lines
