@@ -502,6 +502,33 @@ def test_wood_sample_closed_form_backward_matches_autograd_of_the_formula(dim, m
     assert torch.autograd.gradcheck(lambda k: vmf.wood_sample(dim, k)[:2], (kappa,))
 
 
+@pytest.mark.parametrize("dim", [2, 3, 50])
+def test_wood_sample_under_torch_func_is_finite_at_proposals_of_exactly_0_and_1(dim, monkeypatch):
+    """A Beta proposal can round to exactly 0 or 1 (most likely for d = 2, Beta(1/2, 1/2)). The closed-form Function
+    has finite values and gradients there; the plain operations a torch.func transform takes had NaN (sqrt's and log's
+    derivatives at 0, and a score of -inf - -inf): they now equal the Function's."""
+    from torch.func import grad
+
+    from varbnn.distributions import vmf
+
+    eps = torch.tensor([0.0, 1.0, 0.3], dtype=torch.float64)
+    monkeypatch.setattr(vmf, "wood_accepted_proposals", lambda d, k, rounds: eps.clone())
+    a_d = torch.tensor(0.6, dtype=torch.float64)
+
+    def loss(kappa):
+        omega, sin_theta, score = vmf.wood_sample(dim, kappa, score=True, resultant=a_d)
+        return (0.3 * omega - 1.2 * sin_theta + 0.7 * score).sum()
+
+    kappa = torch.tensor([4.0, 4.0, 4.0], dtype=torch.float64)
+    under_func = grad(loss)(kappa)
+    eager = kappa.clone().requires_grad_(True)
+    loss(eager).backward()
+    assert torch.isfinite(under_func).all()
+    # the clamp moves 0 and 1 by 2e-16, hence sin_theta ~ sqrt(eps (1 - eps)) by 1e-8: the gradients agree to that size
+    torch.testing.assert_close(under_func, eager.grad, rtol=1e-7, atol=1e-7)
+    assert grad(lambda k: vmf.wood_sample(dim, k)[1].sum())(kappa).isfinite().all()  # without the score
+
+
 def test_draws_under_vmap_equal_the_draws_one_by_one():
     """Under torch.func.vmap (``varbnn.predict``'s batched draws) the Householder map takes plain operations, since
     its autograd Function is not transform-ready: with the same noise, the batched draws equal the draws one by one;

@@ -258,6 +258,10 @@ def wood_sample(
     """
     eps = wood_accepted_proposals(dim, kappa, max_rounds)
     plain = functorch_active()  # a torch.func transform: plain operations, differentiated by autograd
+    if plain:  # a proposal of (nearly) 0 or 1 made sqrt's and log's derivatives (and the score) NaN or infinite there;
+        # the Function's closed form has no such point; the clamp moves only proposals within 2e-16 of an end
+        floor = torch.finfo(eps.dtype).eps
+        eps = eps.clamp(floor, 1 - floor)
     if not score:
         if plain:
             omega, sin_theta, _ = _wood_values(kappa, eps, dim)
