@@ -18,7 +18,9 @@
 # are merged into one runs file with the first seed's figure data and the page is rendered there (--no-train): $OUT
 # holds NAME_runs.jsonl, the page (NAME.md, NAME.json, its figures) and log.txt, and $OUT/logs.tgz the processes' logs.
 #
-# The runs share the GPU with each other, so their train_seconds are not speed measurements.
+# The runs share the GPU with each other, so their train_seconds are not speed measurements. COMPILE=1 trains with
+# fit(compile=True) (--compile): RDP's LeNet-5 step is 6.7x (row) / 8.6x (double) faster compiled on an H200
+# (benchmarks/results/step-time/step_time_lenet5_rdp_compiled_cuda.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 name="${NAME:?NAME: the experiment, e.g. uncertainty-fmnist}"
@@ -38,6 +40,8 @@ export VARBNN_DATA="${VARBNN_DATA:-$PWD/.data}"
 export VARBNN_COMMIT="${VARBNN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
+compiled=()  # COMPILE=1: train with fit(compile=True) (--compile; several-fold faster RDP steps on a GPU)
+[ "${COMPILE:-0}" = 1 ] && compiled=(--compile)
 mkdir -p "$out" "$work"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; \
   "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; \
@@ -52,7 +56,7 @@ while IFS= read -r group; do
         folder="$work/g${index}-s${k}"
         mkdir -p "$folder"
         echo "[gpu_reproduce] $folder: shard $k/$n of: $labels" | tee -a "$out/log.txt"
-        "$python" -m varbnn.cli reproduce "$name" "${quick[@]}" --device "$device" --variants "$labels" \
+        "$python" -m varbnn.cli reproduce "$name" "${quick[@]}" "${compiled[@]}" --device "$device" --variants "$labels" \
             --shard "$k/$n" --out "$folder" --no-progress >>"$folder/log.txt" 2>&1 &
         pids+=("$!")
     done

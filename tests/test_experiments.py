@@ -635,6 +635,41 @@ def _baselines_config() -> ExperimentConfig:
     )
 
 
+def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, monkeypatch):
+    """``compile`` reaches every ``fit`` of the runs (plain, a family, the plain network a post-hoc run starts from),
+    each record says it, the page counts the compiled step as a device of its own, and it is not part of the protocol:
+    an eager invocation finds the compiled runs done. (fit(compile=True) itself is tested in test_compile.py; here
+    ``fit`` is spied on and runs eagerly.)"""
+    from varbnn.experiments import runner
+
+    seen = []
+    real_fit = runner.fit
+
+    def spy(*args, compile=False, **kwargs):
+        seen.append(compile)
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "fit", spy)
+    config = dataclasses.replace(
+        _baselines_config(),
+        variants=(Variant("plain", family="plain"), Variant("mf", family="meanfield"), Variant("T", family="temperature")),
+        epochs=1,
+    )
+    result = run_experiment(config, out_dir=tmp_path, progress=False, compile="max-autotune")
+    assert seen == ["max-autotune"] * 3
+    records = [json.loads(line) for line in (tmp_path / "baselines_runs.jsonl").read_text().splitlines()]
+    assert [r["compile"] for r in records] == ["max-autotune"] * 3
+    assert all(d.endswith(", compiled step (max-autotune)") for d in result["variant_devices"])
+    seen.clear()
+    run_experiment(config, out_dir=tmp_path, progress=False)
+    assert seen == []  # the same protocol: nothing to train again
+    with pytest.raises(ValueError, match=r"compile must be True, False or one of the modes \['default'"):
+        run_experiment(config, out_dir=tmp_path, progress=False, compile="fast")
+    graves = dataclasses.replace(config, variants=(Variant("g", family_options={"estimator": "graves"}),))
+    with pytest.raises(ValueError, match=r"compile is not available for \['g'\].*--variants"):
+        run_experiment(graves, out_dir=tmp_path / "g", progress=False, compile=True)
+
+
 def test_baselines_run_through_the_same_runner(tmp_path):
     """Temperature scaling, MC dropout, a deep ensemble and last-layer Laplace as variants of one config: trained and
     evaluated by the generic loop, resumable, with their own checkpoint per ensemble member."""

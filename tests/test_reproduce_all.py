@@ -108,6 +108,7 @@ def test_set_overrides_typed_fields_and_variants_picks_the_runs(data_dir, tmp_pa
         (["--set", "nope=1"], "--set nope: not a settable field of ExperimentConfig; allowed: ["),
         (["--set", "epochs"], "--set expects FIELD=VALUE"),
         (["--variants", "plain,Nope"], "unknown variants ['Nope']"),
+        (["--compile", "fast"], "compile must be True, False or one of the modes ['default', 'reduce-overhead'"),
     ):
         with pytest.raises(SystemExit):
             main([*args, *bad])
@@ -115,6 +116,9 @@ def test_set_overrides_typed_fields_and_variants_picks_the_runs(data_dir, tmp_pa
     with pytest.raises(SystemExit):
         main(["reproduce", "soap-bubble", "--quick", "--set", "nope=1"])
     assert "not a settable field of SoapBubbleConfig" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "soap-bubble", "--quick", "--compile"])
+    assert "--compile: supported by the generic runner's configs" in capsys.readouterr().err
 
 
 ENGINE_OPTIONS = ("device", "out_dir", "data_dir", "progress", "command", "shard", "train", "workers", "distributed")

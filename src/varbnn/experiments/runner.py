@@ -177,10 +177,16 @@ def run_experiment(
     train: bool = True,
     workers: int = 1,
     only: Sequence[str] | None = None,
+    compile: bool | str = False,
 ) -> dict[str, Any]:
     """Train and evaluate every variant of ``config`` for every seed (``only``: just the runs of these variant labels;
     the page still shows every run saved); write JSON, Markdown and figures to ``out_dir``
     (default: ``benchmarks/results/NAME/``, see :func:`~varbnn.experiments.config.results_dir`).
+
+    ``compile``: train with ``fit(compile=...)`` (``True`` or a torch.compile mode; see :func:`varbnn.fit`), a runtime
+    choice like the device: not part of the protocol, so a compiled run resumes an eager one's checkpoint and the other
+    way round. Each record it trains says ``"compile"``, and the page counts a compiled step as a device of its own
+    (times compare only within one). Refused for a variant with the Graves estimator, which ``fit`` cannot compile.
 
     The runs, one per (variant label, seed), go through :mod:`varbnn.experiments.engine`: each finished run is one line
     of ``OUT/NAME_runs.jsonl`` (a rerun skips it; a killed invocation keeps it, and the run in progress resumes from
@@ -206,6 +212,8 @@ def run_experiment(
     unknown = sorted(set(only or ()) - set(labels))
     if unknown:
         raise ValueError(f"{config.name}: unknown variants {unknown}; allowed: {labels}")
+    if compile is not False and train:
+        _check_compile(config, only, compile)
     protocols = {v.label: _protocol(config, v) for v in config.variants}
     runs = expand(variant=labels, seed=config.seeds)
     known = set(runs)
@@ -213,7 +221,7 @@ def run_experiment(
         Path(out_dir), config.name, key=lambda r: (r.get("variant"), r.get("seed")),
         protocol=lambda k: protocols[k[0]] if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
     )  # fmt: skip
-    run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress)
+    run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress, compile=compile)
     if train:
         pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
         post_hoc = {v.label for v in config.variants if v.family in POST_HOC or v.convert_epochs}
@@ -290,13 +298,39 @@ def run_experiment(
     return result
 
 
+def _check_compile(config: ExperimentConfig, only: Sequence[str] | None, compile: bool | str) -> None:
+    """Refuse ``compile`` (a ``ValueError`` naming the argument and its values) when it is not ``True`` or a mode of
+    :func:`varbnn.fit`, or when a variant to run uses the Graves estimator (``fit`` cannot compile it)."""
+    from varbnn.train import _COMPILE_MODES
+
+    if not (compile is True or (isinstance(compile, str) and compile in _COMPILE_MODES)):
+        raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
+    graves = [v.label for v in config.variants
+              if (only is None or v.label in only) and v.family_options.get("estimator") == "graves"]  # fmt: skip
+    if graves:
+        raise ValueError(
+            f"{config.name}: compile is not available for {graves} (the Graves estimator's per-example gradients do not "
+            "come from the loss's backward); run them without it, e.g. leave them out with --variants"
+        )
+
+
+def _device_label(record: Mapping[str, Any]) -> str:
+    """A record's device for the page, with ``, compiled step`` when it trained with ``fit(compile=...)``."""
+    device = str(record.get("device", "unknown"))
+    compiled = record.get("compile")
+    if compiled:
+        device += ", compiled step" + (f" ({compiled})" if isinstance(compiled, str) and compiled != "default" else "")
+    return device
+
+
 def _run_provenance(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Where the saved runs ``records`` (lines of a ``_runs.jsonl`` file) were trained: ``run_commits`` and
     ``run_devices`` (sorted, each once) and ``variant_devices`` (each device's variant labels, in the records' order),
-    so that a page assembled from runs of several machines (e.g. part on a GPU, part on the CPU) says which is which."""
+    so that a page assembled from runs of several machines (e.g. part on a GPU, part on the CPU) says which is which.
+    A compiled training step counts as a device of its own (:func:`_device_label`)."""
     by_device: dict[str, list[str]] = {}
     for record in records:
-        labels = by_device.setdefault(str(record.get("device", "unknown")), [])
+        labels = by_device.setdefault(_device_label(record), [])
         if record["variant"] not in labels:
             labels.append(record["variant"])
     return {
@@ -378,10 +412,12 @@ def _run_seed(
     distributed: bool,
     progress: bool,
     key: tuple[str, int],
+    compile: bool | str = False,
 ) -> dict[str, Any]:
     """Train and evaluate one run, ``key = (variant label, seed)``; its record holds the scores of every evaluated
-    model (the trained one, and its rank-k versions) and the traces. The first seed's run also saves what the figures
-    need (:func:`_figure_data_path`), on the main process only."""
+    model (the trained one, and its rank-k versions) and the traces (and ``compile`` when it trained with
+    ``fit(compile=...)``). The first seed's run also saves what the figures need (:func:`_figure_data_path`), on the
+    main process only."""
     from varbnn import distributed as vdist
 
     label_wanted, seed = key
@@ -401,7 +437,9 @@ def _run_seed(
         loader = DataLoader(TensorDataset(x_train, y_train), batch_size=config.batch_size, shuffle=True)
     plain_seconds = 0.0
     if variant.convert_epochs:  # the user's path: the plain network trained as the plain run trains it, then converted
-        trained_plain, plain_seconds = _train_plain(config, out_dir, seed, loader, n_train, warmup, dev, progress, distributed)
+        trained_plain, plain_seconds = _train_plain(
+            config, out_dir, seed, loader, n_train, warmup, dev, progress, distributed, compile
+        )
         model = build_model(config, variant, trained=trained_plain).to(dev)
     else:
         model = build_model(config, variant).to(dev)
@@ -436,7 +474,7 @@ def _run_seed(
             on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
             on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
             checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
-            mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1,
+            mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1, compile=compile,
         )  # fmt: skip
     selected_epoch = best.restore() if best is not None else None  # before any post-hoc step fits on it
     if variant.family in BASELINES:
@@ -491,6 +529,7 @@ def _run_seed(
         "seed": seed,
         "scores": [[label, scores] for label, scores in scored],
         "traces": tracer.records if tracer is not None else None,
+        **({"compile": "default" if compile is True else compile} if compile is not False else {}),
     }
 
 
@@ -526,7 +565,7 @@ POST_HOC = ("temperature", "laplace")
 
 def _train_plain(
     config: ExperimentConfig, out_dir: str, seed: int, loader: Any, n_train: int, warmup: int, dev: torch.device,
-    progress: bool, distributed: bool,
+    progress: bool, distributed: bool, compile: bool | str = False,
 ) -> tuple[torch.nn.Module, float]:  # fmt: skip
     """The config's plain network for seed ``seed``, trained exactly as the ``plain`` variant's run trains it (its
     finished checkpoint copied and resumed, so nothing is trained twice; else trained here from the same seed), and
@@ -542,7 +581,7 @@ def _train_plain(
     sidecar = Sidecar(checkpoint, None, t0)
     fit(model, loader, n_data=n_train, epochs=config.epochs, device=dev, progress=progress,
         optimizer=make_optimizer(config.optimizer, model.parameters(), config.lr), **_kl_weight(config, warmup, model),
-        checkpoint=checkpoint, resume=True, on_epoch_end=sidecar, distributed=distributed,
+        checkpoint=checkpoint, resume=True, on_epoch_end=sidecar, distributed=distributed, compile=compile,
         checkpoint_extra=lambda: {"traces": sidecar.state()})  # fmt: skip
     return model, sidecar.previous_seconds + time.perf_counter() - t0
 
