@@ -670,6 +670,17 @@ def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, monkey
         run_experiment(graves, out_dir=tmp_path / "g", progress=False, compile=True)
 
 
+def test_a_figure_that_cannot_be_redrawn_is_named_not_dropped_silently(tmp_path, capsys):
+    config = dataclasses.replace(_baselines_config(), variants=(Variant("plain", family="plain"),), epochs=1)
+    (tmp_path / "baselines_reliability.png").write_bytes(b"an earlier figure")
+    (tmp_path / "baselines-other.png").write_bytes(b"another experiment's")
+    result = run_experiment(config, out_dir=tmp_path, progress=False)
+    assert result["figures"] == []
+    err = capsys.readouterr().err
+    assert "[baselines] not redrawn, so left off the page" in err and err.rstrip().endswith(": baselines_reliability.png")
+    assert (tmp_path / "baselines_reliability.png").read_bytes() == b"an earlier figure"
+
+
 def test_baselines_run_through_the_same_runner(tmp_path):
     """Temperature scaling, MC dropout, a deep ensemble and last-layer Laplace as variants of one config: trained and
     evaluated by the generic loop, resumable, with their own checkpoint per ensemble member."""

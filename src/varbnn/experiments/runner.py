@@ -276,9 +276,17 @@ def run_experiment(
     if not vdist.is_main_process():  # rank 0 writes the results
         return {"name": config.name, "rows": rows, "figures": [], "written": False}
     out.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in out.glob("*.png") if p.stem == config.name or p.stem.startswith(f"{config.name}_")}
     figures = _figures(
         config, out, first_seed_predictions, first_seed_models, traces, validation_cuts, first_seed_entropies, rows
     )
+    stale = sorted(before - set(figures))
+    if stale:  # e.g. a page rendered where the first seed's figure data (next to the checkpoints) is not
+        print(
+            f"[{config.name}] not redrawn, so left off the page (their data is not under {out}/.checkpoints; the files "
+            f"stay as they were): {', '.join(stale)}",
+            file=sys.stderr,
+        )
     result = {
         "name": config.name,
         "command": command or "varbnn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
