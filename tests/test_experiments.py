@@ -665,6 +665,8 @@ def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, monkey
     assert seen == []  # the same protocol: nothing to train again
     with pytest.raises(ValueError, match=r"compile must be True, False or one of the modes \['default'"):
         run_experiment(config, out_dir=tmp_path, progress=False, compile="fast")
+    with pytest.raises(ValueError, match="compile is not available with distributed training"):
+        run_experiment(config, out_dir=tmp_path / "d", progress=False, compile=True, distributed=True)
     graves = dataclasses.replace(config, variants=(Variant("g", family_options={"estimator": "graves"}),))
     with pytest.raises(ValueError, match=r"compile is not available for \['g'\].*--variants"):
         run_experiment(graves, out_dir=tmp_path / "g", progress=False, compile=True)

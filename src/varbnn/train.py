@@ -1115,6 +1115,16 @@ def _accumulated_elbo_gradient(
 _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def compile_mode(compile: bool | str) -> str:
+    """The torch.compile mode of ``fit(compile=...)``'s value (``True``: ``"default"``; a mode string as it is), or a
+    ``ValueError`` naming the allowed values (``False`` is not a mode: the caller skips compiling)."""
+    if compile is True:
+        return "default"
+    if isinstance(compile, str) and compile in _COMPILE_MODES:
+        return compile
+    raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
+
+
 def _own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` with a code object of its own. torch.compile keeps its cache of compiled graphs, and counts
     recompilations against ``torch._dynamo.config.recompile_limit`` (8), per code object: every ``fit(compile=True)``
@@ -1144,14 +1154,7 @@ def _compiled_elbo_step(
     on every device but the CPU) lets inductor draw the noise in its kernels; otherwise eager's generator draws it.
     ``backend`` another torch.compile backend (the tests trace every family with ``"aot_eager"``: the same graph
     capture and compiled backward, without inductor's slow code generation)."""
-    if isinstance(compile, str):
-        if compile not in _COMPILE_MODES:
-            raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
-        mode = compile
-    elif compile is True:
-        mode = "default"
-    else:
-        raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
+    mode = compile_mode(compile)
     if graves:
         raise ValueError(
             "compile= is not available with MeanField(estimator='graves'): its per-example Fisher gradients "

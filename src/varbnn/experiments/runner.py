@@ -202,6 +202,8 @@ def run_experiment(
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
     out_dir = results_dir(config.name, out_dir)
+    if compile is not False and train:
+        _check_compile(config, only, compile, distributed)
     dev, world = processes(device, distributed, workers)
     progress = progress and vdist.is_main_process()
     data = _data(config, data_dir)
@@ -212,8 +214,6 @@ def run_experiment(
     unknown = sorted(set(only or ()) - set(labels))
     if unknown:
         raise ValueError(f"{config.name}: unknown variants {unknown}; allowed: {labels}")
-    if compile is not False and train:
-        _check_compile(config, only, compile)
     protocols = {v.label: _protocol(config, v) for v in config.variants}
     runs = expand(variant=labels, seed=config.seeds)
     known = set(runs)
@@ -306,13 +306,15 @@ def run_experiment(
     return result
 
 
-def _check_compile(config: ExperimentConfig, only: Sequence[str] | None, compile: bool | str) -> None:
-    """Refuse ``compile`` (a ``ValueError`` naming the argument and its values) when it is not ``True`` or a mode of
-    :func:`varbnn.fit`, or when a variant to run uses the Graves estimator (``fit`` cannot compile it)."""
-    from varbnn.train import _COMPILE_MODES
+def _check_compile(config: ExperimentConfig, only: Sequence[str] | None, compile: bool | str, distributed: bool) -> None:
+    """Refuse ``compile`` before any run starts (a ``ValueError``) where ``fit`` would refuse it in the first run: not
+    ``True`` or a mode (:func:`varbnn.train.compile_mode`), with distributed training, or for a variant to run that
+    uses the Graves estimator."""
+    from varbnn.train import compile_mode
 
-    if not (compile is True or (isinstance(compile, str) and compile in _COMPILE_MODES)):
-        raise ValueError(f"compile must be True, False or one of the modes {list(_COMPILE_MODES)}, got {compile!r}")
+    compile_mode(compile)
+    if distributed:
+        raise ValueError("compile is not available with distributed training yet (fit refuses it): drop one of the two")
     graves = [v.label for v in config.variants
               if (only is None or v.label in only) and v.family_options.get("estimator") == "graves"]  # fmt: skip
     if graves:
