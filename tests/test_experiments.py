@@ -699,6 +699,36 @@ def test_baselines_run_through_the_same_runner(tmp_path):
     assert {r["variant"]: r["accuracy"] for r in again["rows"]} == {v: r["accuracy"] for v, r in rows.items()}
 
 
+def test_an_ensemble_resumed_in_a_later_member_counts_the_members_trained_before(tmp_path, monkeypatch):
+    """Each member commits the run's training time into its own checkpoint; a run cut off after member 0 and resumed
+    reads it back from there (it used to look for the run's own checkpoint, which an ensemble never writes, and
+    counted only the invocation that finished it). Member 0's committed time is set to 1,000 s to tell them apart."""
+    from varbnn.experiments import hooks
+
+    config = dataclasses.replace(
+        _baselines_config(), variants=(Variant("ensemble", family="ensemble", family_options={"members": 2}),), epochs=1
+    )
+    run_experiment(config, out_dir=tmp_path, progress=False)
+    runs = tmp_path / "baselines_runs.jsonl"
+    first = json.loads(runs.read_text())["scores"][0][1]["train_seconds"]
+    assert 0 < first < 1000
+    runs.unlink()  # cut off after member 0: member 1's checkpoint and the run's record are not there
+    (member1,) = (tmp_path / ".checkpoints").rglob("ensemble-seed0-member1.pt")
+    member1.unlink()
+    real = hooks.committed_state
+
+    def member0_took_1000_seconds(checkpoint):
+        state = real(checkpoint)
+        if state is not None and checkpoint.name.endswith("member0.pt"):
+            state["extra"]["traces"]["train_seconds"] = 1000.0
+        return state
+
+    monkeypatch.setattr(hooks, "committed_state", member0_took_1000_seconds)
+    run_experiment(config, out_dir=tmp_path, progress=False)
+    resumed = json.loads(runs.read_text())["scores"][0][1]["train_seconds"]
+    assert 1000.0 < resumed < 1000.0 + 10 * first
+
+
 @pytest.mark.parametrize(
     "variant, message",
     [
@@ -808,7 +838,7 @@ def test_convert_epochs_is_checked_and_leaves_old_hashes_alone():
 
 
 def test_uncertainty_goals_are_judged_from_the_rows():
-    from varbnn.experiments.uncertainty import goal_lines, goals
+    from varbnn.experiments.uncertainty import comparable_times, goal_lines, goals
 
     def row(variant, family, nll, ece, auroc, seconds):
         return dict(variant=variant, family=family, nll=nll, ece=ece, ood_auroc_entropy=auroc, ood_auroc_mi=0.5,
@@ -847,6 +877,13 @@ def test_uncertainty_goals_are_judged_from_the_rows():
     assert c[1] is None and "not compared" in c[2] and "1.09 x" in c[2]  # NLL within 10%: the cost decides, unmeasured
     rows[4]["nll"] = 0.04
     assert goals(rows, devices={"MF": frozenset({"cuda: H200"}), "ens": frozenset({"cpu: EPYC"})})[2][1] is False
+    # the cost figure's rows: only those trained on the plain network's device
+    shown, other = comparable_times(rows, on_two)
+    assert [r["variant"] for r in shown] == ["plain", "T", "MCD", "MF", "R"] and other == ["ens"]
+    assert "the cost figure leaves these rows out" in page
+    assert comparable_times(rows, None) == (rows, []) and comparable_times(rows[1:], on_two) == (rows[1:], [])
+    mixed = {**on_two, "cpu: EPYC": ["ens", "MF"]}  # MF trained on both: its mean time mixes devices
+    assert comparable_times(rows, mixed)[1] == ["ens", "MF"]
 
 
 def test_a_variant_added_to_the_table_leaves_the_other_records_and_checkpoints_standing(tmp_path):

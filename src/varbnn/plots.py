@@ -9,6 +9,7 @@ This module imports matplotlib, so ``import varbnn`` does not import it: it is l
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,11 @@ def _entropy_panel(ax: plt.Axes, title: str, inside: torch.Tensor, outside: torc
     ax.legend(fontsize=8)
 
 
-def _save(fig: Any, path: str | os.PathLike[str], title: str, dpi: int) -> Path:
+def _save(fig: Any, path: str | os.PathLike[str], title: str, dpi: int, bottom: float = 0.0) -> Path:
+    """Title, lay out (leaving the ``bottom`` fraction free, e.g. for a note), write and close ``fig``."""
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
@@ -131,9 +133,10 @@ def overview_figure(
     return _save(fig, path, title, dpi=110)
 
 
-def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str = "") -> Path:
+def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str = "", note: str = "") -> Path:
     """Test NLL (mean +- standard error over seeds) against training time relative to the plain network's (the row
-    whose ``family`` is ``"plain"``; absolute seconds if there is none), one labelled point per row."""
+    whose ``family`` is ``"plain"``; absolute seconds if there is none), one labelled point per row; ``note`` is
+    printed under the axes (e.g. which rows were left out)."""
     plain = [r for r in rows if r.get("family") == "plain"]
     unit = float(plain[0]["train_seconds"]) if plain else 1.0
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -143,8 +146,13 @@ def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
         ax.errorbar(x, y, yerr=None if error is None or error != error else float(error), fmt="o", capsize=3)
         ax.annotate(str(row["variant"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.LogFormatter())  # "1.25", not "1.25 x 10^0"
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False))
     ax.set(xlabel="training time / plain network's" if plain else "training time (s)", ylabel="test NLL (nats)")
-    return _save(fig, path, title, dpi=120)
+    lines = textwrap.wrap(note, 100)
+    if lines:
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom")
+    return _save(fig, path, title, dpi=120, bottom=0.035 * len(lines))
 
 
 def front_figure(

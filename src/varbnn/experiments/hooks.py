@@ -9,6 +9,7 @@ import io
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,17 +113,24 @@ class Sidecar:
     (``fit(checkpoint_extra=...)``, entry ``"traces"``), so they always belong to the checkpoint's epoch, and read
     back on resume, so a continued run reports the whole run; ``<checkpoint>.traces.json`` holds a readable copy
     (read only for checkpoints written before the traces were committed with them). (The SNR window is not saved: a
-    logged step within ``snr_window`` steps after a resume sees a shorter window.)"""
+    logged step within ``snr_window`` steps after a resume sees a shorter window.)
 
-    def __init__(self, checkpoint: Path | None, tracer: Tracer | None, t0: float) -> None:
+    ``parts``: the checkpoints a run trains one after the other (a deep ensemble's members, each with its own epoch
+    checkpoint, all committing this one state); the state is read back from the last of them that holds one, so a run
+    resumed in a later member still counts the members trained before. Default: ``[checkpoint]``."""
+
+    def __init__(self, checkpoint: Path | None, tracer: Tracer | None, t0: float, parts: Sequence[Path] | None = None) -> None:
         self.path = checkpoint.with_suffix(".traces.json") if checkpoint is not None else None
         self.tracer, self.t0, self.previous_seconds = tracer, t0, 0.0
         self._state: dict[str, Any] = {}
-        committed = committed_state(checkpoint)
         saved: dict[str, Any] | None = None
-        if committed is not None and isinstance(committed.get("extra"), dict) and "traces" in committed["extra"]:
-            saved = committed["extra"]["traces"]
-        elif self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
+        written = [c for c in (parts if parts is not None else [checkpoint]) if c is not None and c.exists()]
+        for part in reversed(written):
+            committed = committed_state(part)
+            if committed is not None and isinstance(committed.get("extra"), dict) and "traces" in committed["extra"]:
+                saved = committed["extra"]["traces"]
+                break
+        if saved is None and self.path is not None and self.path.exists() and written:
             saved = json.loads(self.path.read_text())
         if saved is not None:
             self.previous_seconds = float(saved.get("train_seconds", 0.0))

@@ -277,9 +277,11 @@ def run_experiment(
         return {"name": config.name, "rows": rows, "figures": [], "written": False}
     out.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in out.glob("*.png") if p.stem == config.name or p.stem.startswith(f"{config.name}_")}
+    provenance = _run_provenance([done[k] for k in runs if k in done])
     figures = _figures(
-        config, out, first_seed_predictions, first_seed_models, traces, validation_cuts, first_seed_entropies, rows
-    )
+        config, out, first_seed_predictions, first_seed_models, traces, validation_cuts, first_seed_entropies, rows,
+        provenance["variant_devices"],
+    )  # fmt: skip
     stale = sorted(before - set(figures))
     if stale:  # e.g. a page rendered where the first seed's figure data (next to the checkpoints) is not
         print(
@@ -299,7 +301,7 @@ def run_experiment(
         "figures": figures,
         "rows": rows,
         "traces": traces,
-        **_run_provenance([done[k] for k in runs if k in done]),
+        **provenance,
     }
     (out / f"{config.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / f"{config.name}.md").write_text(render_markdown(result))
@@ -459,7 +461,11 @@ def _run_seed(
     t0 = time.perf_counter()
     checkpoint = _checkpoint_path(config, out_dir, variant, seed) if config.resumable else None
     _reuse_plain_training(config, out_dir, variant, seed, checkpoint)
-    sidecar = Sidecar(checkpoint, tracer, t0)
+    trained = members(model)  # a deep ensemble's members are trained one after the other, each with its checkpoint
+    parts: list[Path | None] = [checkpoint] * len(trained)
+    if checkpoint is not None and len(trained) > 1:
+        parts = [checkpoint.with_name(f"{checkpoint.stem}-member{i}{checkpoint.suffix}") for i in range(len(trained))]
+    sidecar = Sidecar(checkpoint, tracer, t0, parts=[p for p in parts if p is not None])
     best = None
     if config.select_best_of_last:
         best = BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
@@ -472,11 +478,7 @@ def _run_seed(
     def checkpoint_extra(sidecar: Sidecar = sidecar, best: BestOfLast | None = best) -> dict[str, Any]:
         return {"traces": sidecar.state(), **({"best": best.state()} if best is not None else {})}
 
-    trained = members(model)  # a deep ensemble's members are trained one after the other
-    for index, member in enumerate(trained):
-        member_checkpoint = checkpoint
-        if checkpoint is not None and len(trained) > 1:
-            member_checkpoint = checkpoint.with_name(f"{checkpoint.stem}-member{index}{checkpoint.suffix}")
+    for member, member_checkpoint in zip(trained, parts):
         history = fit(
             member, loader, n_data=n_train, epochs=variant.convert_epochs or config.epochs, device=dev, progress=progress,
             optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
@@ -632,7 +634,10 @@ def _figures(
     validation_cuts: dict[str, dict[tuple[str, str], float]] | None = None,
     entropies: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     rows: list[dict[str, Any]] | None = None,
+    variant_devices: dict[str, list[str]] | None = None,
 ) -> list[str]:
+    """Draw ``config.figures``; ``variant_devices`` (from :func:`_run_provenance`): the training time of a row trained on
+    another device than the plain network's is not comparable, so the cost figure leaves such rows out and says so."""
     seed = config.seeds[0]
     paths: list[Path] = []
     if "prune_front" in config.figures and rows:
@@ -642,7 +647,12 @@ def _figures(
         title = f"{config.name}: test error against size, the front and Oh et al.'s Table 2"
         paths.append(front_figure(rows, front_budgets(rows), published, out / f"{config.name}_front.png", title=title))
     if "cost" in config.figures and rows:
-        paths.append(cost_figure(rows, out / f"{config.name}_cost.png", title=f"{config.name}: test NLL against training cost"))
+        from varbnn.experiments.uncertainty import comparable_times
+
+        shown, other = comparable_times(rows, variant_devices)
+        note = f"not shown (trained on another device than the plain network): {', '.join(other)}" if other else ""
+        title = f"{config.name}: test NLL against training cost"
+        paths.append(cost_figure(shown, out / f"{config.name}_cost.png", title=title, note=note))
     if "overview" in config.figures and entropies:
         title = f"{config.name}: calibration on the {config.dataset} test set, and test vs {config.ood_dataset} (seed {seed})"
         paths.append(overview_figure(predictions, entropies, out / f"{config.name}.png", title=title))
