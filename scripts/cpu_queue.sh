@@ -12,13 +12,10 @@
 # records name that commit. The outputs go into this checkout's benchmarks/results/. Render a page from its saved runs
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
-# Order (issue 26 first, then issue 30): the rest of the 20-epoch uncertainty benchmark on Fashion-MNIST, then the
-# LeNet-5 error-FLOPs front (about 4 hours per seed of the posterior). The MNIST 20-epoch benchmark is complete and
-# left out (a rerun with nothing to train would rewrite its page). Fashion-MNIST: 18 of its 30 runs came from an H200
-# (scripts/gpu_reproduce.sh at 91aedf0); the 12 others run here as two one-process invocations side by side, so that
-# no core waits for a seed's slowest run: the three 5-member ensembles (~1.5 h each) into the main folder, and RDP,
-# temperature scaling and Laplace, with the plain network they start from trained again here (so that their
-# post-hoc steps reuse it, and so that the CPU's times have their own plain reference), into 20-epochs-cpu/.
+# Order: the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours in all, smallest set first, split by
+# split, so a partial run still compares every method on the splits it finished), then the LeNet-5 error-FLOPs front
+# (issue 30; about 4 hours per seed of the posterior). The uncertainty benchmarks at 20 epochs are complete and left out
+# (a rerun with nothing to train would rewrite their pages from this checkout's figure data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -37,10 +34,6 @@ reproduce() {  # reproduce NAME OUT WORKERS [ARGS...]: from this checkout (relat
     "$root/.venv/bin/python" -m varbnn.cli reproduce "$1" "${quick[@]}" --workers "$3" --out "$prefix$2" \
         --no-progress "${@:4}"
 }
-fmnist=benchmarks/results/uncertainty-fmnist
-reproduce uncertainty-fmnist "$fmnist/20-epochs" 1 --variants "deep ensemble (5)" &
-reproduce uncertainty-fmnist "$fmnist/20-epochs-cpu" 1 \
-    --variants "plain,RDP,plain + temperature scaling,last-layer Laplace (KFAC)" &
-wait
+reproduce uci-learned benchmarks/results/uci-learned "$workers"
 reproduce lenet5-front benchmarks/results/lenet5-front "$workers"
 echo "[cpu_queue] $(date -u +%FT%TZ) done"
