@@ -12,9 +12,10 @@
 # records name that commit. The outputs go into this checkout's benchmarks/results/. Render a page from its saved runs
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
-# Order: the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours in all, smallest set first, split by
-# split, so a partial run still compares every method on the splits it finished), then the LeNet-5 error-FLOPs front
-# (issue 30; about 4 hours per seed of the posterior). The uncertainty benchmarks at 20 epochs are complete and left out
+# Order: issue 30's radius-prior search on LeNet-5 (five posteriors of 60 epochs, about 4 CPU-thread hours; it chooses
+# the prior the front should add), the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours in all,
+# smallest set first, split by split, so a partial run still compares every method on the splits it finished), then
+# the LeNet-5 error-FLOPs front (issue 30; about 4 hours per seed of the posterior). The uncertainty benchmarks at 20 epochs are complete and left out
 # (a rerun with nothing to train would rewrite their pages from this checkout's figure data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,7 @@ reproduce() {  # reproduce NAME OUT WORKERS [ARGS...]: from this checkout (relat
     "$root/.venv/bin/python" -m varbnn.cli reproduce "$1" "${quick[@]}" --workers "$3" --out "$prefix$2" \
         --no-progress "${@:4}"
 }
+reproduce lenet5-radius-prior benchmarks/results/lenet5-radius-prior "$workers"
 reproduce uci-learned benchmarks/results/uci-learned "$workers"
 reproduce lenet5-front benchmarks/results/lenet5-front "$workers"
 echo "[cpu_queue] $(date -u +%FT%TZ) done"

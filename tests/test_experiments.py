@@ -431,6 +431,30 @@ def test_lenet5_prune_published_differs_from_lenet5_prune_only_in_the_published_
     assert _checkpoint_path(published, "out", published.variants[0], 0) != _checkpoint_path(base, "out", base.variants[0], 0)
 
 
+def test_lenet5_radius_prior_changes_one_thing_per_variant_from_lenet5_prune():
+    """Issue 30's radius-prior search: each posterior differs from lenet5-prune's in one prior scale or in the radius
+    split, and everything else but the run length and the pruning rules (gap and validation only) is lenet5-prune's."""
+    base, search = get_config("lenet5-prune"), get_config("lenet5-radius-prior")
+    reference = base.variants[0]
+    changes = []
+    for variant in search.variants:
+        assert variant.family == reference.family and variant.prior == reference.prior
+        family = {k: v for k, v in variant.family_options.items() if reference.family_options.get(k) != v}
+        prior = {k: v for k, v in variant.prior_options.items() if reference.prior_options.get(k) != v}
+        assert set(variant.family_options) == set(reference.family_options)
+        assert set(variant.prior_options) == set(reference.prior_options)
+        changes.append({**family, **prior})
+    assert changes == [{}, {"local_scale": 1e-3}, {"local_scale": 2e-4}, {"global_scale": 1e-5}, {"radius_init": "even"}]
+    assert search.epochs == 60 and search.prune_budget is None and not search.prune_front
+    assert search.prune_stages == search.prune_finetune_epochs == search.prune_scratch_epochs == 0
+    changed = ("name", "description", "variants", "epochs", "prune_budget", "prune_finetune_epochs", "prune_stages",
+               "prune_scratch_epochs", "figures", "quick")  # fmt: skip
+    for field in dataclasses.fields(base):
+        if field.name not in changed:
+            assert getattr(search, field.name) == getattr(base, field.name), field.name
+    assert len({_checkpoint_path(search, "out", v, 0) for v in search.variants}) == 5
+
+
 def test_lenet5_radius_init_quick_run_shows_the_even_splits_huge_kl(data_dir, tmp_path):
     import warnings
 

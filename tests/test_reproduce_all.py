@@ -47,6 +47,7 @@ RUN_HERE = {
     "ktied-lstm": ("_traces.png",),
     "ktied-snr-anneal": ("_traces.png",),
     "lenet5-prune-published": ("_prune_histograms.png",),
+    "lenet5-radius-prior": ("_prune_histograms.png",),
     "uncertainty-fmnist": (".png", "_cost.png"),
     "uncertainty-mnist-converted": (".png", "_cost.png"),
     "uncertainty-fmnist-converted": (".png", "_cost.png"),

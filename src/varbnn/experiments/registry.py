@@ -354,6 +354,59 @@ register_config(
     )
 )
 
+# Issue 30's untried route to the front: radius priors between lenet5-prune's (half-Cauchy scales 1e-4 / 5e-3,
+# radius_init="prior", KL annealed over 20 epochs: 18-20 of 20 conv1 filters alive after 200 epochs) and the published
+# code's choices (radius_init="even", annealing over 100 epochs: 1 alive). Five posteriors, one change each from
+# lenet5-prune's, trained 60 epochs (20 annealed + 40 at the full KL) on lenet5-prune's split, each pruned by the gap
+# rule and by validation thresholds (no retraining): how many conv1 filters (the FLOPs) each prior leaves, at what
+# error. The prior to carry into lenet5-front is the one whose gap rule keeps 4-8 conv1 filters with the lowest
+# validation error of its validation rule (stated on the page; the test set is not used to choose).
+_RADIUS_PRIORS = (
+    ("lenet5-prune's prior (global 1e-4, local 5e-3)", {}, {}),
+    ("local scale 1e-3", {}, {"local_scale": 1e-3}),
+    ("local scale 2e-4", {}, {"local_scale": 2e-4}),
+    ("global scale 1e-5", {}, {"global_scale": 1e-5}),
+    ("radius_init=even", {"radius_init": "even"}, {}),
+)
+register_config(
+    dataclasses.replace(
+        _LENET,
+        name="lenet5-radius-prior",
+        description=(
+            "Issue 30: LeNet-5 RDP double (lenet5-prune's model and training) under five radius priors, each one change "
+            "from lenet5-prune's (a smaller local or global half-Cauchy scale, or the published code's even radius "
+            "split), 60 epochs; units kept per layer by the gap rule and by validation thresholds, and their errors. "
+            "The prior for lenet5-front is the one whose gap rule keeps 4-8 conv1 filters with the lowest validation "
+            "error (its validation rule's); the test set does not choose."
+        ),
+        variants=tuple(
+            dataclasses.replace(
+                _LENET.variants[0],
+                label=f"RDP double, {label}",
+                family_options={**_LENET.variants[0].family_options, **family},
+                prior_options={**_LENET.variants[0].prior_options, **prior},
+            )
+            for label, family, prior in _RADIUS_PRIORS
+        ),
+        epochs=60,
+        prune_budget=None,
+        prune_finetune_epochs=0,
+        prune_stages=0,
+        prune_scratch_epochs=0,
+        figures=("prune_histograms",),
+        quick={
+            **_LENET.quick,
+            "epochs": 1,
+            "kl_annealing_epochs": 0,
+            "prune_budget": None,
+            "prune_finetune_epochs": 0,
+            "prune_stages": 0,
+            "prune_scratch_epochs": 0,
+            "select_best_of_last": 0,
+        },
+    )
+)
+
 # The paper anneals over its whole ~300-epoch run (beta ~ 0.009 at step 1000); ktied-mnist anneals over its 25 epochs
 # (beta = 0.1 at step 1000). This diagnostic keeps everything else and anneals over 300 epochs' worth of steps, to see
 # how the gradient SNR of the std parameters depends on the KL weight at the logged steps.
