@@ -186,4 +186,3 @@ def test_no_train_without_saved_runs_is_an_error_and_writes_nothing(name, tmp_pa
         main(["reproduce", name, "--quick", "--no-train", "--out", str(tmp_path), "--no-progress"])
     assert "nothing to render" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.md")) and not list(tmp_path.glob("*.json"))
-
