@@ -199,7 +199,9 @@ def test_a_page_names_the_devices_and_commits_that_trained_its_runs():
     ) in lines
     one = render_markdown({**result, **_run_provenance(records[:2])}).splitlines()
     assert "- device that trained the runs: cuda: H200" in one and not any("compare only" in line for line in one)
-    assert not any("trained the runs" in line for line in render_markdown(result).splitlines())  # an older result
+    assert "- device of this invocation: cpu" in lines and "- device of this invocation: cpu" in one
+    older = render_markdown(result).splitlines()  # a result saved before runs recorded their devices
+    assert not any("trained the runs" in line for line in older) and "- device: cpu" in older
 
 
 def _pruned_result() -> dict:

@@ -51,7 +51,7 @@ def test_provenance_lines():
         "- command: `varbnn reproduce x`",
         "- commit: `abc123` (each run's own commit and device are in the `_runs.jsonl` file)",
         "- commits that trained the runs: `c1`, `c2`",
-        "- device: cpu: 2 threads",
+        "- device of this invocation: cpu: 2 threads",
         "- devices that trained the runs: cpu: 1 thread, cuda: H100",
         "- wall time of this invocation: 12 s",
     ]

@@ -77,13 +77,17 @@ def provenance_lines(
     :func:`varbnn.experiments.engine.provenance` gives them; ``seconds`` with ``seconds_digits`` decimals).
     ``runs_note``: the commit's bullet says that each run's own commit and device are in the ``_runs.jsonl`` file;
     ``run_commits`` / ``run_devices``: a bullet listing the result's ``run_commits`` / ``run_devices`` (the commits and
-    devices that trained its runs), left out when the result has none. A result's ``provenance_note`` (a correction of
+    devices that trained its runs), left out when the result has none; the device bullet then says it is this
+    invocation's. A result's ``provenance_note`` (a correction of
     its provenance written into the JSON by hand, e.g. a commit recorded wrongly) is its own bullet."""
     note = " (each run's own commit and device are in the `_runs.jsonl` file)" if runs_note else ""
     lines = [f"- command: `{result['command']}`", f"- commit: `{result['commit']}`{note}"]
     if run_commits and result.get("run_commits"):
         lines.append("- commits that trained the runs: " + ", ".join(f"`{c}`" for c in result["run_commits"]))
-    lines.append(f"- device: {result['device']}")
+    # where the result names the devices that trained its runs, this one is only the invocation's (e.g. the CPU that
+    # rendered a page of GPU runs with --no-train)
+    here = "device of this invocation" if result.get("run_devices") or result.get("variant_devices") else "device"
+    lines.append(f"- {here}: {result['device']}")
     if run_devices and result.get("run_devices"):
         lines.append("- devices that trained the runs: " + ", ".join(result["run_devices"]))
     lines.append(f"- wall time of this invocation: {result['seconds']:.{seconds_digits}f} s")
