@@ -492,6 +492,10 @@ def test_select_best_of_last_is_validated_and_only_changes_the_hash_when_set():
     assert dataclasses.replace(base, select_best_of_last=2).to_dict()["select_best_of_last"] == 2
     with pytest.raises(ValueError, match=r"select_best_of_last must be an integer in \[0, epochs="):
         dataclasses.replace(base, select_best_of_last=base.epochs + 1)
+    ensemble = Variant("ens", family="ensemble", family_options={"members": 2})
+    with pytest.raises(ValueError, match=r"not to a deep ensemble's members .* run \['ens'\] in a config of their own"):
+        dataclasses.replace(base, variants=(*base.variants, ensemble), select_best_of_last=2)
+    dataclasses.replace(base, variants=(*base.variants, ensemble))  # without the selection: fine
 
 
 def test_resumable_runs_keep_their_traces_across_invocations(tmp_path):

@@ -195,6 +195,12 @@ class ExperimentConfig:
                 f"{self.name}: select_best_of_last must be an integer in [0, epochs={self.epochs}], "
                 f"got {self.select_best_of_last!r}"
             )
+        ensembles = [v.label for v in self.variants if v.family == "ensemble"]
+        if self.select_best_of_last and ensembles:  # its members train one after the other: epochs would mix them
+            raise ValueError(
+                f"{self.name}: select_best_of_last applies to one training, not to a deep ensemble's members trained one "
+                f"after the other; set it to 0 or run {ensembles} in a config of their own"
+            )
         if not 0 <= self.prune_validation_tolerance < 1:
             raise ValueError(
                 f"{self.name}: prune_validation_tolerance must be a fraction in [0, 1), got {self.prune_validation_tolerance!r}"
