@@ -10,7 +10,8 @@
 #                     bash scripts/gpu_reproduce.sh
 #
 # GROUPS lists the processes: each entry "N|label,label,..." starts N processes, process k running the runs of those
-# variants in shard k/N (`varbnn reproduce --shard`: every N-th of the experiment's (variant, seed) runs from the k-th;
+# variants in shard k/N ("N|" with no labels: every variant, for experiments whose labels hold commas, which
+# --variants would split; e.g. GROUPS_SPEC="5|" for lenet5-radius-prior's five runs, one per process) (`varbnn reproduce --shard`: every N-th of the experiment's (variant, seed) runs from the k-th;
 # with 3 seeds and N = 3, process k runs seed k). Each process writes into a folder of its own under WORK, so that no
 # two processes append to one runs file, and the post-hoc baselines (temperature scaling, Laplace) find their seed's
 # plain checkpoint. After LIMIT seconds every process still running is stopped (a run cut off resumes from its last epoch
@@ -55,8 +56,10 @@ while IFS= read -r group; do
     for (( k = 0; k < n; k++ )); do
         folder="$work/g${index}-s${k}"
         mkdir -p "$folder"
-        echo "[gpu_reproduce] $folder: shard $k/$n of: $labels" | tee -a "$out/log.txt"
-        "$python" -m varbnn.cli reproduce "$name" "${quick[@]}" "${compiled[@]}" --device "$device" --variants "$labels" \
+        echo "[gpu_reproduce] $folder: shard $k/$n of: ${labels:-every variant}" | tee -a "$out/log.txt"
+        only=()
+        [ -n "$labels" ] && only=(--variants "$labels")
+        "$python" -m varbnn.cli reproduce "$name" "${quick[@]}" "${compiled[@]}" --device "$device" "${only[@]}" \
             --shard "$k/$n" --out "$folder" --no-progress >>"$folder/log.txt" 2>&1 &
         pids+=("$!")
     done
