@@ -326,6 +326,22 @@ CLAIMS: tuple[Claim, ...] = (
         sources=(J, R + "lenet5-radius-init/lenet5-radius-init.md"),
     ),
     Claim(
+        folder="lenet5-radius-prior",
+        title="lenet5-radius-prior: which radius prior leaves 4-8 conv1 filters (issue 30, partial)",
+        paper="rdp",
+        claim="Issue 30's untried route to the error-FLOPs front: a radius prior between lenet5-prune's (18-20 of 20 "
+        "conv1 filters kept) and the published code's settings (1 kept), chosen as the one whose gap rule keeps 4-8 "
+        "conv1 filters with the lowest validation error.",
+        result="Partial, 60 epochs, seed 0, CPU: lenet5-prune's prior: gap rule 20-33-467-454 (0.70% test error), "
+        "validation rule 15-29-358-171 (985,605 FLOPs, 0.83%); local scale 1e-3: gap rule 20-46-515-493 (0.74%), "
+        "validation rule 15-25-318-173 (883,167 FLOPs, 0.99%).",
+        verdict="partly",
+        why="Two of the five priors are run; neither thins conv1 (the gap rule keeps all 20 filters). The smaller local "
+        "scale (2e-4), the smaller global scale (1e-5) and the even radius split are still to run "
+        "(scripts/cpu_queue.sh resumes them).",
+        sources=(J, R + "lenet5-radius-prior/lenet5-radius-prior.md"),
+    ),
+    Claim(
         folder="prune-capacity",
         title="prune-capacity: posterior vs random initialisation at the goal's budget (diagnostic)",
         paper="rdp",
