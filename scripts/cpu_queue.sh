@@ -12,10 +12,13 @@
 # records name that commit. The outputs go into this checkout's benchmarks/results/. Render a page from its saved runs
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
-# Order: issue 30's radius-prior search on LeNet-5 (five posteriors of 60 epochs, about 4 CPU-thread hours; it chooses
-# the prior the front should add), the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours in all,
-# smallest set first, split by split, so a partial run still compares every method on the splits it finished), then
-# the LeNet-5 error-FLOPs front (issue 30; about 4 hours per seed of the posterior). The uncertainty benchmarks at 20 epochs are complete and left out
+# Two lanes run side by side, one single-thread process each, so that neither long entry waits for the other:
+#   lane 1: issue 30's radius-prior search on LeNet-5 (five posteriors of 60 epochs, about 4 CPU-thread hours; it
+#           chooses the prior the front should add), then the LeNet-5 error-FLOPs front (about 4 hours per seed);
+#   lane 2: the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours in all, smallest set first, split by
+#           split, so a partial run still compares every method on the splits it finished).
+# A reproduce process still running from an earlier queue (e.g. one whose script was stopped) is waited for first, so
+# that no two processes write one results folder. The uncertainty benchmarks at 20 epochs are complete and left out
 # (a rerun with nothing to train would rewrite their pages from this checkout's figure data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,6 @@ root="$PWD"
 snapshot="$(mktemp -d)/varbnn"
 git clone -q "$root" "$snapshot"
 export PYTHONPATH="$snapshot/src" VARBNN_DATA="${VARBNN_DATA:-$root/../shared/data}"
-workers="${WORKERS:-2}"
 quick=()
 prefix=""
 if [ "${QUICK:-0}" = 1 ]; then  # the plumbing only: every entry's --quick form, written under /tmp/cpu_queue_quick/
@@ -35,7 +37,15 @@ reproduce() {  # reproduce NAME OUT WORKERS [ARGS...]: from this checkout (relat
     "$root/.venv/bin/python" -m varbnn.cli reproduce "$1" "${quick[@]}" --workers "$3" --out "$prefix$2" \
         --no-progress "${@:4}"
 }
-reproduce lenet5-radius-prior benchmarks/results/lenet5-radius-prior "$workers"
-reproduce uci-learned benchmarks/results/uci-learned "$workers"
-reproduce lenet5-front benchmarks/results/lenet5-front "$workers"
+while [ -z "$prefix" ] && pgrep -f "varbnn.cli reproduce" > /dev/null; do  # an earlier queue's process: let it finish first
+    echo "[cpu_queue] $(date -u +%FT%TZ) waiting for a running reproduce process"; sleep 120
+done
+(
+    reproduce lenet5-radius-prior benchmarks/results/lenet5-radius-prior 1 --threads 1
+    reproduce lenet5-front benchmarks/results/lenet5-front 1 --threads 1
+) &
+(
+    reproduce uci-learned benchmarks/results/uci-learned 1 --threads 1
+) &
+wait
 echo "[cpu_queue] $(date -u +%FT%TZ) done"
