@@ -119,7 +119,7 @@ def test_set_overrides_typed_fields_and_variants_picks_the_runs(data_dir, tmp_pa
     assert "not a settable field of SoapBubbleConfig" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["reproduce", "soap-bubble", "--quick", "--compile"])
-    assert "--compile: supported by the generic runner's configs" in capsys.readouterr().err
+    assert "--compile: supported by the generic runner's configs and uci-learned, not by 'soap-bubble'" in capsys.readouterr().err
 
 
 ENGINE_OPTIONS = ("device", "out_dir", "data_dir", "progress", "command", "shard", "train", "workers", "distributed")

@@ -86,3 +86,37 @@ def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_di
     assert (tmp_path / "uci-learned-quick_runs.jsonl").read_text() == before
     assert main(["render", str(tmp_path / "uci-learned-quick.json")]) == 0
     assert (tmp_path / "uci-learned-quick.md").read_text().split("\n- search")[1] == page.split("\n- search")[1]
+
+
+def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_protocol(data_dir, tmp_path, monkeypatch):
+    """``--compile`` reaches the search's and the final run's ``fit``, each record names the mode, the page counts the
+    compiled runs, and an eager invocation finds them done (the protocol hash does not change). (fit(compile=True)
+    itself is tested in test_compile.py; here ``fit`` is spied on and runs eagerly.)"""
+    from varbnn.experiments import uci_learned
+
+    seen = []
+    real_fit = uci_learned.fit
+
+    def spy(*args, compile=False, **kwargs):
+        seen.append(compile)
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(uci_learned, "fit", spy)
+    args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress",
+            "--set", "only=('mean-field',)"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*args, "--compile", "max-autotune"]) == 0
+    assert seen == ["max-autotune"] * 3  # two searched prior scales, then the final run
+    (record,) = [json.loads(line) for line in (tmp_path / "uci-learned-quick_runs.jsonl").read_text().splitlines()]
+    assert record["compile"] == "max-autotune"
+    page = (tmp_path / "uci-learned-quick.md").read_text()
+    assert "- training steps: `fit(compile=...)` in every run: a runtime choice, not the protocol" in page
+    seen.clear()
+    assert main(args) == 0
+    assert seen == []  # the same protocol: nothing to train again
+    with pytest.raises(SystemExit):
+        main([*args, "--compile", "fast"])
+    eager = tmp_path / "eager"
+    assert main([*args[:4], str(eager), *args[5:]]) == 0
+    assert "- training steps: eager (`fit(compile=False)`) in every run" in (eager / "uci-learned-quick.md").read_text()

@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     rep.add_argument(
         "--compile", nargs="?", const="default", default=None, metavar="MODE",
-        help="generic runner's configs only: train with fit(compile=...), torch.compile's MODE (default 'default'; or "
+        help="generic runner's configs and uci-learned: train with fit(compile=...), torch.compile's MODE (default 'default'; or "
         "reduce-overhead, max-autotune, max-autotune-no-cudagraphs); a runtime choice like --device, not a new protocol",
     )  # fmt: skip
     rep.add_argument("--no-train", action="store_true", help="render the results from the runs already saved")
@@ -217,9 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{name!r}: give the experiment's name and --quick for its quick form ({base_name(name)} --quick)")
         if uci_only and name != "uci":
             parser.error(f"{', '.join(uci_only)}: options of uci only (use --set FIELD=VALUE for {name!r})")
-        for option in ("variants", "compile"):
-            if getattr(args, option) and name not in CONFIGS:
-                parser.error(f"--{option}: supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
+        if args.variants and name not in CONFIGS:
+            parser.error(f"--variants: supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
+        if args.compile and name not in CONFIGS and name != "uci-learned":
+            parser.error(f"--compile: supported by the generic runner's configs and uci-learned, not by {name!r}")
         if args.workers < 1:
             parser.error(f"--workers must be a positive integer, got {args.workers}")
         if args.shard:
@@ -239,8 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options: dict[str, object] = {}
         if spec.generic:
             options["only"] = args.variants.split(",") if getattr(args, "variants", None) else None
-            if getattr(args, "compile", None):
-                options["compile"] = True if args.compile == "default" else args.compile
+        if spec.compiles and getattr(args, "compile", None):
+            options["compile"] = True if args.compile == "default" else args.compile
         result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                           progress=not args.no_progress, command=command, shard=shard,
                           train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),

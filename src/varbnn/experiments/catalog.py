@@ -38,6 +38,9 @@ class Experiment:
     render: Callable[[dict[str, Any], Path | None], str] | None = None
     generic: bool = False
     """A config of the generic runner (:func:`varbnn.experiments.runner.run_experiment`: ``--variants`` applies)."""
+    compiles: bool = False
+    """``run`` takes ``compile=`` (``fit(compile=...)`` for its training; ``--compile``): the generic runner's configs
+    and those marked so."""
 
 
 def _attr(module: str, name: str) -> Any:
@@ -83,7 +86,7 @@ _SPECIAL = (
     Experiment(
         "uci-learned", "UCI regression with learned noise and a validation search, every family and baseline",
         _uci_learned_config, _lazy("uci_learned", "run_uci_learned"),
-        lambda result, folder: _attr("pages.uci_learned", "render_uci_learned_markdown")(result),
+        lambda result, folder: _attr("pages.uci_learned", "render_uci_learned_markdown")(result), compiles=True,
     ),
     *(
         Experiment(
@@ -138,7 +141,7 @@ def experiments() -> dict[str, Experiment]:
 
     generic = {
         name: Experiment(name, config.description, lambda name, quick: get_config(name, quick=quick),
-                         _lazy("runner", "run_experiment"), generic=True)  # fmt: skip
+                         _lazy("runner", "run_experiment"), generic=True, compiles=True)  # fmt: skip
         for name, config in CONFIGS.items()
     }
     return {**generic, **SPECIAL}

@@ -66,7 +66,7 @@ from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.train import default_optimizer, fit, seed_everything
+from varbnn.train import compile_mode, default_optimizer, fit, seed_everything
 
 __all__ = [
     "UCILearnedConfig", "LEARNED_VARIANTS", "DEEP_ENSEMBLE_LL", "quick_config", "run_uci_learned", "render_uci_learned_markdown",
@@ -169,10 +169,10 @@ def _log_likelihood(
 
 def _train(
     config: UCILearnedConfig, variant: UCIVariant, knob: float | None, x: torch.Tensor, y: torch.Tensor, epochs: int,
-    dev: torch.device, dataset: str, members: int, at_epoch: Any = None,
+    dev: torch.device, dataset: str, members: int, at_epoch: Any = None, compile: bool | str = False,
 ) -> tuple[nn.Module, Likelihood]:  # fmt: skip
     """Train ``variant`` with ``knob`` on standardised ``(x, y)`` for ``epochs``; ``at_epoch(epoch, model,
-    likelihood)`` after every epoch (the search scores the validation set there)."""
+    likelihood)`` after every epoch (the search scores the validation set there); ``compile``: ``fit``'s."""
     model, likelihood = _build(variant, knob, x.shape[1], dataset, members)
     model, likelihood = model.to(dev), likelihood.to(dev)
     steps_per_epoch = math.ceil(x.shape[0] / config.batch_size)
@@ -187,6 +187,7 @@ def _train(
             optimizer=default_optimizer([*net.parameters(), *likelihood.parameters()], config.lr),
             beta=(lambda step: config.kl_weight * linear_kl_annealing(step, warmup)) if bayesian else None,
             on_epoch_end=(lambda epoch, record: at_epoch(epoch, model, likelihood)) if at_epoch is not None else None,
+            compile=compile,
         )  # fmt: skip
     return model, likelihood
 
@@ -197,8 +198,11 @@ def _lengths(config: UCILearnedConfig, n: int) -> list[int]:
     return sorted({min(e, cap) for e in config.epochs})
 
 
-def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey) -> dict[str, Any]:
-    """The engine's run function: search, retrain and test ``key = (dataset, variant label, split)``."""
+def _run_key(
+    config: UCILearnedConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey, compile: bool | str = False
+) -> dict[str, Any]:
+    """The engine's run function: search, retrain and test ``key = (dataset, variant label, split)``; ``compile``:
+    ``fit``'s for every training of the run (a runtime choice, recorded in the run's record, not part of the protocol)."""
     dataset, label, split = key
     variant = next(v for v in config.variants if v.label == label)
     start = time.perf_counter()
@@ -221,7 +225,7 @@ def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, 
                 ll = _log_likelihood(model, likelihood, x_val, y_val, draws, ys)[0]
                 search.append({"knob": knob, "epochs": epoch, "val_ll": ll})
 
-        _train(config, variant, knob, x_fit, y_fit, max(lengths), dev, dataset, members=1, at_epoch=score)
+        _train(config, variant, knob, x_fit, y_fit, max(lengths), dev, dataset, members=1, at_epoch=score, compile=compile)
     finite = [s for s in search if math.isfinite(s["val_ll"])] or search
     best = max(finite, key=lambda s: s["val_ll"])
     # the final run: the whole training split, the chosen knob; the chosen length in epochs, re-capped for its size
@@ -230,26 +234,37 @@ def _run_key(config: UCILearnedConfig, data_dir: str | None, dev: torch.device, 
     seed_everything(split)
     members = int(variant.family_options.get("members", 5)) if variant.family == "ensemble" else 1
     model, likelihood = _train(config, variant, best["knob"], ((x_all - xm) / xs).to(dev), ((y_all - ym) / ys).to(dev),
-                               epochs, dev, dataset, members)  # fmt: skip
+                               epochs, dev, dataset, members, compile=compile)  # fmt: skip
     x_test, y_test = ((data.x_test - xm) / xs).to(dev), ((data.y_test - ym) / ys).to(dev)
     ll, rmse, _ = _log_likelihood(model, likelihood, x_test, y_test, config.samples, ys.to(dev))
-    return {"dataset": dataset, "variant": label, "split": split, "ll": ll, "rmse": rmse, "knob": best["knob"],
-            "epochs": epochs, "search": search, "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip
+    record = {"dataset": dataset, "variant": label, "split": split, "ll": ll, "rmse": rmse, "knob": best["knob"],
+              "epochs": epochs, "search": search, "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip
+    if compile is not False:
+        record["compile"] = compile_mode(compile)
+        torch._dynamo.reset()  # every fit compiled its own graphs: let them go with the run
+    return record
 
 
 def run_uci_learned(
     config: UCILearnedConfig, *, device: str | torch.device | None = "cpu", out_dir: str | os.PathLike[str] | None = None,
     data_dir: str | None = None, progress: bool = True, command: str | None = None, shard: tuple[int, int] | None = None,
-    train: bool = True, workers: int = 1, distributed: bool = False,
+    train: bool = True, workers: int = 1, distributed: bool = False, compile: bool | str = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run every (dataset, variant, split) not yet saved in ``OUT/<name>_runs*.jsonl`` (smallest set first, split by
     split; resumable, ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md`` (not for a shard);
     ``train=False`` only renders (:func:`~varbnn.experiments.regression.run_regression`). ``distributed`` (under
     ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
-    ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes."""
+    ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes.
+    ``compile``: every training step through ``fit(compile=...)`` (``True`` or a torch.compile mode; a runtime choice
+    like ``device``: the protocol hash does not change, each record names its mode, the page counts them). The compiled
+    step draws the same weight noise as the eager one on the CPU; RDP's Wood sampler draws its proposals in one fixed
+    batch there (the same distribution, another random stream)."""
+    if compile is not False:
+        compile_mode(compile)  # a ValueError naming the allowed values before any run
     jobs = regression_jobs(config.datasets, config.active_variants, config.max_splits, split_major=True)
     return run_regression(
-        config, jobs, functools.partial(_run_key, config, data_dir), functools.partial(summarise_uci_learned, config),
+        config, jobs, functools.partial(_run_key, config, data_dir, compile=compile),
+        functools.partial(summarise_uci_learned, config),
         render_uci_learned_markdown, device=device, out_dir=out_dir, progress=progress, command=command, shard=shard,
         train=train, workers=workers, distributed=distributed,
     )  # fmt: skip

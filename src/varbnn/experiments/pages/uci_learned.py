@@ -39,6 +39,7 @@ def summarise_uci_learned(config: UCILearnedConfig, done: Mapping[RunKey, dict[s
                     "splits": len(records), "ll": mean_and_standard_error([r["ll"] for r in records]),
                     "rmse": mean_and_standard_error([r["rmse"] for r in records]),
                     "seconds": sum(r["seconds"] for r in records),
+                    "compiled": sum(1 for r in records if r.get("compile")),
                 }  # fmt: skip
         rows.append(row)
     return rows
@@ -46,6 +47,28 @@ def summarise_uci_learned(config: UCILearnedConfig, done: Mapping[RunKey, dict[s
 
 def _list(values: Any) -> str:
     return ", ".join(f"{v:g}" for v in values)
+
+
+def _compiled_line(rows: list[dict[str, Any]], labels: list[str]) -> str:
+    """The bullet that says which runs trained with ``fit(compile=...)`` (a runtime choice, not the protocol)."""
+    counts = {label: [0, 0] for label in labels}
+    for row in rows:
+        for label in labels:
+            if label in row:
+                counts[label][0] += row[label].get("compiled", 0)
+                counts[label][1] += row[label]["splits"]
+    compiled = sum(c for c, _ in counts.values())
+    if compiled == 0:
+        return "- training steps: eager (`fit(compile=False)`) in every run"
+    total = sum(n for _, n in counts.values())
+    parts = ", ".join(f"{label} {c} of {n}" for label, (c, n) in counts.items() if n)
+    where = "every run" if compiled == total else f"{compiled} of {total} runs ({parts}), eager in the rest"
+    return (
+        f"- training steps: `fit(compile=...)` in {where}: a runtime choice, not the protocol (each record names "
+        "it); on the CPU the compiled step "
+        "draws the eager step's weight noise, except RDP's Wood proposals, drawn in one fixed batch (the same "
+        "distribution, another random stream)"
+    )
 
 
 def render_uci_learned_markdown(result: dict[str, Any]) -> str:
@@ -60,7 +83,8 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         *provenance_lines(result, runs_note=True),
         f"- search: prior scales {_list(config['prior_scales'])} (MC dropout: rates {_list(config['dropout_rates'])}) x "
         f"epochs {_list(config['epochs'])} (each at most {config['max_steps']} steps) by the log-likelihood of "
-        f"{config['validation_fraction']:g} of each training split; protocol hash `{result['protocol']}`", "",
+        f"{config['validation_fraction']:g} of each training split; protocol hash `{result['protocol']}`",
+        _compiled_line(result["rows"], labels), "",
     ]  # fmt: skip
     ll_rows: list[list[str]] = []
     rmse_rows: list[list[str]] = []
