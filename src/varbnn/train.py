@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from varbnn import metrics
 from varbnn._checks import as_positive_int
+from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.objectives import (
     ELBOTerms,
@@ -783,7 +784,7 @@ def fit(
             sampler.set_epoch(epoch)  # type: ignore[union-attr]
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
         batches = used = skipped = 0
-        for x, y in loader:
+        for x, y in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
             if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
                 seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
             where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"

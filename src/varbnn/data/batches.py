@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
-__all__ = ["TensorBatches"]
+__all__ = ["TensorBatches", "fast_batches"]
 
 
 class TensorBatches:
@@ -31,3 +32,66 @@ class TensorBatches:
         for i in range(len(self)):
             index = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield self.x[index], self.y[index]
+
+
+def _plain_tensor_loader(loader: object) -> tuple[tuple[torch.Tensor, ...], int, bool, bool] | None:
+    """``(tensors, batch_size, shuffle, drop_last)`` of a ``DataLoader`` that only indexes an in-memory
+    ``TensorDataset`` and stacks the examples (no workers, default sampler and collation, no generator, no pinning);
+    None for any other loader."""
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+    from torch.utils.data._utils.collate import default_collate
+
+    if type(loader) is not DataLoader or type(loader.dataset) is not TensorDataset:
+        return None
+    if loader.num_workers != 0 or loader.pin_memory or loader.generator is not None or loader.collate_fn is not default_collate:
+        return None
+    sampler, batches = loader.sampler, loader.batch_sampler
+    if type(batches) is not BatchSampler or batches.sampler is not sampler or batches.batch_size is None:
+        return None
+    if type(sampler) is RandomSampler:
+        if sampler.replacement or sampler.generator is not None or sampler._num_samples is not None:
+            return None
+    elif type(sampler) is not SequentialSampler:
+        return None
+    tensors = loader.dataset.tensors
+    if not tensors or any(t.dim() == 0 or t.shape[0] != tensors[0].shape[0] for t in tensors):
+        return None
+    return tensors, int(batches.batch_size), type(sampler) is RandomSampler, bool(batches.drop_last)
+
+
+def fast_batches(loader: object) -> Iterable[Any]:
+    """``loader`` itself, or, for a ``DataLoader`` that only shuffles (or not) and stacks the rows of an in-memory
+    ``TensorDataset``, an iterable of the same batches, equal element for element and drawn from the global random
+    generator exactly as the ``DataLoader`` draws them (its base seed, then its sampler's seed, each epoch), by one
+    index per batch instead of one ``__getitem__`` per example and a collation. ``varbnn.fit`` trains through it: about
+    0.3 ms per batch of 32 less on the CPU, which is a fifth of a small network's compiled step. Tested against
+    ``DataLoader`` for every combination of shuffling, ``drop_last`` and a partial last batch."""
+    plain = _plain_tensor_loader(loader)
+    if plain is None:
+        return loader  # type: ignore[return-value]
+    return _TensorLoaderBatches(*plain)
+
+
+class _TensorLoaderBatches:
+    """The batches of a plain ``DataLoader`` over a ``TensorDataset`` (see :func:`fast_batches`)."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], batch_size: int, shuffle: bool, drop_last: bool) -> None:
+        self.tensors, self.batch_size, self.shuffle, self.drop_last = tensors, batch_size, shuffle, drop_last
+
+    def __len__(self) -> int:
+        n = self.tensors[0].shape[0]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        n = self.tensors[0].shape[0]
+        torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base seed (for workers; unused here)
+        if self.shuffle:  # RandomSampler: a generator seeded from the global one, one permutation per epoch
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+            order = torch.randperm(n, generator=generator)
+        for i in range(len(self)):
+            if self.shuffle:
+                index = order[i * self.batch_size : (i + 1) * self.batch_size]
+                yield [t[index] for t in self.tensors]
+            else:
+                yield [t[i * self.batch_size : (i + 1) * self.batch_size].clone() for t in self.tensors]  # a copy, as stacked
