@@ -662,6 +662,9 @@ def fit(
     :param model: the network to train (Bayesian layers from :func:`varbnn.convert.bayesianize` or
         :mod:`varbnn.nn`; a plain network trains as maximum likelihood). Moved to ``device``; trained in place.
     :param loader: an iterable of ``(x, y)`` batches, e.g. a ``torch.utils.data.DataLoader``; iterated once per epoch.
+        A ``DataLoader`` that only shuffles (or not) and stacks the rows of a ``TensorDataset`` is read by one index per
+        batch instead of one ``__getitem__`` per example (:func:`varbnn.data.batches.fast_batches`): the same batches
+        and random draws, so the same training.
     :param n_data: the training-set size N the KL is spread over (not the batch size).
     :param epochs: the number of passes over ``loader`` (total, counting epochs restored by ``resume``).
     :param optimizer: a ready optimizer over the model's parameters (default: Adam with learning rate ``lr``).
