@@ -13,8 +13,9 @@
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
 # Two lanes run side by side, one single-thread process each, so that neither long entry waits for the other:
-#   lane 1: issue 30's radius-prior search on LeNet-5 (five posteriors of 60 epochs, about 4 CPU-thread hours; it
-#           chooses the prior the front should add), then the LeNet-5 error-FLOPs front (about 4 hours per seed);
+#   lane 1: the LeNet-5 error-FLOPs front (issue 30; about 4 CPU-thread hours per seed of the posterior; the
+#           radius-prior search that could have added a prior to it is complete and out of the queue: a rerun with
+#           nothing to train would rewrite its page);
 #   lane 2: the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours eager, smallest set first, split by
 #           split, so a partial run still compares every method on the splits it finished), with --compile from
 #           bostonHousing's tenth split on: about 1.8x faster runs (a runtime choice; each record names it).
@@ -42,7 +43,6 @@ while [ -z "$prefix" ] && pgrep -f "varbnn.cli reproduce" > /dev/null; do  # an 
     echo "[cpu_queue] $(date -u +%FT%TZ) waiting for a running reproduce process"; sleep 120
 done
 (
-    reproduce lenet5-radius-prior benchmarks/results/lenet5-radius-prior 1 --threads 1
     reproduce lenet5-front benchmarks/results/lenet5-front 1 --threads 1
 ) &
 (
