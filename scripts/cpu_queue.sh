@@ -18,7 +18,7 @@
 #           nothing to train would rewrite its page);
 #   lane 2: the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours eager, smallest set first, split by
 #           split, so a partial run still compares every method on the splits it finished), with --compile from
-#           bostonHousing's tenth split on: about 1.8x faster runs (a runtime choice; each record names it).
+#           bostonHousing's tenth split on: RDP's runs several times faster (a runtime choice; each record says it).
 # A reproduce process still running from an earlier queue (e.g. one whose script was stopped) is waited for first, so
 # that no two processes write one results folder. The uncertainty benchmarks at 20 epochs are complete and left out
 # (a rerun with nothing to train would rewrite their pages from this checkout's figure data).
