@@ -496,7 +496,9 @@ CLAIMS: tuple[Claim, ...] = (
         "compiled MeanField reparam (<= 1.3x), KTied and Radial (<= 1.5x) and RDP double; eager, every family is slower "
         "than both peers, on ResNet-18 about 1.9x a peer's step (at 21b4286, before the host-time work). The eager gap was "
         "host time per Bayesian tensor (step_time_host.md, CPU, 11 layers of 8 units): MeanField reparam against torchbnn "
-        "1.57x at 8e07757, 1.05x at a17286e, 0.93x at 4160ed0 (9.87 ms against 10.59 ms); on the CPU MLP eager MeanField reparam is now 8% faster "
+        "1.57x at 8e07757, 1.05x at a17286e, 0.93x at 4160ed0 (9.87 ms against 10.59 ms); compiled (51aa2ce, same "
+        "table) the host-bound step is 3.1x (MeanField reparam, 1.29 ms against torchbnn's 4.07 ms eager) to 5.8x (RDP "
+        "row, 4.59 ms against 26.53 ms eager) faster than eager; on the CPU MLP eager MeanField reparam is now 8% faster "
         "than torchbnn in the same run (issue 29 asks 15%), KTied and Radial are still slower.",
         sources=(J,),
     ),
