@@ -632,8 +632,13 @@ _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 
 
 def experiment_folders() -> list[str]:
-    """The experiment folders of ``benchmarks/results/`` (every directory but hidden ones such as ``.checkpoints``)."""
-    return sorted(p.name for p in RESULTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    """The experiment folders of ``benchmarks/results/`` (every directory but hidden ones such as ``.checkpoints``, and
+    but one that holds nothing else yet: a first run still training, whose page comes when it ends)."""
+    return sorted(
+        p.name
+        for p in RESULTS.iterdir()
+        if p.is_dir() and not p.name.startswith((".", "_")) and any(not c.name.startswith(".") for c in p.iterdir())
+    )
 
 
 def claims_by_folder() -> dict[str, Claim]:

@@ -284,3 +284,16 @@ def test_the_checks_catch_a_broken_link(broken_results: Path, monkeypatch: pytes
 def test_the_checks_catch_a_nav_without_a_results_page() -> None:
     text = (ROOT / "mkdocs.yml").read_text().replace("          - vmf: results/vmf.md\n", "")
     assert nav_problems(text) == ["not in the nav: results/vmf.md"]
+
+
+def test_a_folder_holding_only_a_first_runs_checkpoints_is_not_an_experiment_folder_yet(tmp_path, monkeypatch):
+    """The queue's first run of a new experiment writes ``.checkpoints/`` long before its page: until the folder holds
+    anything else it is not checked (a page, claim and nav entry come with the first results)."""
+    (tmp_path / "training" / ".checkpoints").mkdir(parents=True)
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "done.md").write_text("# done\n")
+    (tmp_path / ".hidden").mkdir()
+    monkeypatch.setattr(g, "RESULTS", tmp_path)
+    assert g.experiment_folders() == ["done"]
+    (tmp_path / "training" / "training_runs.jsonl").write_text("")
+    assert g.experiment_folders() == ["done", "training"]
