@@ -470,7 +470,10 @@ CLAIMS: tuple[Claim, ...] = (
         paper="varbnn",
         claim="CPU MLP targets (issue 8): MeanField-local <= 1.8x the deterministic step, Radial <= 2.5x, RDP <= 3.5x, "
         "KTied not slower than MeanField, every family faster than the fastest peer.",
-        result="AMD EPYC, 2 threads (code a17286e, a noisier machine: floors 1.94x / 1.96x): eager MeanField reparam "
+        result="AMD EPYC, 2 threads, code 09517f4 (deterministic 2.50 ms): compiled MeanField reparam 2.94x, local "
+        "3.40x, KTied 3.04x / 3.36x, Radial 3.10x, RDP row 3.81x, double 10.21x; eager MeanField reparam 3.73x, local "
+        "4.14x, KTied 3.89x / 4.39x, Radial 4.13x, RDP 5.60x / 11.93x; torchbnn 4.65x, bayesian-torch 5.34x; floors "
+        "1.86x / 1.99x. Code a17286e (a noisier machine: floors 1.94x / 1.96x): eager MeanField reparam "
         "3.46x (15.04 ms) against torchbnn 3.77x (16.40 ms), local 3.57x, KTied 4.07x / 3.94x, Radial 4.35x / 4.41x, "
         "RDP 5.75x / 11.30x; compiled MeanField reparam 3.19x. At 5b9c81e: eager MeanField reparam 3.58x, local 3.61x, "
         "KTied 3.46x, Radial 3.47x, RDP row 4.35x, double 9.00x; fit(compile=True) MeanField reparam 2.50x, local "
@@ -484,9 +487,9 @@ CLAIMS: tuple[Claim, ...] = (
         "MeanField reparam 4.05x (5.68 ms) against torchbnn 4.11x (5.76 ms) and bayesian-torch 4.68x.",
         verdict="no",
         why="The local target lies below the cost of the estimator's own mandatory work (its floor row). Issue 29's "
-        "CPU targets: compiled, MeanField reparam and local are 22% and 28% faster than the fastest peer (torchbnn), "
-        "Radial 15%, KTied 9%; none is within 1.3x of its floor (1.49x to 2.03x). Eager, every family is slower than "
-        "torchbnn. RDP's CPU targets (3.5x row, 5x double) are not met, compiled or eager. The GPU rows of issue 29 "
+        "CPU targets at 09517f4: compiled, MeanField reparam, local, KTied (reparam / local) and Radial take 37%, 27%, "
+        "35% / 28% and 33% less time than the fastest peer (torchbnn; the target, 15%, is met; at 5b9c81e KTied was at "
+        "9%), eager 20%, 11%, 16% / 6% and 11%; none is within 1.3x of its floor (1.58x to 1.71x). RDP's CPU targets (3.5x row, 5x double) are not met, compiled or eager. The GPU rows of issue 29 "
         "are measured on an H100 for ResNet-18 (compiled and eager) and LeNet-5 (eager) at bb019df: compiled ResNet-18 "
         "meets MeanField reparam <= 1.3x and Radial <= 1.5x, not KTied (2.39x); eager, MeanField reparam is level with "
         "torchbnn on ResNet-18 and 1% faster on LeNet-5, Radial and KTied slower, RDP 21-44x. On the CPU LeNet-5 (code 098592d) compiling slows every family but RDP: MeanField "
@@ -497,9 +500,8 @@ CLAIMS: tuple[Claim, ...] = (
         "than both peers, on ResNet-18 about 1.9x a peer's step (at 21b4286, before the host-time work). The eager gap was "
         "host time per Bayesian tensor (step_time_host.md, CPU, 11 layers of 8 units): MeanField reparam against torchbnn "
         "1.57x at 8e07757, 1.05x at a17286e, 0.93x at 4160ed0 (9.87 ms against 10.59 ms); compiled (51aa2ce, same "
-        "table) the host-bound step is 3.1x (MeanField reparam, 1.29 ms against torchbnn's 4.07 ms eager) to 5.8x (RDP "
-        "row, 4.59 ms against 26.53 ms eager) faster than eager; on the CPU MLP eager MeanField reparam is now 8% faster "
-        "than torchbnn in the same run (issue 29 asks 15%), KTied and Radial are still slower.",
+        "table) the host-bound step is 3.1x (MeanField reparam: 1.29 ms against 4.04 ms eager; torchbnn, eager only, "
+        "4.07 ms) to 5.8x (RDP row: 4.59 ms against 26.53 ms) faster than eager.",
         sources=(J,),
     ),
     Claim(
