@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
 from varbnn import Delta, KTied, MeanField, Radial, RadialDirectional, RadialDirectionalPrior
-from varbnn.distributions.vmf import fixed_rejection_rounds
 from varbnn.train import _accumulated_elbo_gradient, _compiled_elbo_step, fit
 
 FAMILIES = {
@@ -86,7 +85,9 @@ def _assert_same_step(eager, compiled, seed):
 @pytest.mark.parametrize("name,backend", CASES)
 def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
     """On the CPU the compiled step draws from torch's generator (inductor's fallback_random), in eager's order: the
-    same seed gives the same noise, so loss and gradients agree to float rounding, for sampled and mean weights."""
+    same seed gives the same noise, so loss and gradients agree to float rounding, for sampled and mean weights. RDP's
+    directions too: Wood's eager rejection rounds run inside the graph as one opaque operation
+    (``varbnn::wood_accepted_proposals``)."""
     torch._dynamo.reset()
     counts = torch._dynamo.utils.counters
     counts.clear()
@@ -94,9 +95,8 @@ def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
     x, y = _batch()
     compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)
 
-    def eager_step(_seed):
-        with fixed_rejection_rounds():  # RDP: Wood's sampler draws as the compiled step does (no loop on the host)
-            return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 1)
+    def eager_step(_seed):  # RDP: on the CPU the compiled step runs Wood's eager rejection rounds as one opaque op
+        return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 1)
 
     def compiled_step(_seed):
         return compiled(x, y, 0.5, 1)
@@ -115,10 +115,29 @@ def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
         _assert_same_step(_run(eager_step, model, 5), _run(compiled_step, model, 5 if name in MC_KL else 6), "mean")
     if name in MC_KL + ("rdp-row",):  # and mc_samples > 1 averages the same draws (and RDP's scores) in the same order
         def eager_two(_seed):
-            with fixed_rejection_rounds():
-                return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 2)
+            return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 2)
 
         _assert_same_step(_run(eager_two, model, 9), _run(lambda _seed: compiled(x, y, 0.5, 2), model, 9), "mc_samples=2")
+
+
+@pytest.mark.parametrize("name", ["rdp-row", pytest.param("rdp-double", marks=pytest.mark.slow)])
+def test_the_fixed_proposal_path_of_other_devices_compiles_into_one_graph_and_equals_its_eager_form(name):
+    """Off the CPU a compiled RDP step draws Wood's ``PROPOSALS_FIXED`` proposals at once (no host read); within
+    ``fixed_rejection_rounds`` the CPU takes that path too, compiled and eager, so it is traced and compared here."""
+    from varbnn.distributions.vmf import fixed_rejection_rounds
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    model = _model(name)
+    x, y = _batch()
+    with fixed_rejection_rounds():
+        compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend="aot_eager")
+        for seed in (3, 4):
+            eager = _run(lambda _s: _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 1), model, seed)
+            _assert_same_step(eager, _run(lambda _s: compiled(x, y, 0.5, 1), model, seed), seed)
+    assert not counts["graph_break"], dict(counts["graph_break"])
+    assert counts["stats"]["unique_graphs"] == 1
 
 
 def test_in_graph_random_is_equal_in_distribution():

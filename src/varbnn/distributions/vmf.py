@@ -172,6 +172,20 @@ def _without_host_sync(device: torch.device) -> bool:
     return device.type != "cpu" or torch.compiler.is_compiling() or functorch_active()
 
 
+@torch.library.custom_op("varbnn::wood_accepted_proposals", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def _wood_rounds_op(kappa: Tensor, dim: int, max_rounds: int) -> Tensor:
+    """The eager rejection rounds on the CPU as one opaque operation of a compiled graph: a host read costs nothing
+    there, and the rounds draw about 8 Beta proposals per element where the fixed batch draws 32 (each a Gamma draw,
+    the dearest part of an RDP step on the CPU). It draws from torch's generator in the eager step's order, so a
+    compiled CPU step draws the eager step's directions."""
+    return _wood_rounds(dim, kappa, max_rounds)
+
+
+@_wood_rounds_op.register_fake
+def _(kappa: Tensor, dim: int, max_rounds: int) -> Tensor:
+    return torch.empty_like(kappa)
+
+
 def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> Tensor:
     """Draw eps ~ Beta((d-1)/2, (d-1)/2) until Wood's acceptance test passes, for every element of ``kappa``
     (detached, any shape; the result has its shape).
@@ -187,21 +201,37 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     proposals are batched) and within :func:`fixed_rejection_rounds`, it is replaced by ``PROPOSALS_FIXED`` (32)
     proposals drawn at once, without a host synchronisation (:func:`_without_host_sync`).
     """
+    if not _fixed_rounds and kappa.device.type == "cpu" and torch.compiler.is_compiling() and not functorch_active():
+        return _wood_rounds_op(kappa.detach(), dim, max_rounds)  # compiled on the CPU: the eager rounds, opaque
+    if _fixed_rounds or _without_host_sync(kappa.device):
+        return _wood_fixed(dim, kappa)
+    return _wood_rounds(dim, kappa, max_rounds)
+
+
+def _wood_fixed(dim: int, kappa: Tensor) -> Tensor:
+    """``PROPOSALS_FIXED`` proposals per element at once, the first accepted kept (the last if none): no host read."""
+    shape, work, device = kappa.shape, kappa.dtype, kappa.device
+    n = kappa.numel()
+    shared = _compact(kappa.detach())
+    kappa_arg = shared if shared.dim() == 0 else shared.reshape(-1)
+    e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIXED, n, work, device)
+    accept = torch.cat([accept[:-1], torch.ones_like(accept[-1:])])
+    first = accept.to(torch.uint8).argmax(0)
+    return e.gather(0, first.unsqueeze(0)).squeeze(0).reshape(shape)
+
+
+def _wood_rounds(dim: int, kappa: Tensor, max_rounds: int) -> Tensor:
+    """Rounds of proposals for the pending elements until each is accepted (a host read per round; see
+    :func:`wood_accepted_proposals`)."""
     shape, work, device = kappa.shape, kappa.dtype, kappa.device
     n = kappa.numel()
     shared = _compact(kappa.detach())
     kappa_all: Tensor | None = None
     kappa_arg: Tensor | float
-    fixed = _fixed_rounds or _without_host_sync(device)
     if shared.dim() == 0:
-        kappa_arg = float(shared) if device.type == "cpu" and not fixed else shared
+        kappa_arg = float(shared) if device.type == "cpu" else shared
     else:
         kappa_all = kappa_arg = shared.reshape(-1)
-    if fixed:  # no host synchronisation: PROPOSALS_FIXED at once, the last kept if none is accepted
-        e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIXED, n, work, device)
-        accept = torch.cat([accept[:-1], torch.ones_like(accept[-1:])])
-        first = accept.to(torch.uint8).argmax(0)
-        return e.gather(0, first.unsqueeze(0)).squeeze(0).reshape(shape)
     e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIRST_ROUND, n, work, device)
     first = accept.to(torch.uint8).argmax(0)  # index of the first accepted proposal (0 if none)
     eps = e.gather(0, first.unsqueeze(0)).squeeze(0)
