@@ -256,9 +256,9 @@ def run_uci_learned(
     ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
     ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes.
     ``compile``: every training step through ``fit(compile=...)`` (``True`` or a torch.compile mode; a runtime choice
-    like ``device``: the protocol hash does not change, each record names its mode, the page counts them). The compiled
-    step draws the same weight noise as the eager one on the CPU; RDP's Wood sampler draws its proposals in one fixed
-    batch there (the same distribution, another random stream)."""
+    like ``device``: the protocol hash does not change, each record names its mode, the page counts them). On the CPU
+    the compiled step draws the eager step's random numbers (RDP's Wood proposals too since commit 7128299; before it,
+    in one fixed batch: the same distribution, another random stream)."""
     if compile is not False:
         compile_mode(compile)  # a ValueError naming the allowed values before any run
     jobs = regression_jobs(config.datasets, config.active_variants, config.max_splits, split_major=True)
