@@ -64,3 +64,22 @@ def stats_objective():
         return total
 
     return objective
+
+
+@pytest.fixture
+def fit_compile_spy(monkeypatch):
+    """``spy(module)``: ``module.fit`` replaced by one that records each call's ``compile=`` and trains eagerly; returns
+    the list of recorded values (the experiment runners' ``--compile`` tests)."""
+
+    def spy(module):
+        seen = []
+        real_fit = module.fit
+
+        def fit(*args, compile=False, **kwargs):
+            seen.append(compile)
+            return real_fit(*args, **kwargs)
+
+        monkeypatch.setattr(module, "fit", fit)
+        return seen
+
+    return spy

@@ -665,21 +665,14 @@ def _baselines_config() -> ExperimentConfig:
     )
 
 
-def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, monkeypatch):
+def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, fit_compile_spy):
     """``compile`` reaches every ``fit`` of the runs (plain, a family, the plain network a post-hoc run starts from),
     each record says it, the page counts the compiled step as a device of its own, and it is not part of the protocol:
     an eager invocation finds the compiled runs done. (fit(compile=True) itself is tested in test_compile.py; here
     ``fit`` is spied on and runs eagerly.)"""
     from varbnn.experiments import runner
 
-    seen = []
-    real_fit = runner.fit
-
-    def spy(*args, compile=False, **kwargs):
-        seen.append(compile)
-        return real_fit(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "fit", spy)
+    seen = fit_compile_spy(runner)
     config = dataclasses.replace(
         _baselines_config(),
         variants=(Variant("plain", family="plain"), Variant("mf", family="meanfield"), Variant("T", family="temperature")),

@@ -88,20 +88,13 @@ def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_di
     assert (tmp_path / "uci-learned-quick.md").read_text().split("\n- search")[1] == page.split("\n- search")[1]
 
 
-def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_protocol(data_dir, tmp_path, monkeypatch):
+def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_protocol(data_dir, tmp_path, fit_compile_spy):
     """``--compile`` reaches the search's and the final run's ``fit``, each record names the mode, the page counts the
     compiled runs, and an eager invocation finds them done (the protocol hash does not change). (fit(compile=True)
     itself is tested in test_compile.py; here ``fit`` is spied on and runs eagerly.)"""
     from varbnn.experiments import uci_learned
 
-    seen = []
-    real_fit = uci_learned.fit
-
-    def spy(*args, compile=False, **kwargs):
-        seen.append(compile)
-        return real_fit(*args, **kwargs)
-
-    monkeypatch.setattr(uci_learned, "fit", spy)
+    seen = fit_compile_spy(uci_learned)
     args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress",
             "--set", "only=('mean-field',)"]  # fmt: skip
     with warnings.catch_warnings():
