@@ -219,8 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{', '.join(uci_only)}: options of uci only (use --set FIELD=VALUE for {name!r})")
         if args.variants and name not in CONFIGS:
             parser.error(f"--variants: supported by the generic runner's configs (see `varbnn list`), not by {name!r}")
-        if args.compile and name not in CONFIGS and name != "uci-learned":
-            parser.error(f"--compile: supported by the generic runner's configs and uci-learned, not by {name!r}")
+        if args.compile:
+            from varbnn.experiments.catalog import experiment as _entry
+
+            try:
+                compiles = _entry(name).compiles
+            except ValueError:
+                compiles = True  # an unknown name: refused below with the list of names
+            if not compiles:
+                parser.error(f"--compile: supported by the generic runner's configs and uci-learned, not by {name!r}")
         if args.workers < 1:
             parser.error(f"--workers must be a positive integer, got {args.workers}")
         if args.shard:
