@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 import varbnn
@@ -65,11 +65,29 @@ def test_every_other_loader_is_used_as_it_is():
         DataLoader(data, batch_size=4, sampler=RandomSampler(data, replacement=True)),
         DataLoader(data, batch_size=4, sampler=RandomSampler(data, num_samples=5)),
         DataLoader(data, batch_size=None),
+        DataLoader(data, batch_size=4, sampler=SequentialSampler(range(5))),  # a sampler over other data: 5 rows
+        DataLoader(data, batch_size=4, sampler=RandomSampler(range(5))),
+        DataLoader(data, batch_size=4, timeout=3),  # the DataLoader refuses it without workers: it should say so
         DataLoader(list(zip(torch.randn(10, 2), torch.randn(10), strict=True)), batch_size=4),
         [(torch.randn(4, 2), torch.randn(4))],
     ]
     for loader in others:
         assert fast_batches(loader) is loader
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_are_contiguous_as_stacked_whatever_the_datas_layout(shuffle):
+    images = torch.randn(9, 3, 4, 5).to(memory_format=torch.channels_last)
+    table = torch.randn(4, 9).t()  # transposed: strides (1, 9)
+    loader = DataLoader(TensorDataset(images, table), batch_size=4, shuffle=shuffle)
+    fast = fast_batches(loader)
+    assert isinstance(fast, _TensorLoaderBatches)
+    torch.manual_seed(1)
+    expected = list(loader)
+    torch.manual_seed(1)
+    for got, want in zip(fast, expected, strict=True):
+        for a, b in zip(got, want, strict=True):
+            assert a.is_contiguous() and b.is_contiguous() and a.stride() == b.stride() and torch.equal(a, b)
 
 
 def test_fit_through_the_fast_path_trains_exactly_as_through_the_dataloader():

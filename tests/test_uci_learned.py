@@ -112,4 +112,8 @@ def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_p
         main([*args, "--compile", "fast"])
     eager = tmp_path / "eager"
     assert main([*args[:4], str(eager), *args[5:]]) == 0
+    seen.clear()
+    with pytest.raises(ValueError, match="compile is not available with distributed training"):  # before any run
+        uci_learned.run_uci_learned(uci_learned.quick_config(), out_dir=tmp_path / "ddp", compile=True, distributed=True)
+    assert seen == [] and not (tmp_path / "ddp").exists()
     assert "- training steps: eager (`fit(compile=False)`) in every run" in (eager / "uci-learned-quick.md").read_text()

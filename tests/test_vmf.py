@@ -577,3 +577,20 @@ def test_wood_sampler_reads_the_host_only_on_the_cpu(monkeypatch):
     seen = []
     vmap(lambda t: seen.append(_without_host_sync(torch.device("cpu"))) or t)(torch.zeros(2))
     assert seen == [True]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_cpu_rejection_op_passes_torch_library_opcheck(dtype):
+    """``varbnn::wood_accepted_proposals`` (the eager rounds inside a compiled CPU graph): its schema, autograd
+    registration and fake implementation agree with the real op for every layout of ``kappa`` (a fake that kept a
+    transposed kappa's strides broke inductor's compiled graphs), an expanded layer concentration, the circle and
+    the sphere, and an empty batch."""
+    torch.manual_seed(0)
+    kappa = torch.rand(4, 3, dtype=dtype) * 10 + 0.1
+    cases = [(kappa, 5), (kappa.t(), 5), (torch.full((), 2.0, dtype=dtype).expand(6, 3), 3),
+             (kappa[:, :1].expand(4, 7), 2), (torch.empty(0, 3, dtype=dtype), 50)]  # fmt: skip
+    for k, dim in cases:
+        torch.library.opcheck(torch.ops.varbnn.wood_accepted_proposals.default, (k, dim, 1000))
+        out = torch.ops.varbnn.wood_accepted_proposals(k, dim, 1000)
+        assert out.shape == k.shape and out.dtype == dtype and out.is_contiguous()
+        assert bool(((out > 0) & (out < 1)).all())  # Beta draws

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -269,7 +269,7 @@ class DeterministicModule:
     deliberate: bool
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return [indent + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
 
@@ -368,7 +368,7 @@ class _Walker:
     def _record(self, name: str, new: nn.Module, source: nn.Module | None) -> nn.Module:
         variational = sum(p.numel() for p in new.parameters())
         if isinstance(new, BayesianModule):
-            weights = sum(math.prod(q.shape) for _, q, _ in new.bayesian_tensors())  # type: ignore[arg-type]
+            weights = sum(math.prod(q._require_built()) for _, q, _ in new.bayesian_tensors())
         else:
             weights = sum(p.numel() for p in (source if source is not None else new).parameters())
         source_type = type(source).__name__ if source is not None else None

@@ -319,7 +319,7 @@ class _KLSumPlan(NamedTuple):
     """What :class:`_NormalKLSum` needs besides the tensors: how many tensors, how many of them (the first ones) have
     sigma statistics, their ``var_scale``, every tensor's ``numel`` and the sum of the constants."""
 
-    count: int
+    tensors: int
     with_stats: int
     var_scales: tuple[float, ...]
     numels: tuple[int, ...]
@@ -357,7 +357,7 @@ class _NormalKLSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan: _KLSumPlan, *tensors: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        count, stats = plan.count, plan.with_stats
+        count, stats = plan.tensors, plan.with_stats
         locs = tensors[:count]
         sum_logs, sum_sqs = tensors[count : count + stats], tensors[count + stats : count + 2 * stats]
         prior_locs, prior_scales = tensors[count + 2 * stats : 2 * count + 2 * stats], tensors[2 * count + 2 * stats :]
@@ -386,7 +386,7 @@ class _NormalKLSum(torch.autograd.Function):
             minus = -grad
             grads += [minus] * plan.with_stats
             grads += list((scaled[: plan.with_stats] * var_scales[: plan.with_stats]).unbind())
-        return (*grads, *([None] * (2 * plan.count)))
+        return (*grads, *([None] * (2 * plan.tensors)))
 
 
 def normal_kl_sum(parts: list[NormalKLParts]) -> torch.Tensor:

@@ -104,7 +104,7 @@ def _training_set_size(n_data: Any, name: str = "n_data") -> int:
             value = operator.index(n_data)
         except TypeError:
             if isinstance(n_data, numbers.Real) and math.isfinite(n_data) and float(n_data).is_integer():
-                value = int(n_data)
+                value = int(float(n_data))
     if value is None or value < 1:
         raise ValueError(f"{name} must be a positive integer (the training-set size), got {n_data!r}")
     return value

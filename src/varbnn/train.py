@@ -21,7 +21,7 @@ import tempfile
 import types
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -892,7 +892,7 @@ def fit(
                 epoch=epoch + 1,
             )
         if checkpoint is not None and vdist.is_main_process():
-            extra = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
+            extra: dict[str, Any] = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
             if lik is not None:
                 extra["likelihood"] = lik.state_dict()
             save_checkpoint(
@@ -1023,7 +1023,7 @@ def _nonfinite_data(x: torch.Tensor, y: torch.Tensor) -> str | None:
     return None
 
 
-def _gradients_finite(parameters: list[torch.Tensor]) -> bool:
+def _gradients_finite(parameters: Sequence[torch.Tensor]) -> bool:
     grads = [p.grad for p in parameters if p.grad is not None and p.grad.numel() > 0]
     if not grads:
         return True
@@ -1051,7 +1051,7 @@ def _distinct_examples_per_epoch(loader: object) -> int | None:
         else:
             return None
         if getattr(loader.batch_sampler, "drop_last", False):
-            count = min(count, len(loader.batch_sampler) * int(loader.batch_sampler.batch_size))  # type: ignore[attr-defined]
+            count = min(count, len(loader.batch_sampler) * int(loader.batch_sampler.batch_size))  # type: ignore[attr-defined, arg-type]
     except (TypeError, AttributeError):
         return None
     return count

@@ -36,8 +36,8 @@ class TensorBatches:
 
 def _plain_tensor_loader(loader: object) -> tuple[tuple[torch.Tensor, ...], int, bool, bool] | None:
     """``(tensors, batch_size, shuffle, drop_last)`` of a ``DataLoader`` that only indexes an in-memory
-    ``TensorDataset`` and stacks the examples (no workers, default sampler and collation, no generator, no pinning);
-    None for any other loader."""
+    ``TensorDataset`` and stacks the examples (no workers, no timeout, default sampler over that dataset and default
+    collation, no generator, no pinning); None for any other loader."""
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
     from torch.utils.data._utils.collate import default_collate
 
@@ -45,7 +45,11 @@ def _plain_tensor_loader(loader: object) -> tuple[tuple[torch.Tensor, ...], int,
         return None
     if loader.num_workers != 0 or loader.pin_memory or loader.generator is not None or loader.collate_fn is not default_collate:
         return None
+    if loader.timeout != 0:  # refused by the DataLoader's own iterator without workers: let it say so
+        return None
     sampler, batches = loader.sampler, loader.batch_sampler
+    if getattr(sampler, "data_source", None) is not loader.dataset:  # a sampler over other data (e.g. range(5))
+        return None
     if type(batches) is not BatchSampler or batches.sampler is not sampler or batches.batch_size is None:
         return None
     if type(sampler) is RandomSampler:
@@ -91,6 +95,7 @@ class _TensorLoaderBatches:
         for i in range(len(self)):
             if self.shuffle:
                 index = order[i * self.batch_size : (i + 1) * self.batch_size]
-                yield [t[index] for t in self.tensors]
+                yield [t[index].contiguous() for t in self.tensors]  # contiguous, as stacked, whatever t's layout
             else:
-                yield [t[i * self.batch_size : (i + 1) * self.batch_size].clone() for t in self.tensors]  # a copy, as stacked
+                yield [t[i * self.batch_size : (i + 1) * self.batch_size].clone(memory_format=torch.contiguous_format)
+                       for t in self.tensors]  # a contiguous copy, as stacked  # fmt: skip

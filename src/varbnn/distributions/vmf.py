@@ -116,8 +116,9 @@ def _log_sphere_area(dim: int) -> float:
 PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
 PROPOSALS_FIXED = 32
-"""Proposals per element when the rejection loop does not wait on the host (off the CPU, inside torch.compile and
-under torch.func transforms: :func:`_without_host_sync`): all drawn at once and the first accepted kept. Wood's
+"""Proposals per element when the rejection loop does not wait on the host (off the CPU, compiled or not, and under
+torch.func transforms: :func:`_without_host_sync`; a compiled step on the CPU runs the eager rounds as one opaque
+operation instead, :func:`_wood_rounds_op`): all drawn at once and the first accepted kept. Wood's
 acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks d from 2 to 1000 over kappa in
 [1e-3, 1e6]; the lowest is on the circle, d = 2): an element has none accepted with probability <= 0.37^32 ~ 2e-14;
 it then keeps its last proposal (a draw from Wood's envelope, not the target).
@@ -168,7 +169,8 @@ def _wood_proposals(
 def _without_host_sync(device: torch.device) -> bool:
     """Whether Wood's sampler draws its fixed proposals at once instead of rounds that read the acceptance on the host:
     on every device but the CPU (a read waits for the device: one per layer and step), inside torch.compile (one
-    graph) and under a torch.func transform (batched proposals, no data-dependent control flow)."""
+    graph; :func:`wood_accepted_proposals` takes the CPU's compiled case out first: the eager rounds as one opaque
+    operation) and under a torch.func transform (batched proposals, no data-dependent control flow)."""
     return device.type != "cpu" or torch.compiler.is_compiling() or functorch_active()
 
 
@@ -183,7 +185,7 @@ def _wood_rounds_op(kappa: Tensor, dim: int, max_rounds: int) -> Tensor:
 
 @_wood_rounds_op.register_fake
 def _(kappa: Tensor, dim: int, max_rounds: int) -> Tensor:
-    return torch.empty_like(kappa)
+    return kappa.new_empty(kappa.shape)  # contiguous, as the rounds' result, whatever kappa's strides
 
 
 def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> Tensor:
@@ -196,10 +198,12 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     were accepted): with an acceptance rate >= 0.63 for all d and kappa (see ``PROPOSALS_FIXED``), an element needs
     a second round with probability <= 0.37^8 ~ 4e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4)
     proposals. A concentration expanded from one value (a layer's) is used as that value (on the CPU as a Python
-    float). That loop runs on the CPU, where Gamma draws are dear and a host read is free. On every other device,
-    inside torch.compile, under a torch.func transform (e.g. ``varbnn.predict``'s vmap over draws, where the
-    proposals are batched) and within :func:`fixed_rejection_rounds`, it is replaced by ``PROPOSALS_FIXED`` (32)
-    proposals drawn at once, without a host synchronisation (:func:`_without_host_sync`).
+    float). That loop runs on the CPU, where Gamma draws are dear and a host read is free; inside torch.compile on
+    the CPU it runs as one opaque operation of the graph (``varbnn::wood_accepted_proposals``), drawing what the
+    eager step draws. On every other device (compiled or not), under a torch.func transform (e.g.
+    ``varbnn.predict``'s vmap over draws, where the proposals are batched) and within :func:`fixed_rejection_rounds`,
+    it is replaced by ``PROPOSALS_FIXED`` (32) proposals drawn at once, without a host synchronisation
+    (:func:`_without_host_sync`).
     """
     if not _fixed_rounds and kappa.device.type == "cpu" and torch.compiler.is_compiling() and not functorch_active():
         return _wood_rounds_op(kappa.detach(), dim, max_rounds)  # compiled on the CPU: the eager rounds, opaque

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from varbnn.experiments.config import ExperimentConfig, Variant
 
@@ -361,7 +362,7 @@ register_config(
 # rule and by validation thresholds (no retraining): how many conv1 filters (the FLOPs) each prior leaves, at what
 # error. The prior to carry into lenet5-front is the one whose gap rule keeps 4-8 conv1 filters with the lowest
 # validation error of its validation rule (stated on the page; the test set is not used to choose).
-_RADIUS_PRIORS = (
+_RADIUS_PRIORS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("lenet5-prune's prior (global 1e-4, local 5e-3)", {}, {}),
     ("local scale 1e-3", {}, {"local_scale": 1e-3}),
     ("local scale 2e-4", {}, {"local_scale": 2e-4}),

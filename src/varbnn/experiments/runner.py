@@ -119,7 +119,7 @@ def build_model(config: ExperimentConfig, variant: Variant, trained: torch.nn.Mo
             f"{variant.label}: module_families names unknown modules {missing}; modules: {sorted(n for n in names if n)}"
         )
     prior = make_prior(variant.prior, **variant.prior_options)
-    initial = {} if config.pretrained is None else {"pretrained": config.pretrained}
+    initial: dict[str, Any] = {} if config.pretrained is None else {"pretrained": config.pretrained}
     if trained is not None:
         initial = {"pretrained": True}
     model = bayesianize(
@@ -495,9 +495,9 @@ def _run_seed(
     results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
     for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
         results[f"rank-{rank}"] = (replace_stds_with_rank_k(model, rank), f"{variant.label}, stds -> rank-{rank}")
-    for key, (evaluated, label) in results.items():
+    for which, (evaluated, label) in results.items():
         scores, probs = evaluate_variant(config, variant, evaluated, (x_test, y_test), n_train, seed, dev)
-        if key == "":
+        if which == "":
             scores.update(
                 parameters=float(parameter_count(model)),
                 train_seconds=train_seconds,
@@ -523,7 +523,7 @@ def _run_seed(
                         if name in record:
                             scores[f"{name}@{int(record['step'])}"] = record[name]
         scored.append((label, scores))
-        if seed == config.seeds[0] and key == "":
+        if seed == config.seeds[0] and which == "":
             figure_data.update(label=label, predictions=(probs, y_test), model=model)
         if progress:
             summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())

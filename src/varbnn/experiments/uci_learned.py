@@ -64,7 +64,7 @@ from varbnn.experiments.regression import standardise as _standardise
 from varbnn.families import make_family
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
 from varbnn.objectives import linear_kl_annealing
-from varbnn.predict import predict
+from varbnn.predict import RegressionSummary, predict
 from varbnn.priors import make_prior
 from varbnn.train import compile_mode, default_optimizer, fit, seed_everything
 
@@ -140,6 +140,8 @@ def _build(variant: UCIVariant, knob: float | None, in_features: int, dataset: s
     if variant.family == "ensemble":
         nets = [regression_network(dataset, in_features, outputs=2) for _ in range(members)]
         return (DeepEnsemble(nets) if members > 1 else nets[0]), HeteroscedasticGaussian()  # the search trains one
+    if knob is None:
+        raise ValueError(f"{variant.label}: no value of its searched knob (a prior scale or a dropout rate)")
     if variant.family == "mc-dropout":
         return MCDropout(regression_network(dataset, in_features, dropout=float(knob))), Gaussian()
     scale_key = "global_scale" if variant.prior == "radial_directional" else "scale"
@@ -160,7 +162,10 @@ def _log_likelihood(
     with torch.no_grad():
         outputs = predict(model, x, samples=samples)
         ll = (likelihood.log_predictive(outputs, y) - y_std.log()).mean()
-        mean = likelihood.summary(outputs).mean.reshape(y.shape)
+        summary = likelihood.summary(outputs)
+        if not isinstance(summary, RegressionSummary):
+            raise TypeError(f"a regression likelihood was expected, got {type(likelihood).__name__}")
+        mean = summary.mean.reshape(y.shape)
         scores = torch.stack([ll, (mean - y).square().mean().sqrt() * y_std]).double()
         vdist.all_reduce_mean_([scores])
     model.train()
@@ -261,6 +266,8 @@ def run_uci_learned(
     in one fixed batch: the same distribution, another random stream)."""
     if compile is not False:
         compile_mode(compile)  # a ValueError naming the allowed values before any run
+        if distributed:  # what fit would refuse in the first run, after the data are loaded: refused before it
+            raise ValueError("compile is not available with distributed training yet (fit refuses it): drop one of the two")
     jobs = regression_jobs(config.datasets, config.active_variants, config.max_splits, split_major=True)
     return run_regression(
         config, jobs, functools.partial(_run_key, config, data_dir, compile=compile),

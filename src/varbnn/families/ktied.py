@@ -72,7 +72,7 @@ class _ExpOuterStats(torch.autograd.Function):
             gram_u, gram_v = ctx.grams
             g_u, g_v = u @ (gram_v * (2 * g_sq)), v @ (gram_u * (2 * g_sq))
         if grad is not None:  # + factor G V, + factor G^T U, added by the same GEMM (addmm)
-            if g_u is None:
+            if g_u is None or g_v is None:
                 g_u, g_v = (grad @ v).mul_(factor), (grad.T @ u).mul_(factor)
             else:
                 g_u, g_v = torch.addmm(g_u, grad, v, alpha=factor), torch.addmm(g_v, grad.T, u, alpha=factor)

@@ -376,11 +376,11 @@ class RadialDirectional(VariationalFamily):
         if score_terms is not None:
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
         noise = torch.randn(sample_shape + (groups,), dtype=param.dtype, device=param.device)
-        radius_params = [self._param(grouping, name) for name in _RADIUS_PARAMS]
+        local_loc, local_rho, global_loc, global_rho = (self._param(grouping, name) for name in _RADIUS_PARAMS)
         if functorch_active():  # e.g. predict's vmap over draws: plain operations (the Function is not transform-ready)
-            radius = _log_normal_radius(*radius_params, noise)
+            radius = _log_normal_radius(local_loc, local_rho, global_loc, global_rho, noise)
         else:
-            radius = _LogNormalRadius.apply(*radius_params, noise)
+            radius = _LogNormalRadius.apply(local_loc, local_rho, global_loc, global_rho, noise)
         matrix = householder_sample(param, omega, sin_theta, radius, normalize=True)
         return _from_groups(matrix, self._require_built(), grouping), score
 

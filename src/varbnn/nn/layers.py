@@ -272,8 +272,8 @@ class BayesEmbedding(_WeightOpLayer):
         if x.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"BayesEmbedding: input must be integer indices (int64 or int32), got {x.dtype}")
         out = self._apply_op(x)
-        if self.padding_row is not None:
-            out = torch.where((x == self.padding_idx).unsqueeze(-1), self.padding_row.to(out.dtype), out)
+        if self.padding_row is not None and self.padding_idx is not None:
+            out = torch.where(x.eq(self.padding_idx).unsqueeze(-1), self.padding_row.to(out.dtype), out)
         return out
 
     def extra_repr(self) -> str:

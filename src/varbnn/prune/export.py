@@ -93,7 +93,7 @@ def lenet5_sizes(architecture: str | Sequence[int]) -> tuple[int, int]:
     from varbnn.models import lenet5
 
     c1, c2, inputs, hidden = units
-    features = lenet5(widths=(c1, c2, hidden))[:7]  # conv - pool - conv - pool - flatten, as the exported model
+    features = list(lenet5(widths=(c1, c2, hidden)).children())[:7]  # conv - pool - conv - pool - flatten, as the exported model
     model = nn.Sequential(*features, SelectFeatures(torch.arange(inputs)), nn.Linear(inputs, hidden), nn.ReLU(),
                           nn.Linear(hidden, 10))  # fmt: skip
     return count_parameters_and_flops(model, torch.zeros(1, 1, 28, 28))
