@@ -368,6 +368,73 @@ def _front_table(rows: list[dict[str, Any]]) -> list[str]:
             "", *chosen]  # fmt: skip
 
 
+FRONT_GOALS: tuple[tuple[int, float], ...] = ((160_000, 0.010), (120_000, 0.011))
+"""Issue 30's goals for the LeNet-5 front: (FLOPs limit, test error limit), each for the model chosen on validation."""
+
+
+def _front_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The front's points: per budget, the row with the lowest mean validation error (as :func:`_front_table` chooses)
+    with its mean FLOPs, errors and share of seeds that reached the budget; increasing budgets."""
+    points = []
+    for budget in front_budgets(rows):
+        p = f"front{budget}"
+        valid = [r for r in rows if f"{p}_architecture" in r and not math.isnan(float(r[f"{p}_validation_error"]))]
+        if not valid:
+            continue
+        best = min(valid, key=lambda r: r[f"{p}_validation_error"])
+        points.append({
+            "budget": budget, "variant": best["variant"], "architecture": best[f"{p}_architecture"],
+            "flops": float(best[f"{p}_flops"]), "test_error": float(best[f"{p}_test_error"]),
+            "scratch_test_error": float(best.get(f"{p}_scratch_test_error", float("nan"))),
+            "reached": float(best.get(f"{p}_reached", float("nan"))),
+        })  # fmt: skip
+    return points
+
+
+def front_goal_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 30's verdicts for the LeNet-5 front: its two goals (:data:`FRONT_GOALS`, each judged on the point of the
+    largest budget within the FLOPs limit, chosen on validation) and, per row of Table 2, whether a point of the front
+    matches or beats it (mean FLOPs at most the row's, the smaller of its counted and recomputed sizes, and mean test
+    error at most its error as printed), with the random-initialisation control at that point's architecture."""
+    points = _front_points(rows)
+    if not points:
+        return []
+    lines = ["Goals and Table 2 against the front (means over the seeds of the posterior; the point of each budget "
+             "chosen on validation):", ""]  # fmt: skip
+    for limit, error in FRONT_GOALS:
+        within = [pt for pt in points if pt["budget"] <= limit]
+        if not within:
+            lines.append(f"- <= {100 * error:.1f}% test error at <= {_thousands(limit)} FLOPs: no budget of the front "
+                         "within the limit")  # fmt: skip
+            continue
+        pt = within[-1]
+        met = pt["flops"] <= limit and pt["test_error"] <= error and pt["reached"] == 1.0
+        lines.append(
+            f"- <= {100 * error:.1f}% test error at <= {_thousands(limit)} FLOPs: **{'met' if met else 'not met'}** "
+            f"(the {_thousands(pt['budget'])} point: {pt['architecture']}, {pt['flops']:,.0f} FLOPs, test error "
+            f"{_percent(pt['test_error'])}; random init at that architecture {_percent(pt['scratch_test_error'])})"
+        )
+    table = []
+    for method, arch, flops, flops_again, _, _, error in published_lenet5_sizes():
+        limit = min(flops, flops_again)
+        fits = [pt for pt in points if pt["flops"] <= limit]
+        if not fits:
+            table.append([method, arch, f"{limit:,}", f"{100 * error:.1f}%", MISSING, MISSING, MISSING, MISSING,
+                          "no point of the front this small"])  # fmt: skip
+            continue
+        best = min(fits, key=lambda pt: pt["test_error"])
+        verdict = "matched or beaten" if best["test_error"] <= error else "not matched"
+        if verdict == "not matched" and best["scratch_test_error"] > error:
+            verdict += " (random init at that architecture misses it too)"
+        table.append([method, arch, f"{limit:,}", f"{100 * error:.1f}%", _thousands(best["budget"]),
+                      f"{best['flops']:,.0f}", _percent(best["test_error"]), _percent(best["scratch_test_error"]),
+                      verdict])  # fmt: skip
+    header = ["method", "architecture", "FLOPs (the smaller size)", "error", "front point", "its FLOPs",
+              "its test error", "random init", "verdict"]  # fmt: skip
+    lines += ["", *markdown_table(header, table, ["---", "---", RIGHT, RIGHT, RIGHT, RIGHT, RIGHT, RIGHT, "---"])]
+    return lines
+
+
 def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> str:
     """The results tables (metrics as ``mean ± sem`` over seeds; ``*_wsem``: SEM over weight draws within a seed,
     averaged over seeds) with their provenance; traces (``name@step``) in a second table; a prune config's rules in a
@@ -406,6 +473,8 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
     paper = PAPER_TABLES.get(str(result["name"]).removesuffix("-quick"))
     if paper:
         lines += ["", *paper]
+    if front and str(result["name"]).removesuffix("-quick") == "lenet5-front":
+        lines += ["", *front_goal_lines(rows)]
     if str(result["name"]).startswith("uncertainty-"):
         from varbnn.experiments.uncertainty import goal_lines
 
