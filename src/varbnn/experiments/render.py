@@ -336,7 +336,6 @@ def _front_table(rows: list[dict[str, Any]]) -> list[str]:
     header = ["FLOPs budget", "variant", "architecture (per seed)", "parameters", "FLOPs", "budget reached",
               "validation error", "test error", "random init: validation error", "random init: test error"]  # fmt: skip
     table: list[list[str]] = []
-    chosen: list[str] = []
     for budget in front_budgets(rows):
         p = f"front{budget}"
         have = [row for row in rows if f"{p}_architecture" in row]
@@ -349,13 +348,8 @@ def _front_table(rows: list[dict[str, Any]]) -> list[str]:
             table.append([_thousands(budget), str(row["variant"]), str(row[f"{p}_architecture"]),
                           f"{row[f'{p}_parameters']:,.0f}", f"{row[f'{p}_flops']:,.0f}",
                           MISSING if math.isnan(reached) else f"{reached:.0%} of seeds", *errors])  # fmt: skip
-        valid = [row for row in have if not math.isnan(float(row[f"{p}_validation_error"]))]
-        if valid:
-            best = min(valid, key=lambda r: r[f"{p}_validation_error"])
-            chosen.append(
-                f"- {_thousands(budget)} FLOPs: {best['variant']} (validation {_percent(best[f'{p}_validation_error'])}, "
-                f"test {_percent(best[f'{p}_test_error'])})"
-            )
+    chosen = [f"- {_thousands(pt['budget'])} FLOPs: {pt['variant']} (validation {_percent(pt['validation_error'])}, "
+              f"test {_percent(pt['test_error'])})" for pt in _front_points(rows)]  # fmt: skip
     notes = [
         "Error-FLOPs front (`prune_front`): at each FLOPs budget the staged rule (varbnn.prune.iterative_budget, no "
         "parameter cap) exports and retrains the model; the random-initialisation control trains the same architecture "
@@ -373,8 +367,9 @@ FRONT_GOALS: tuple[tuple[int, float], ...] = ((160_000, 0.010), (120_000, 0.011)
 
 
 def _front_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The front's points: per budget, the row with the lowest mean validation error (as :func:`_front_table` chooses)
-    with its mean FLOPs, errors and share of seeds that reached the budget; increasing budgets."""
+    """The front's points: per budget, the row with the lowest mean validation error (NaN never chosen) with its mean
+    FLOPs, errors and share of seeds that reached the budget; increasing budgets. :func:`_front_table` lists them as
+    the choice on validation, :func:`front_goal_lines` judges them."""
     points = []
     for budget in front_budgets(rows):
         p = f"front{budget}"
@@ -385,6 +380,7 @@ def _front_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         points.append({
             "budget": budget, "variant": best["variant"], "architecture": best[f"{p}_architecture"],
             "flops": float(best[f"{p}_flops"]), "test_error": float(best[f"{p}_test_error"]),
+            "validation_error": float(best[f"{p}_validation_error"]),
             "scratch_test_error": float(best.get(f"{p}_scratch_test_error", float("nan"))),
             "reached": float(best.get(f"{p}_reached", float("nan"))),
         })  # fmt: skip
