@@ -1,0 +1,177 @@
+"""Why RDP trails mean-field in ``uci-learned``: its direction concentration over one search run, traced.
+
+One run of the ``uci-learned`` protocol's search (the same code: ``varbnn.experiments.uci_learned._train`` on 80% of a
+standard split, the validation 20% scored every ``--every`` epochs with 32 draws), for four variants at one prior
+scale:
+
+* ``RDP (double)`` exactly as the table runs it (``bayesianize``'s default ``pretrained=True``, so the directions start
+  at the trained-weights ``init_resultant`` 0.999 although the network is fresh);
+* the same with ``init_resultant=0.95`` (the from-scratch default, the published code's);
+* the same without the rejection-sampling score correction (``score_correction=False``: its share of the
+  concentration gradient);
+* ``mean-field``, for reference.
+
+At each traced epoch: the validation log-likelihood and RMSE (original units), the learned noise std (standardised
+units) and, per RDP grouping of the first layer, the shared concentration kappa, the group dimension d, the mean
+resultant length A_d(kappa) (the relative size of the direction noise is about sqrt(1 - A^2)) and the median std of
+the groups' local log radius. A diagnostic, not a benchmark: the test set is not touched.
+
+    .venv/bin/python benchmarks/rdp_trace.py [--dataset energy] [--split 0] [--scale 1.0] [--every 25]
+
+Writes ``benchmarks/results/uci-learned/rdp-trace.json`` / ``.md`` / ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+OUT = ROOT / "benchmarks" / "results" / "uci-learned"
+VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("RDP (double), as in the table", "RDP (double)", {}),
+    ("RDP (double), init_resultant 0.95", "RDP (double)", {"init_resultant": 0.95}),
+    ("RDP (double), no score correction", "RDP (double)", {"score_correction": False}),
+    ("mean-field", "mean-field", {}),
+)
+
+
+def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    from varbnn.data import load_uci
+    from varbnn.distributions import VonMisesFisher
+    from varbnn.experiments import uci_learned as U
+    from varbnn.families.rdp import RadialDirectional
+
+    config = U.UCILearnedConfig(datasets=(args.dataset,))
+    variant = next(v for v in config.variants if v.label == base)
+    variant = dataclasses.replace(variant, family_options={**variant.family_options, **options})
+    data = load_uci(args.dataset, args.split, None, normalize=False)
+    x_all, y_all = data.x_train, data.y_train
+    order = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(args.split))  # as the protocol's
+    n_val = max(1, round(config.validation_fraction * len(x_all)))
+    fit_idx, val_idx = order[n_val:], order[:n_val]
+    (xm, xs), (ym, ys) = U._standardise(x_all[fit_idx], y_all[fit_idx])
+    x_fit, y_fit = (x_all[fit_idx] - xm) / xs, (y_all[fit_idx] - ym) / ys
+    x_val, y_val = (x_all[val_idx] - xm) / xs, (y_all[val_idx] - ym) / ys
+    epochs = max(U._lengths(config, len(fit_idx)))
+    rows: list[dict[str, Any]] = []
+
+    def at_epoch(epoch: int, model: torch.nn.Module, likelihood: Any) -> None:
+        if epoch % args.every and epoch not in (1, epochs):
+            return
+        ll, rmse, _ = U._log_likelihood(model, likelihood, x_val, y_val, config.validation_samples, ys)
+        row: dict[str, Any] = {"epoch": epoch, "val_ll": ll, "val_rmse": rmse,
+                               "noise_std": float(likelihood.noise_std.detach())}  # fmt: skip
+        first = next(m for m in model.modules() if hasattr(m, "posteriors"))
+        family = first.posteriors["weight"]
+        if isinstance(family, RadialDirectional):
+            with torch.no_grad():
+                for grouping in family.groupings:
+                    direction = family.mean_direction(grouping)
+                    kappa = family.concentration(grouping)
+                    a = VonMisesFisher(direction[:1], kappa.reshape(1)).mean_resultant_length
+                    _, variance = family.log_radius_moments(grouping, local_only=True)
+                    row[grouping] = {"kappa": float(kappa), "d": int(direction.shape[-1]), "A": float(a),
+                                     "log_radius_std": float(variance.sqrt().median())}  # fmt: skip
+        rows.append(row)
+
+    U.seed_everything(args.split)
+    start = time.perf_counter()
+    U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1, at_epoch=at_epoch)
+    print(f"{label}: {time.perf_counter() - start:.0f} s", flush=True)
+    return {"label": label, "options": options, "epochs": epochs, "seconds": round(time.perf_counter() - start, 1),
+            "trace": rows}  # fmt: skip
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "# rdp-trace: RDP's direction concentration over one uci-learned search run",
+        "",
+        f"{result['dataset']} split {result['split']}, prior scale {result['scale']}: the protocol's search run (80% of "
+        "the training split, the validation 20% scored with 32 draws). Diagnostic only (no test data).",
+        "",
+        f"- command: `{result['command']}`",
+        f"- commit: `{result['commit']}`",
+        f"- device: {result['device']}",
+        f"- wall time: {result['seconds']:.0f} s",
+        "",
+    ]
+    for run in result["runs"]:
+        rdp = "row" in run["trace"][0]
+        head = "| epoch | val LL | val RMSE | noise std |"
+        if rdp:
+            head += " row kappa (d) | row A | row log-radius std | column kappa (d) | column A |"
+        lines += [f"## {run['label']} ({run['seconds']:.0f} s)", "", head,
+                  "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
+        best = max(run["trace"], key=lambda r: r["val_ll"])
+        for r in run["trace"]:
+            mark = " (best)" if r is best else ""
+            cells = f"| {r['epoch']}{mark} | {r['val_ll']:.3f} | {r['val_rmse']:.3f} | {r['noise_std']:.3f} |"
+            if rdp:
+                row, col = r["row"], r["column"]
+                cells += (f" {row['kappa']:.4g} ({row['d']}) | {row['A']:.4f} | {row['log_radius_std']:.3f} |"
+                          f" {col['kappa']:.4g} ({col['d']}) | {col['A']:.4f} |")  # fmt: skip
+            lines.append(cells)
+        lines.append("")
+    lines += ["![validation log-likelihood and concentration by epoch](rdp-trace.png)", ""]
+    return "\n".join(lines)
+
+
+def figure(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for run in result["runs"]:
+        epochs = [r["epoch"] for r in run["trace"]]
+        left.plot(epochs, [r["val_ll"] for r in run["trace"]], marker=".", label=run["label"])
+        if "row" in run["trace"][0]:
+            right.plot(epochs, [r["row"]["kappa"] for r in run["trace"]], marker=".", label=run["label"] + ": rows")
+    left.set(xlabel="epoch", ylabel="validation log-likelihood (nats per point)", title="validation LL")
+    right.set(xlabel="epoch", ylabel="row concentration kappa", yscale="log", title="first layer, rows")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="energy", help="a UCI set (default energy)")
+    parser.add_argument("--split", type=int, default=0, help="standard split (default 0)")
+    parser.add_argument("--scale", type=float, default=1.0, help="the searched prior scale (default 1.0)")
+    parser.add_argument("--every", type=int, default=25, help="trace every this many epochs (default 25)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args(argv)
+    from varbnn.experiments.engine import describe_device, git_commit
+
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    result: dict[str, Any] = {
+        "name": "rdp-trace", "dataset": args.dataset, "split": args.split, "scale": args.scale,
+        "command": "python benchmarks/rdp_trace.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": git_commit(), "device": describe_device(torch.device("cpu")),
+        "runs": [trace_run(label, base, options, args) for label, base, options in VARIANTS],
+    }  # fmt: skip
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "rdp-trace.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / "rdp-trace.md").write_text(render(result))
+    figure(result, OUT / "rdp-trace.png")
+    print(f"wrote {OUT / 'rdp-trace.md'}")
+
+
+if __name__ == "__main__":
+    main()
