@@ -104,7 +104,20 @@ def render(result: dict[str, Any]) -> str:
         f"- device: {result['device']}",
         f"- wall time: {result['seconds']:.0f} s",
         "",
+        "Summary (best = the highest validation log-likelihood traced; final = the last epoch):",
+        "",
     ]
+    for run in result["runs"]:
+        best, last = max(run["trace"], key=lambda r: r["val_ll"]), run["trace"][-1]
+        line = (f"- {run['label']}: best {best['val_ll']:.3f} at epoch {best['epoch']}, final {last['val_ll']:.3f} "
+                f"(RMSE {last['val_rmse']:.3f})")  # fmt: skip
+        if "row" in last:
+            row, col = last["row"], last["column"]
+            line += (f"; final kappa {row['kappa']:.3g} on the rows (d = {row['d']}, A = {row['A']:.3f}) and "
+                     f"{col['kappa']:.3g} on the columns (d = {col['d']}, A = {col['A']:.3f}), started at "
+                     f"{run['trace'][0]['row']['kappa']:.3g} and {run['trace'][0]['column']['kappa']:.3g}")  # fmt: skip
+        lines.append(line)
+    lines.append("")
     for run in result["runs"]:
         rdp = "row" in run["trace"][0]
         head = "| epoch | val LL | val RMSE | noise std |"
@@ -154,14 +167,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="the searched prior scale (default 1.0)")
     parser.add_argument("--every", type=int, default=25, help="trace every this many epochs (default 25)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--no-train", action="store_true", help="re-render the page and figure from the saved JSON")
     args = parser.parse_args(argv)
+    if args.no_train:
+        result = json.loads((OUT / "rdp-trace.json").read_text())
+        (OUT / "rdp-trace.md").write_text(render(result))
+        figure(result, OUT / "rdp-trace.png")
+        return
     from varbnn.experiments.engine import describe_device, git_commit
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     result: dict[str, Any] = {
         "name": "rdp-trace", "dataset": args.dataset, "split": args.split, "scale": args.scale,
-        "command": "python benchmarks/rdp_trace.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python benchmarks/rdp_trace.py", *(argv if argv is not None else sys.argv[1:])]),
         "commit": git_commit(), "device": describe_device(torch.device("cpu")),
         "runs": [trace_run(label, base, options, args) for label, base, options in VARIANTS],
     }  # fmt: skip

@@ -109,5 +109,9 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         f"- RDP at or above mean-field on {rdp_ahead} of {rdp_compared} (goal: >= 5 of 9)", "",
         *markdown_table(["dataset", *(f"{label} RMSE" for label in labels)], rmse_rows),
     ]  # fmt: skip
-    lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
+    lines += [
+        "", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run.", "",
+        "Why RDP trails mean-field: [rdp-trace.md](rdp-trace.md) traces its concentration, radii and validation "
+        "log-likelihood over one search run (`benchmarks/rdp_trace.py`, energy split 0).",
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
