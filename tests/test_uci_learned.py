@@ -13,6 +13,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from varbnn.cli import main
+from varbnn.experiments.pages.uci_learned import chose_longest
 from varbnn.experiments.uci_learned import LEARNED_VARIANTS, UCILearnedConfig, _lengths, _log_likelihood, quick_config
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian
 
@@ -60,6 +61,18 @@ def test_lengths_are_capped_by_the_step_budget_and_the_grid_is_per_variant():
         UCILearnedConfig(datasets=("nope",))
 
 
+def test_chose_longest_reads_the_search_as_the_run_chose():
+    def search(*scores: float) -> list[dict[str, float]]:
+        lengths = [(0.1, 40), (0.1, 100), (1.0, 40), (1.0, 100)]
+        return [{"knob": k, "epochs": e, "val_ll": v} for (k, e), v in zip(lengths, scores)]
+
+    assert chose_longest({"search": search(-3.0, -2.0, -2.5, -2.2)})  # argmax at 100 epochs, the longest
+    assert not chose_longest({"search": search(-3.0, -2.6, -2.0, -2.2)})  # argmax at 40 epochs
+    assert not chose_longest({"search": search(-3.0, float("nan"), -2.0, -2.2)})  # NaN scores are not choices
+    assert chose_longest({"search": search(float("nan"), float("nan"), -2.5, -2.2)})
+    assert not chose_longest({"search": []}) and not chose_longest({})
+
+
 def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_dir, tmp_path, capsys):
     args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress"]
     only = ["--set", "only=('mean-field', 'MC dropout', 'deep ensemble (5)')"]
@@ -80,6 +93,11 @@ def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_di
         assert math.isfinite(record["ll"]) and record["rmse"] > 0
     page = (tmp_path / "uci-learned-quick.md").read_text()
     assert "| yacht | -1.30 | -1.18 |" in page and "[1]" in page
+    longest = page.split("ended training.")[1]
+    expected_cells = [f"{int(chose_longest(r))} of 1" for r in sorted(records, key=lambda r: r["variant"])]
+    assert sorted(longest.split("| yacht |")[1].split("\n")[0].replace(" ", "").split("|")[:-1]) == sorted(
+        cell.replace(" ", "") for cell in expected_cells
+    )
     before = (tmp_path / "uci-learned-quick_runs.jsonl").read_text()
     capsys.readouterr()
     assert main([*args, *only]) == 0  # every run saved: nothing retrained
