@@ -975,9 +975,10 @@ def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int, la
     near_marginal = label_entropy is None or recent > 0.5 * label_entropy
     if len(history) >= 3 and weights and kl_per_weight < _PRIOR_KL_PER_WEIGHT and recent > 0.9 * first and near_marginal:
         problems.append(
-            f"the posterior sits on the prior (KL {kl_per_weight:.3g} nats per weight) and the training NLL has not "
-            f"fallen since the first epoch ({first:.4g} -> {recent:.4g} over the last epochs): the data barely moved the "
-            "weights. Lower the KL weight (fit(beta=...)), train longer or at a larger learning rate, or use more data"
+            f"the posterior sits on the prior (KL {kl_per_weight:.3g} nats per weight) and the training NLL has fallen "
+            f"by less than 10% since the first epoch ({first:.4g} -> {recent:.4g} over the last epochs): the data barely "
+            "moved the weights. Unless the targets carry that little signal, lower the KL weight (fit(beta=...)), train "
+            "longer or at a larger learning rate, or use more data"
         )
     ratios = []
     for module in model.modules():
