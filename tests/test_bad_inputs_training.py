@@ -276,3 +276,20 @@ def test_bad_training_input(case: BadInput, tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no row may pass by way of a warning it did not ask for
         check(BadInput(case.id, call, case.raises, case.match, case.expect))
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float16, torch.float32), (torch.float64,)])
+def test_gradients_finite_finds_nan_and_inf_in_any_tensor_and_dtype(dtypes):
+    from varbnn.train import _gradients_finite
+
+    params = [torch.zeros(3, 4, dtype=d, requires_grad=True) for d in dtypes]
+    for p in params:
+        p.grad = torch.full_like(p, 65504.0 if p.dtype == torch.float16 else 1e30)  # finite, near the dtype's top
+    assert _gradients_finite(params)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for p in params:
+            saved = p.grad.clone()
+            p.grad[1, 2] = bad
+            assert not _gradients_finite(params), (p.dtype, bad)
+            p.grad = saved
+    assert _gradients_finite([torch.zeros(2, requires_grad=True)])  # no gradient at all

@@ -1030,7 +1030,9 @@ def _gradients_finite(parameters: Sequence[torch.Tensor]) -> bool:
         return True
     try:  # max |g| per tensor, NaN-propagating: one fused kernel instead of one isfinite per tensor
         peaks = torch._foreach_norm(grads, float("inf"))
-        return bool(torch.stack([peak.to(torch.float64) for peak in peaks]).isfinite().all())
+        if len({peak.dtype for peak in peaks}) > 1:  # stack needs one dtype; a max |g| is representable in its own
+            peaks = [peak.to(torch.float64) for peak in peaks]
+        return bool(torch.stack(peaks).isfinite().all())
     except (RuntimeError, TypeError, NotImplementedError):  # sparse gradients, mixed devices, ...
         return all(bool(torch.isfinite(g.coalesce().values() if g.is_sparse else g).all()) for g in grads)
 
