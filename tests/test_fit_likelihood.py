@@ -98,7 +98,7 @@ def test_fit_warns_when_the_posterior_sits_on_the_prior() -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2)), MeanField())
-    with pytest.warns(TrainingWarning, match="posterior sits on the prior .* fallen by less than 10%"):
+    with pytest.warns(TrainingWarning, match="posterior sits on the prior .* did not fall by 10% of its first-epoch value"):
         fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=16, epochs=300, lr=3e-2, beta=1.0, progress=False)
 
 
@@ -180,3 +180,20 @@ def test_the_prior_diagnosis_needs_an_nll_near_the_label_marginal(monkeypatch) -
     x, y = torch.randn(64, 4), torch.tensor([0, 1, 2, 3] * 16)
     fit(nn.Linear(4, 4), DataLoader(TensorDataset(x, y), batch_size=16), n_data=64, epochs=1, progress=False)
     assert seen["entropy"] == pytest.approx(math.log(4))
+
+
+@pytest.mark.parametrize("first, recent, warns", [(-0.5, -0.52, True), (-0.5, -0.8, False), (1.3, 1.2, True), (1.3, 1.0, False)])
+def test_the_prior_warning_judges_a_negative_nll_by_its_fall_like_a_positive_one(first, recent, warns) -> None:
+    """A Gaussian likelihood's NLL can be negative: the warning asks whether it fell by 10% of its first value."""
+    import warnings
+
+    from varbnn.train import _diagnose
+
+    model = varbnn.bayesianize(nn.Linear(4, 2), MeanField())
+    weights = sum(p.numel() for n, p in model.named_parameters() if n.endswith("loc") or n.endswith("mean"))
+    history = [{"nll": first, "kl": 0.01}, {"nll": recent, "kl": 0.01}, {"nll": recent, "kl": 0.01}, {"nll": recent, "kl": 0.01}]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _diagnose(model, history, n_data=100)
+    on_prior = [w for w in caught if issubclass(w.category, TrainingWarning) and "sits on the prior" in str(w.message)]
+    assert bool(on_prior) == warns, (weights, [str(w.message) for w in caught])

@@ -71,6 +71,9 @@ def test_chose_longest_reads_the_search_as_the_run_chose():
     assert not chose_longest({"search": search(-3.0, float("nan"), -2.0, -2.2)})  # NaN scores are not choices
     assert chose_longest({"search": search(float("nan"), float("nan"), -2.5, -2.2)})
     assert not chose_longest({"search": []}) and not chose_longest({})
+    near = [{"knob": 1.0, "epochs": e, "val_ll": v} for e, v in ((40, -3.0), (400, -2.0), (417, -2.1))]
+    assert chose_longest({"search": near})  # 400 of 417 epochs: the step cap, not the validation, ended it
+    assert not chose_longest({"search": [{**near[1], "epochs": 370}, near[2]]})  # 370 < 0.9 * 417
 
 
 def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_dir, tmp_path, capsys):
@@ -93,11 +96,14 @@ def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_di
         assert math.isfinite(record["ll"]) and record["rmse"] > 0
     page = (tmp_path / "uci-learned-quick.md").read_text()
     assert "| yacht | -1.30 | -1.18 |" in page and "[1]" in page
-    longest = page.split("ended training.")[1]
-    expected_cells = [f"{int(chose_longest(r))} of 1" for r in sorted(records, key=lambda r: r["variant"])]
-    assert sorted(longest.split("| yacht |")[1].split("\n")[0].replace(" ", "").split("|")[:-1]) == sorted(
-        cell.replace(" ", "") for cell in expected_cells
-    )
+    # the budget table, read by column: the quick lengths are 2 and 4 epochs (none re-capped), so a run counts
+    # exactly when it trained 4 epochs
+    table = page.split("ended training.")[1].strip().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    cells = dict(zip(header, (c.strip() for c in next(r for r in table if r.startswith("| yacht")).strip("|").split("|"))))
+    assert {r["variant"]: cells[r["variant"]] for r in records} == {
+        r["variant"]: f"{int(r['epochs'] == 4)} of 1" for r in records
+    }
     before = (tmp_path / "uci-learned-quick_runs.jsonl").read_text()
     capsys.readouterr()
     assert main([*args, *only]) == 0  # every run saved: nothing retrained

@@ -973,10 +973,11 @@ def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int, la
     weights = sum(m.mean.numel() for m in model.modules() if isinstance(m, VariationalFamily) and m.is_built)
     kl_per_weight = history[-1]["kl"] / max(weights, 1)
     near_marginal = label_entropy is None or recent > 0.5 * label_entropy
-    if len(history) >= 3 and weights and kl_per_weight < _PRIOR_KL_PER_WEIGHT and recent > 0.9 * first and near_marginal:
+    barely_fell = recent > first - 0.1 * abs(first)  # fell by less than 10% of its first value, whatever its sign
+    if len(history) >= 3 and weights and kl_per_weight < _PRIOR_KL_PER_WEIGHT and barely_fell and near_marginal:
         problems.append(
-            f"the posterior sits on the prior (KL {kl_per_weight:.3g} nats per weight) and the training NLL has fallen "
-            f"by less than 10% since the first epoch ({first:.4g} -> {recent:.4g} over the last epochs): the data barely "
+            f"the posterior sits on the prior (KL {kl_per_weight:.3g} nats per weight) and the training NLL did not fall "
+            f"by 10% of its first-epoch value ({first:.4g} -> {recent:.4g} over the last epochs): the data barely "
             "moved the weights. Unless the targets carry that little signal, lower the KL weight (fit(beta=...)), train "
             "longer or at a larger learning rate, or use more data"
         )
@@ -1029,7 +1030,7 @@ def _gradients_finite(parameters: Sequence[torch.Tensor]) -> bool:
     if not grads:
         return True
     try:  # max |g| per tensor, NaN-propagating: one fused kernel instead of one isfinite per tensor
-        peaks = torch._foreach_norm(grads, float("inf"))
+        peaks = list(torch._foreach_norm(grads, float("inf")))
         if len({peak.dtype for peak in peaks}) > 1:  # stack needs one dtype; a max |g| is representable in its own
             peaks = [peak.to(torch.float64) for peak in peaks]
         return bool(torch.stack(peaks).isfinite().all())
