@@ -11,6 +11,10 @@ scale:
   concentration gradient);
 * ``mean-field``, for reference.
 
+The validation set is scored at the protocol's lengths on the training's random stream (as the search does) and at the
+trace's other epochs outside it (``torch.random.fork_rng``), so the table's variant trains as its saved search run did
+(compiled by default, as the queue ran it); the page sets the saved run's scores beside the trace's.
+
 At each traced epoch: the validation log-likelihood and RMSE (original units), the learned noise std (standardised
 units) and, per RDP grouping of the first layer, the shared concentration kappa, the group dimension d, the mean
 resultant length A_d(kappa) (the relative size of the direction noise is about sqrt(1 - A^2)) and the median std of
@@ -65,10 +69,16 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
     epochs = max(U._lengths(config, len(fit_idx)))
     rows: list[dict[str, Any]] = []
 
+    lengths = U._lengths(config, len(fit_idx))
+
     def at_epoch(epoch: int, model: torch.nn.Module, likelihood: Any) -> None:
-        if epoch % args.every and epoch not in (1, epochs):
+        if epoch % args.every and epoch not in (1, *lengths):
             return
-        ll, rmse, _ = U._log_likelihood(model, likelihood, x_val, y_val, config.validation_samples, ys)
+        if epoch in lengths:  # the protocol scores these on the global stream: so does the trace, to draw as it drew
+            ll, rmse, _ = U._log_likelihood(model, likelihood, x_val, y_val, config.validation_samples, ys)
+        else:  # the trace's own epochs leave the training's random stream as it was
+            with torch.random.fork_rng():
+                ll, rmse, _ = U._log_likelihood(model, likelihood, x_val, y_val, config.validation_samples, ys)
         row: dict[str, Any] = {"epoch": epoch, "val_ll": ll, "val_rmse": rmse,
                                "noise_std": float(likelihood.noise_std.detach())}  # fmt: skip
         first = next(m for m in model.modules() if hasattr(m, "posteriors"))
@@ -86,10 +96,22 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
 
     U.seed_everything(args.split)
     start = time.perf_counter()
-    U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1, at_epoch=at_epoch)
+    compile = "default" if args.compile else False
+    U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1, at_epoch=at_epoch,
+             compile=compile)  # fmt: skip
+    if compile:
+        torch._dynamo.reset()
     print(f"{label}: {time.perf_counter() - start:.0f} s", flush=True)
-    return {"label": label, "options": options, "epochs": epochs, "seconds": round(time.perf_counter() - start, 1),
-            "trace": rows}  # fmt: skip
+    recorded = None
+    if not options:  # the table's own variant: its saved search run at this scale, to compare with
+        runs = OUT / "uci-learned_runs.jsonl"
+        for line in runs.read_text().splitlines() if runs.exists() else []:
+            record = json.loads(line)
+            if (record["dataset"], record["variant"], record["split"]) == (args.dataset, base, args.split):
+                scores = {str(s["epochs"]): s["val_ll"] for s in record["search"] if s["knob"] == args.scale}
+                recorded = {"commit": record.get("commit"), "compile": record.get("compile", False), "val_ll": scores}
+    return {"label": label, "options": options, "epochs": epochs, "lengths": lengths, "compile": compile,
+            "seconds": round(time.perf_counter() - start, 1), "trace": rows, "recorded": recorded}  # fmt: skip
 
 
 def render(result: dict[str, Any]) -> str:
@@ -104,7 +126,7 @@ def render(result: dict[str, Any]) -> str:
         f"- device: {result['device']}",
         f"- wall time: {result['seconds']:.0f} s",
         "",
-        "Summary (best = the highest validation log-likelihood traced; final = the last epoch):",
+        "Summary (best = the highest validation log-likelihood traced; final = the last epoch; kappa first at epoch 1):",
         "",
     ]
     for run in result["runs"]:
@@ -114,10 +136,20 @@ def render(result: dict[str, Any]) -> str:
         if "row" in last:
             row, col = last["row"], last["column"]
             line += (f"; final kappa {row['kappa']:.3g} on the rows (d = {row['d']}, A = {row['A']:.3f}) and "
-                     f"{col['kappa']:.3g} on the columns (d = {col['d']}, A = {col['A']:.3f}), started at "
+                     f"{col['kappa']:.3g} on the columns (d = {col['d']}, A = {col['A']:.3f}); at epoch 1 "
                      f"{run['trace'][0]['row']['kappa']:.3g} and {run['trace'][0]['column']['kappa']:.3g}")  # fmt: skip
         lines.append(line)
     lines.append("")
+    for run in result["runs"]:
+        recorded = run.get("recorded")
+        if recorded:
+            traced = {str(r["epoch"]): r["val_ll"] for r in run["trace"]}
+            pairs = ", ".join(f"epoch {e}: {v:.3f} / {traced[e]:.3f}" for e, v in recorded["val_ll"].items() if e in traced)
+            lines += [f"The saved search run of {run['label']} (code {str(recorded['commit'])[:7]}, compile "
+                      f"{recorded['compile']}) against this trace at the protocol's lengths, validation LL: {pairs}. "
+                      "The trace scores its other epochs outside the training's random stream and draws as the "
+                      "protocol; where the code or the compiled kernels changed since, the runs part in rounding.",
+                      ""]  # fmt: skip
     for run in result["runs"]:
         rdp = "row" in run["trace"][0]
         head = "| epoch | val LL | val RMSE | noise std |"
@@ -168,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=25, help="trace every this many epochs (default 25)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--no-train", action="store_true", help="re-render the page and figure from the saved JSON")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="fit(compile=True), as the table's queue trains (default; --no-compile: eager)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.no_train:
         result = json.loads((OUT / "rdp-trace.json").read_text())
