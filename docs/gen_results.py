@@ -424,10 +424,11 @@ CLAIMS: tuple[Claim, ...] = (
         "0.01). On yacht the "
         "ensemble and MC dropout are above both references, the Bayesian families with the full ELBO below them; on "
         "boston radial is 0.02 below the reference (within a standard error); on energy RDP is 0.55 below mean-field; on concrete no family reaches either reference (radial 0.09 below "
-        "the best of four) and MC dropout ties the ensembles' paper. A trace of one energy search run (rdp-trace.md) "
-        "shows why RDP trails: its one concentration per layer and grouping falls to the same point from both starts "
-        "(A = 0.92, the same ~38% direction noise on every row), its validation LL peaks early and ends 0.5 nats below "
-        "mean-field's, and the score correction does not change it. "
+        "the best of four) and MC dropout ties the ensembles' paper. A trace of energy split 0's search run (rdp-trace.md, "
+        "reproducing the saved run) is consistent with RDP's one concentration per layer and grouping limiting it: the "
+        "concentration settles at nearly the same point from both starts (A = 0.92, the same ~38% direction noise on "
+        "every row), the validation LL peaks at epoch 125 and ends 0.6 nats below mean-field's, and the score "
+        "correction does not change it. "
         "The queue trains the rest with --compile in two worker processes, about 4-5 minutes per split of all seven "
         "variants in each.",
         sources=(J, R + "uci-learned/uci-learned.md", R + "uci-learned/rdp-trace.md"),
