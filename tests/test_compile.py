@@ -237,3 +237,41 @@ def test_fit_compile_refusals():
     with pytest.raises(ValueError, match=r"\(Unverified: not checked\)"):
         fit(varbnn.bayesianize(nn.Sequential(nn.Linear(4, 3)), Unverified()), loader, n_data=8, epochs=1,
             progress=False, compile=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("first, then", [(False, True), (True, False)])
+def test_a_checkpoint_resumes_across_compile_and_eager(tmp_path, monkeypatch, first, then):
+    """``compile`` is a runtime choice (the experiment runner resumes an eager run's checkpoint compiled, e.g. the
+    LeNet-5 front's seeds): a run stopped after 2 epochs and resumed the other way ends where one straight eager run
+    ends, to rounding (on the CPU the compiled step draws the eager step's random numbers)."""
+    import functools
+
+    from varbnn import train
+
+    # the checkpoint's side of compile is the step function, whatever the backend: aot_eager spares inductor's compiles
+    monkeypatch.setattr(train, "_compiled_elbo_step", functools.partial(train._compiled_elbo_step, backend="aot_eager"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+
+    def run(epochs, path, resume, compile):
+        torch._dynamo.reset()
+        model = _model("meanfield")
+        if resume:  # another start and another random stream: only the checkpoint can make it end as the straight run
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+            torch.manual_seed(123)
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+        history = fit(model, loader, n_data=64, epochs=epochs, lr=1e-2, progress=False, diagnose=False,
+                      checkpoint=path, resume=resume, compile=compile)  # fmt: skip
+        return model, history
+
+    straight, straight_history = run(4, tmp_path / "straight.pt", False, False)
+    run(2, tmp_path / "cut.pt", False, first)  # "killed" after 2 epochs
+    resumed, history = run(4, tmp_path / "cut.pt", True, then)
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    for mine, theirs in zip(history, straight_history):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
