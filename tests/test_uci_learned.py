@@ -13,7 +13,8 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from varbnn.cli import main
-from varbnn.experiments.pages.uci_learned import chose_longest
+from varbnn.experiments.pages.uci_learned import _seconds_cell, chose_longest
+from varbnn.experiments.render import MISSING
 from varbnn.experiments.uci_learned import LEARNED_VARIANTS, UCILearnedConfig, _lengths, _log_likelihood, quick_config
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian
 
@@ -76,6 +77,12 @@ def test_chose_longest_reads_the_search_as_the_run_chose():
     assert not chose_longest({"search": [{**near[1], "epochs": 370}, near[2]]})  # 370 < 0.9 * 417
 
 
+def test_seconds_cells_are_per_split_and_relative_to_the_reference():
+    assert _seconds_cell({"seconds": 300.0, "splits": 3}, {"seconds": 50.0, "splits": 2}) == "100 s (4.0x)"
+    assert _seconds_cell({"seconds": 30.0, "splits": 1}, None) == "30 s"
+    assert _seconds_cell(None, {"seconds": 50.0, "splits": 2}) == MISSING
+
+
 def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_dir, tmp_path, capsys):
     args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress"]
     only = ["--set", "only=('mean-field', 'MC dropout', 'deep ensemble (5)')"]
@@ -104,6 +111,10 @@ def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_di
     assert {r["variant"]: cells[r["variant"]] for r in records} == {
         r["variant"]: f"{int(r['epochs'] == 4)} of 1" for r in records
     }
+    # the time table: each variant's one split in seconds (no MAP run here: no ratio)
+    times = page.split("are rough.")[1].strip().splitlines()
+    time_cells = dict(zip(header, (c.strip() for c in next(r for r in times if r.startswith("| yacht")).strip("|").split("|"))))
+    assert {r["variant"]: time_cells[r["variant"]] for r in records} == {r["variant"]: f"{r['seconds']:.0f} s" for r in records}
     before = (tmp_path / "uci-learned-quick_runs.jsonl").read_text()
     capsys.readouterr()
     assert main([*args, *only]) == 0  # every run saved: nothing retrained

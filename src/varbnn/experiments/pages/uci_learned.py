@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from varbnn.experiments.uci_learned import UCILearnedConfig
 
 __all__ = [
-    "DEEP_ENSEMBLE_LL", "BASELINE_FAMILIES", "LONGEST_FRACTION", "chose_longest", "summarise_uci_learned",
+    "DEEP_ENSEMBLE_LL", "BASELINE_FAMILIES", "LONGEST_FRACTION", "TIME_REFERENCE", "chose_longest", "summarise_uci_learned",
     "render_uci_learned_markdown",
 ]  # fmt: skip
 
@@ -68,6 +68,20 @@ def summarise_uci_learned(config: UCILearnedConfig, done: Mapping[RunKey, dict[s
     return rows
 
 
+TIME_REFERENCE = "MAP (Delta)"
+"""The variant the page's training times are relative to: the plain network (weight decay as a Normal prior)."""
+
+
+def _seconds_cell(entry: Mapping[str, Any] | None, reference: Mapping[str, Any] | None) -> str:
+    """``mean seconds per split (ratio to the reference's)``, or the missing mark."""
+    if not entry:
+        return MISSING
+    seconds = entry["seconds"] / entry["splits"]
+    if not reference or reference["seconds"] <= 0:
+        return f"{seconds:.0f} s"
+    return f"{seconds:.0f} s ({seconds / (reference['seconds'] / reference['splits']):.1f}x)"
+
+
 def _list(values: Any) -> str:
     return ", ".join(f"{v:g}" for v in values)
 
@@ -112,6 +126,7 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
     ll_rows: list[list[str]] = []
     rmse_rows: list[list[str]] = []
     longest_rows: list[list[str]] = []
+    time_rows: list[list[str]] = []
     wins_ref = wins_ens = rdp_ahead = compared = rdp_compared = 0
     for row in result["rows"]:
         entries = [row.get(label) for label in labels]
@@ -120,6 +135,7 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         rmse_rows.append([row["dataset"], *(mean_se(e["rmse"], 3) if e else MISSING for e in entries)])
         longest_rows.append([row["dataset"], *(f"{e['at_longest']} of {e['splits']}" if e and "at_longest" in e
                                                else MISSING for e in entries)])  # fmt: skip
+        time_rows.append([row["dataset"], *(_seconds_cell(e, row.get(TIME_REFERENCE)) for e in entries)])
         best = max((row[f]["ll"][0] for f in families if f in row), default=None)
         if best is not None:
             compared += 1
@@ -137,7 +153,12 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         "Splits whose validation choice was the longest training length searched (the last length, or the cap of "
         f"{config['max_steps']} steps; a choice of at least {LONGEST_FRACTION:.0%} of it counts): there the search's "
         "budget, not the validation score, ended training.", "",
-        *markdown_table(["dataset", *labels], longest_rows),
+        *markdown_table(["dataset", *labels], longest_rows), "",
+        f"Seconds per split (the search and the final run, one worker), and relative to {TIME_REFERENCE} (the plain "
+        "network with weight decay) on the same set; within a set every variant ran in the same lanes, compiled or "
+        "eager alike, but the machine's load varied and a few runs include pauses (the journal names them), so the ratios "
+        "are rough.", "",
+        *markdown_table(["dataset", *labels], time_rows),
     ]  # fmt: skip
     lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
     if result["name"] == "uci-learned":  # the committed page's folder holds the trace
