@@ -594,3 +594,15 @@ def test_the_compiled_cpu_rejection_op_passes_torch_library_opcheck(dtype):
         out = torch.ops.varbnn.wood_accepted_proposals(k, dim, 1000)
         assert out.shape == k.shape and out.dtype == dtype and out.is_contiguous()
         assert bool(((out > 0) & (out < 1)).all())  # Beta draws
+
+
+def test_first_accepted_is_argmax_down_the_columns():
+    from varbnn.distributions.vmf import _first_accepted
+
+    g = torch.Generator().manual_seed(0)
+    for k, n, p in ((8, 400, 0.7), (4, 3, 0.1), (1, 5, 0.5), (8, 0, 0.5)):
+        accept = torch.rand(k, n, generator=g) < p
+        assert torch.equal(_first_accepted(accept), accept.to(torch.uint8).argmax(0))
+    accept = torch.zeros(8, 3, dtype=torch.bool)
+    accept[5, 0] = accept[2, 0] = accept[7, 2] = True  # the first of two, none, the last
+    assert _first_accepted(accept).tolist() == [2, 0, 7]

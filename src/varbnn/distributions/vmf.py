@@ -224,6 +224,12 @@ def _wood_fixed(dim: int, kappa: Tensor) -> Tensor:
     return e.gather(0, first.unsqueeze(0)).squeeze(0).reshape(shape)
 
 
+def _first_accepted(accept: Tensor) -> Tensor:
+    """Index of the first ``True`` of each column of ``accept`` (``[k, n]``; 0 where none), as ``argmax(0)`` gives it:
+    taken along contiguous rows of the transpose, which the CPU reduces about 3x faster than down the columns."""
+    return accept.to(torch.uint8).t().contiguous().argmax(1)
+
+
 def _wood_rounds(dim: int, kappa: Tensor, max_rounds: int) -> Tensor:
     """Rounds of proposals for the pending elements until each is accepted (a host read per round; see
     :func:`wood_accepted_proposals`)."""
@@ -237,7 +243,7 @@ def _wood_rounds(dim: int, kappa: Tensor, max_rounds: int) -> Tensor:
     else:
         kappa_all = kappa_arg = shared.reshape(-1)
     e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIRST_ROUND, n, work, device)
-    first = accept.to(torch.uint8).argmax(0)  # index of the first accepted proposal (0 if none)
+    first = _first_accepted(accept)  # index of the first accepted proposal (0 if none)
     eps = e.gather(0, first.unsqueeze(0)).squeeze(0)
     done = accept.any(0)
     if bool(done.all()):
@@ -246,7 +252,7 @@ def _wood_rounds(dim: int, kappa: Tensor, max_rounds: int) -> Tensor:
     for _ in range(1, max_rounds):
         pending_kappa = kappa_arg if kappa_all is None else kappa_all[pending]
         e, accept = _wood_proposals(dim, pending_kappa, PROPOSALS_PER_ROUND, pending.numel(), work, device)
-        first = accept.to(torch.uint8).argmax(0)
+        first = _first_accepted(accept)
         done = accept.any(0)
         eps[pending[done]] = e.gather(0, first.unsqueeze(0)).squeeze(0)[done]
         pending = pending[~done]
