@@ -1,0 +1,125 @@
+"""What the softplus parameterisation of a Gaussian posterior's std costs per training step on the CPU (issue 29).
+
+MeanField keeps ``sigma = softplus(rho)``: its KL needs ``sum log sigma``, so a step evaluates exp, log1p and log per
+weight forward and recomputes exp and log1p backward (the compiled step's kernels, see ``profile_step.py``). Here the
+per-weight work of one step of the MNIST MLP's weights (784x400, 400x400, 400x10 and the biases) is timed alone,
+compiled by inductor as ``fit(compile=True)`` compiles it: the draw ``w = mu + sigma * eps``, the KL's sums
+(``sum log sigma``, ``sum sigma^2``, ``sum (mu - m)^2``) and the backward from a fixed upstream gradient, for
+
+* ``softplus``: ``sigma = softplus(rho)`` (MeanField's; Blundell et al. 2015);
+* ``exp``: ``sigma = exp(rho)``, so that ``log sigma = rho`` (one transcendental forward, none new backward);
+
+beside the floor's own per-weight work, one ``torch.randn`` per weight tensor. Not a family: a measurement of the
+lever a parameterisation change would pull. Median of ``--repeats`` x ``--steps`` calls after a warm-up.
+
+    .venv/bin/python benchmarks/sigma_param.py [--threads 2] [--steps 200] [--repeats 3]
+
+Writes ``benchmarks/results/step-time/sigma_param.json`` / ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+OUT = ROOT / "benchmarks" / "results" / "step-time"
+SHAPES = ((400, 784), (400,), (400, 400), (400,), (10, 400), (10,))  # the MNIST MLP 784-400-400-10
+
+
+def _step(param: str) -> Callable[..., None]:
+    sigma_of = {"softplus": F.softplus, "exp": torch.exp}[param]
+
+    def step(rhos: list[torch.Tensor], mus: list[torch.Tensor], eps: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        loss = torch.zeros(())
+        for rho, mu, e, g in zip(rhos, mus, eps, grads):
+            sigma = sigma_of(rho)
+            log_sigma = rho if param == "exp" else sigma.log()
+            w = mu + sigma * e
+            kl = 0.5 * (sigma.square().sum() + mu.square().sum()) - log_sigma.sum()
+            loss = loss + (w * g).sum() + kl / 60_000
+        loss.backward()
+
+    return torch.compile(step)
+
+
+def _time(fn: Callable[[], None], steps: int, repeats: int) -> float:
+    """Median milliseconds per call over ``repeats`` rounds of ``steps`` calls."""
+    rounds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        rounds.append((time.perf_counter() - start) / steps * 1e3)
+    return statistics.median(rounds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    from varbnn.experiments.engine import describe_device, git_commit
+
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    g = torch.Generator().manual_seed(0)
+    mus = [(0.05 * torch.randn(s, generator=g)).requires_grad_() for s in SHAPES]
+    eps = [torch.randn(s, generator=g) for s in SHAPES]
+    grads = [torch.randn(s, generator=g) for s in SHAPES]
+    rows: dict[str, float] = {}
+    for param in ("softplus", "exp"):
+        rhos = [torch.full(s, -4.6).requires_grad_() for s in SHAPES]  # sigma ~ 0.01 either way
+        step = _step(param)
+
+        def call(step: Callable[..., None] = step, rhos: list[torch.Tensor] = rhos) -> None:
+            for t in (*rhos, *mus):
+                t.grad = None
+            step(rhos, mus, eps, grads)
+
+        for _ in range(20):
+            call()
+        rows[f"sigma = {param}(rho): draw, KL sums, backward"] = _time(call, args.steps, args.repeats)
+    draw = "torch.randn per weight tensor (the floor's draw)"
+    rows[draw] = _time(
+        lambda: [torch.randn(s) for s in SHAPES], args.steps, args.repeats
+    )
+    weights = sum(torch.Size(s).numel() for s in SHAPES)
+    result: dict[str, Any] = {
+        "name": "sigma_param", "command": " ".join(["python benchmarks/sigma_param.py", *(argv or sys.argv[1:])]),
+        "commit": git_commit(), "device": f"{describe_device(torch.device('cpu'))}, {args.threads} threads",
+        "torch": torch.__version__, "weights": weights, "steps": args.steps, "repeats": args.repeats,
+        "ms": rows, "seconds": round(time.perf_counter() - start, 1),
+    }  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "sigma_param.json").write_text(json.dumps(result, indent=2) + "\n")
+    softplus, exp = (rows[f"sigma = {p}(rho): draw, KL sums, backward"] for p in ("softplus", "exp"))
+    lines = [
+        "# sigma_param: the per-weight work of a Gaussian posterior step, softplus against exp", "",
+        f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
+        f"- torch {result['torch']}; {weights:,} weights (the MNIST MLP's); median of {args.repeats} x {args.steps} "
+        f"calls; wall time {result['seconds']:.0f} s", "",
+        "| work per step (compiled by inductor) | ms |", "|---|---:|",
+        *(f"| {name} | {ms:.3f} |" for name, ms in rows.items()), "",
+        f"The softplus parameterisation's per-weight work costs {softplus / exp:.1f}x the exp parameterisation's "
+        f"({softplus - exp:.2f} ms per step more), against {rows[draw]:.2f} ms "
+        "for the floor's draw. A diagnostic for issue 29's 1.3x-of-floor target: MeanField keeps softplus.", "",
+    ]  # fmt: skip
+    (OUT / "sigma_param.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
