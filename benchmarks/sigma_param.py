@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     weights = sum(torch.Size(s).numel() for s in SHAPES)
     result: dict[str, Any] = {
         "name": "sigma_param", "command": " ".join(["python benchmarks/sigma_param.py", *(argv or sys.argv[1:])]),
-        "commit": git_commit(), "device": f"{describe_device(torch.device('cpu'))}, {args.threads} threads",
+        "commit": git_commit(), "device": describe_device(torch.device("cpu")),
         "torch": torch.__version__, "weights": weights, "steps": args.steps, "repeats": args.repeats,
         "ms": rows, "seconds": round(time.perf_counter() - start, 1),
     }  # fmt: skip
