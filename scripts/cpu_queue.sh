@@ -5,6 +5,10 @@
 #   pkill -f scripts/cpu_queue.sh; pkill -f "varbnn.cli reproduce"   # stop it (its workers follow their parent;
 #                                                                       every finished run stays in its _runs.jsonl)
 #   QUICK=1 bash scripts/cpu_queue.sh                                   # a dry run: the --quick forms, into /tmp
+#   p=$(pgrep -f "varbnn.cli reproduce"); q="$p $(for i in $p; do pgrep -P $i; done)"
+#   kill -STOP $q; ...; kill -CONT $q                                    # pause for a timing or the test suite: the
+#                                                                       workers are spawned children whose command
+#                                                                       line does not name the reproduce command
 #
 # Each entry is resumable: a finished (variant, seed) run is one line of its runs file and is skipped, a run cut off
 # resumes from its last epoch checkpoint. The code that runs is a snapshot of HEAD taken at the start (a clone under
