@@ -1,7 +1,7 @@
 """Why RDP trails mean-field in ``uci-learned``: its direction concentration over one search run, traced.
 
 One run of the ``uci-learned`` protocol's search (the same code: ``varbnn.experiments.uci_learned._train`` on 80% of a
-standard split, the validation 20% scored every ``--every`` epochs with 32 draws), for four variants at one prior
+standard split, the validation 20% scored every ``--every`` epochs with 32 draws), for five variants at one prior
 scale:
 
 * ``RDP (double)`` exactly as the table runs it (``bayesianize``'s default ``pretrained=True``, so the directions start
@@ -9,6 +9,9 @@ scale:
 * the same with ``init_resultant=0.95`` (the from-scratch default, the published code's);
 * the same without the rejection-sampling score correction (``score_correction=False``: its share of the
   concentration gradient);
+* the same with one concentration per group (every row and column its own kappa, starting from the shared value):
+  not a library option, a subclass of the trace's own (:func:`_per_group_family`), to test whether the shared
+  concentration is what limits RDP here;
 * ``mean-field``, for reference.
 
 The validation set is scored at the protocol's lengths on the training's random stream (as the search does) and at the
@@ -17,8 +20,9 @@ trace's other epochs outside it (``torch.random.fork_rng``), so the table's vari
 
 At each traced epoch: the validation log-likelihood and RMSE (original units), the learned noise std (standardised
 units) and, per RDP grouping of the first layer, the shared concentration kappa, the group dimension d, the mean
-resultant length A_d(kappa) (the relative size of the direction noise is about sqrt(1 - A^2)) and the median std of
-the groups' local log radius. A diagnostic, not a benchmark: the test set is not touched.
+resultant length A_d(kappa) (the relative size of the direction noise is about sqrt(1 - A^2); per group: the medians
+over the groups, and the range of kappa) and the median std of the groups' local log radius. A diagnostic, not a
+benchmark: the test set is not touched.
 
     .venv/bin/python benchmarks/rdp_trace.py [--dataset energy] [--split 0] [--scale 1.0] [--every 25]
 
@@ -28,10 +32,12 @@ Writes ``benchmarks/results/uci-learned/rdp-trace.json`` / ``.md`` / ``.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +47,61 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 OUT = ROOT / "benchmarks" / "results" / "uci-learned"
+PER_GROUP = "per_group_concentration"
+"""Not a library option: the trace's own subclass (:func:`_per_group_family`) gives every row and column its own
+concentration, where the paper's RDP (and varbnn's) shares one per layer and grouping."""
 VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("RDP (double), as in the table", "RDP (double)", {}),
     ("RDP (double), init_resultant 0.95", "RDP (double)", {"init_resultant": 0.95}),
     ("RDP (double), no score correction", "RDP (double)", {"score_correction": False}),
+    ("RDP (double), one concentration per group (diagnostic)", "RDP (double)", {PER_GROUP: True}),
     ("mean-field", "mean-field", {}),
 )
+
+
+@contextlib.contextmanager
+def _per_group_family() -> Iterator[None]:
+    """While open, ``make_family("rdp", ...)`` in ``uci_learned`` builds a RadialDirectional subclass with one
+    concentration per group (each row and column: the same initial value, trained apart), whose Bessel evaluations
+    and direction KL run per group (the KL summed over the groups, as the shared form multiplies by their count)."""
+    from torch import nn
+
+    import varbnn.families.rdp as R
+    from varbnn.experiments import uci_learned as U
+
+    class PerGroup(R.RadialDirectional):
+        def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
+            super()._materialize(shape, init)
+            for grouping in self.groupings:
+                shared = self._param(grouping, "concentration_rho").detach()
+                groups = self._param(grouping, "direction").shape[0]
+                setattr(self, f"{R._PREFIX[grouping]}_concentration_rho", nn.Parameter(shared.expand(groups).clone()))
+
+        def normalizers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+            out = {}
+            for grouping in self.groupings:
+                direction = self._param(grouping, "direction")
+                kappa = self.concentration(grouping).to(R._work_dtype(direction.device))
+                out[grouping] = R.log_normalizer_and_resultant(direction.shape[1], kappa, self.ratio_method)
+            return out
+
+    def direction_kl(family: Any, grouping: str, prior: Any, normalizer: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        direction = family._param(grouping, "direction")
+        groups, dim = direction.shape
+        kappa_q = family.concentration(grouping).to(R._work_dtype(direction.device))
+        kappa_p = prior.direction_concentration(dim)
+        log_c_q, ratio = normalizer
+        log_c_p = -R._log_sphere_area(dim) if kappa_p == 0.0 else R._log_normalizer_constant(dim, float(kappa_p))
+        kl = (kappa_q - kappa_p) * ratio + log_c_q - log_c_p
+        return (kl.sum() if kl.dim() else groups * kl).to(direction.dtype)
+
+    make_family, shared_kl = U.make_family, R._direction_kl
+    U.make_family = lambda name, **options: PerGroup(**options) if name == "rdp" else make_family(name, **options)
+    R._direction_kl = direction_kl
+    try:
+        yield
+    finally:
+        U.make_family, R._direction_kl = make_family, shared_kl
 
 
 def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -57,7 +112,9 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
 
     config = U.UCILearnedConfig(datasets=(args.dataset,))
     variant = next(v for v in config.variants if v.label == base)
-    variant = dataclasses.replace(variant, family_options={**variant.family_options, **options})
+    per_group = bool(options.get(PER_GROUP))
+    family_options = {k: v for k, v in options.items() if k != PER_GROUP}
+    variant = dataclasses.replace(variant, family_options={**variant.family_options, **family_options})
     data = load_uci(args.dataset, args.split, None, normalize=False)
     x_all, y_all = data.x_train, data.y_train
     order = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(args.split))  # as the protocol's
@@ -87,18 +144,21 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
             with torch.no_grad():
                 for grouping in family.groupings:
                     direction = family.mean_direction(grouping)
-                    kappa = family.concentration(grouping)
-                    a = VonMisesFisher(direction[:1], kappa.reshape(1)).mean_resultant_length
+                    kappa = family.concentration(grouping).expand(direction.shape[0])  # shared: one value
+                    a = VonMisesFisher(direction, kappa).mean_resultant_length
                     _, variance = family.log_radius_moments(grouping, local_only=True)
-                    row[grouping] = {"kappa": float(kappa), "d": int(direction.shape[-1]), "A": float(a),
-                                     "log_radius_std": float(variance.sqrt().median())}  # fmt: skip
+                    row[grouping] = {"kappa": float(kappa.median()), "d": int(direction.shape[-1]),
+                                     "A": float(a.median()), "log_radius_std": float(variance.sqrt().median())}  # fmt: skip
+                    if per_group:  # the median above, and the spread over the groups
+                        row[grouping].update(kappa_min=float(kappa.min()), kappa_max=float(kappa.max()))
         rows.append(row)
 
     U.seed_everything(args.split)
     start = time.perf_counter()
     compile = "default" if args.compile else False
-    U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1, at_epoch=at_epoch,
-             compile=compile)  # fmt: skip
+    with _per_group_family() if per_group else contextlib.nullcontext():
+        U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1,
+                 at_epoch=at_epoch, compile=compile)  # fmt: skip
     if compile:
         torch._dynamo.reset()
     print(f"{label}: {time.perf_counter() - start:.0f} s", flush=True)
@@ -133,7 +193,12 @@ def render(result: dict[str, Any]) -> str:
         best, last = max(run["trace"], key=lambda r: r["val_ll"]), run["trace"][-1]
         line = (f"- {run['label']}: best {best['val_ll']:.3f} at epoch {best['epoch']}, final {last['val_ll']:.3f} "
                 f"(RMSE {last['val_rmse']:.3f})")  # fmt: skip
-        if "row" in last:
+        if "row" in last and "kappa_min" in last["row"]:
+            row, col = last["row"], last["column"]
+            line += (f"; final kappa per group: rows median {row['kappa']:.3g} ({row['kappa_min']:.3g} to "
+                     f"{row['kappa_max']:.3g}), columns median {col['kappa']:.3g} ({col['kappa_min']:.3g} to "
+                     f"{col['kappa_max']:.3g})")  # fmt: skip
+        elif "row" in last:
             row, col = last["row"], last["column"]
             line += (f"; final kappa {row['kappa']:.3g} on the rows (d = {row['d']}, A = {row['A']:.3f}) and "
                      f"{col['kappa']:.3g} on the columns (d = {col['d']}, A = {col['A']:.3f}); at epoch 1 "
