@@ -249,7 +249,7 @@ def figure(result: dict[str, Any], path: Path) -> None:
         if "row" in run["trace"][0]:
             right.plot(epochs, [r["row"]["kappa"] for r in run["trace"]], marker=".", label=run["label"] + ": rows")
     left.set(xlabel="epoch", ylabel="validation log-likelihood (nats per point)", title="validation LL")
-    right.set(xlabel="epoch", ylabel="row concentration kappa", yscale="log", title="first layer, rows")
+    right.set(xlabel="epoch", ylabel="row concentration kappa (per group: median)", yscale="log", title="first layer, rows")
     left.legend(fontsize=7)
     right.legend(fontsize=7)
     fig.tight_layout()
