@@ -23,6 +23,7 @@ FAMILIES = {
     "radial-closed-form": lambda: (Radial(cross_entropy="closed_form"), {}),
     "rdp-row": lambda: (RadialDirectional(), {"prior": RadialDirectionalPrior()}),
     "rdp-double": lambda: (RadialDirectional(grouping="double"), {"prior": RadialDirectionalPrior()}),
+    "rdp-per-group": lambda: (RadialDirectional(shared_concentration=False), {"prior": RadialDirectionalPrior()}),
 }
 MC_KL = ("radial", "radial-flipout")
 """Families whose KL is a Monte Carlo estimate: it draws even when the weights are at their means."""
