@@ -9,9 +9,8 @@ scale:
 * the same with ``init_resultant=0.95`` (the from-scratch default, the published code's);
 * the same without the rejection-sampling score correction (``score_correction=False``: its share of the
   concentration gradient);
-* the same with one concentration per group (every row and column its own kappa, starting from the shared value):
-  not a library option, a subclass of the trace's own (:func:`_per_group_family`), to test whether the shared
-  concentration is what limits RDP here;
+* the same with one concentration per group (``shared_concentration=False``: every row and column its own kappa,
+  starting from the shared value; not the paper's), to test whether the shared concentration is what limits RDP here;
 * ``mean-field``, for reference.
 
 The validation set is scored at the protocol's lengths on the training's random stream (as the search does) and at the
@@ -32,12 +31,10 @@ Writes ``benchmarks/results/uci-learned/rdp-trace.json`` / ``.md`` / ``.png``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,61 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 OUT = ROOT / "benchmarks" / "results" / "uci-learned"
-PER_GROUP = "per_group_concentration"
-"""Not a library option: the trace's own subclass (:func:`_per_group_family`) gives every row and column its own
-concentration, where the paper's RDP (and varbnn's) shares one per layer and grouping."""
 VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("RDP (double), as in the table", "RDP (double)", {}),
     ("RDP (double), init_resultant 0.95", "RDP (double)", {"init_resultant": 0.95}),
     ("RDP (double), no score correction", "RDP (double)", {"score_correction": False}),
-    ("RDP (double), one concentration per group (diagnostic)", "RDP (double)", {PER_GROUP: True}),
+    ("RDP (double), one concentration per group", "RDP (double)", {"shared_concentration": False}),
     ("mean-field", "mean-field", {}),
 )
-
-
-@contextlib.contextmanager
-def _per_group_family() -> Iterator[None]:
-    """While open, ``make_family("rdp", ...)`` in ``uci_learned`` builds a RadialDirectional subclass with one
-    concentration per group (each row and column: the same initial value, trained apart), whose Bessel evaluations
-    and direction KL run per group (the KL summed over the groups, as the shared form multiplies by their count)."""
-    from torch import nn
-
-    import varbnn.families.rdp as R
-    from varbnn.experiments import uci_learned as U
-
-    class PerGroup(R.RadialDirectional):
-        def _materialize(self, shape: torch.Size, init: torch.Tensor) -> None:
-            super()._materialize(shape, init)
-            for grouping in self.groupings:
-                shared = self._param(grouping, "concentration_rho").detach()
-                groups = self._param(grouping, "direction").shape[0]
-                setattr(self, f"{R._PREFIX[grouping]}_concentration_rho", nn.Parameter(shared.expand(groups).clone()))
-
-        def normalizers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-            out = {}
-            for grouping in self.groupings:
-                direction = self._param(grouping, "direction")
-                kappa = self.concentration(grouping).to(R._work_dtype(direction.device))
-                out[grouping] = R.log_normalizer_and_resultant(direction.shape[1], kappa, self.ratio_method)
-            return out
-
-    def direction_kl(family: Any, grouping: str, prior: Any, normalizer: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        direction = family._param(grouping, "direction")
-        groups, dim = direction.shape
-        kappa_q = family.concentration(grouping).to(R._work_dtype(direction.device))
-        kappa_p = prior.direction_concentration(dim)
-        log_c_q, ratio = normalizer
-        log_c_p = -R._log_sphere_area(dim) if kappa_p == 0.0 else R._log_normalizer_constant(dim, float(kappa_p))
-        kl = (kappa_q - kappa_p) * ratio + log_c_q - log_c_p
-        return (kl.sum() if kl.dim() else groups * kl).to(direction.dtype)
-
-    make_family, shared_kl = U.make_family, R._direction_kl
-    U.make_family = lambda name, **options: PerGroup(**options) if name == "rdp" else make_family(name, **options)
-    R._direction_kl = direction_kl
-    try:
-        yield
-    finally:
-        U.make_family, R._direction_kl = make_family, shared_kl
 
 
 def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -112,9 +61,8 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
 
     config = U.UCILearnedConfig(datasets=(args.dataset,))
     variant = next(v for v in config.variants if v.label == base)
-    per_group = bool(options.get(PER_GROUP))
-    family_options = {k: v for k, v in options.items() if k != PER_GROUP}
-    variant = dataclasses.replace(variant, family_options={**variant.family_options, **family_options})
+    per_group = options.get("shared_concentration") is False
+    variant = dataclasses.replace(variant, family_options={**variant.family_options, **options})
     data = load_uci(args.dataset, args.split, None, normalize=False)
     x_all, y_all = data.x_train, data.y_train
     order = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(args.split))  # as the protocol's
@@ -156,9 +104,8 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
     U.seed_everything(args.split)
     start = time.perf_counter()
     compile = "default" if args.compile else False
-    with _per_group_family() if per_group else contextlib.nullcontext():
-        U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1,
-                 at_epoch=at_epoch, compile=compile)  # fmt: skip
+    U._train(config, variant, args.scale, x_fit, y_fit, epochs, torch.device("cpu"), args.dataset, 1, at_epoch=at_epoch,
+             compile=compile)  # fmt: skip
     if compile:
         torch._dynamo.reset()
     print(f"{label}: {time.perf_counter() - start:.0f} s", flush=True)
