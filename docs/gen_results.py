@@ -432,8 +432,8 @@ CLAIMS: tuple[Claim, ...] = (
         "reproducing the saved run) points at RDP's one concentration per layer and grouping: it settles at nearly "
         "the same point from both starts (A = 0.92, the same ~38% direction noise on every row), the validation LL "
         "peaks at epoch 125 and ends 0.6 nats below mean-field's, the score correction does not change it, and with one "
-        "concentration per group (a diagnostic subclass, not the paper's family) the same run ends 0.15 nats below "
-        "mean-field's (-1.77 against -1.62). "
+        "concentration per group (shared_concentration=False, an option beyond the paper) the same run ends 0.15 nats "
+        "below mean-field's (-1.77 against -1.62). "
         "The queue trains the rest with --compile in two worker processes, about 4-5 minutes per split of all seven "
         "variants in each.",
         sources=(J, R + "uci-learned/uci-learned.md", R + "uci-learned/rdp-trace.md"),
