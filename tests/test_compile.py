@@ -23,7 +23,7 @@ FAMILIES = {
     "radial-closed-form": lambda: (Radial(cross_entropy="closed_form"), {}),
     "rdp-row": lambda: (RadialDirectional(), {"prior": RadialDirectionalPrior()}),
     "rdp-double": lambda: (RadialDirectional(grouping="double"), {"prior": RadialDirectionalPrior()}),
-    "rdp-per-group": lambda: (RadialDirectional(shared_concentration=False), {"prior": RadialDirectionalPrior()}),
+    "rdp-per-group": lambda: (RadialDirectional(grouping="row", shared_concentration=False), {"prior": RadialDirectionalPrior()}),
 }
 MC_KL = ("radial", "radial-flipout")
 """Families whose KL is a Monte Carlo estimate: it draws even when the weights are at their means."""
@@ -57,7 +57,13 @@ def _keep_distribution_validation():
 def _model(name):
     torch.manual_seed(0)
     family, kwargs = FAMILIES[name]()
-    return varbnn.bayesianize(nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)), family, **kwargs)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)), family, **kwargs)
+    if name == "rdp-per-group":  # the groups' concentrations apart, as after training
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if param_name.endswith("concentration_rho"):
+                    param.add_(torch.randn(param.shape))
+    return model
 
 
 def _batch():

@@ -826,8 +826,9 @@ def test_the_elbo_gradient_under_torch_func_grad_equals_autograd(family):
 
 def test_one_concentration_per_group_kl_is_the_sum_of_each_groups_vmf_kl_and_equals_the_shared_one_when_equal():
     """``shared_concentration=False``: a concentration per row (and column); the direction KL is each group's own vMF
-    KL, summed (oracle: torch.distributions' KL of each group's vMF); with every group at the shared value the family
-    is the shared one (its KL and its draws for the same seed)."""
+    KL, summed (against ``kl_divergence`` of each group's own VonMisesFisher, uniform and tied priors: this checks the
+    per-group evaluation and the sum, the vMF KL itself is tested against Monte Carlo in test_vmf.py); with every
+    group at the shared value the family is the shared one (its KL and its draws for the same seed)."""
     torch.manual_seed(0)
     init = torch.randn(4, 10)
     shared = RadialDirectional(grouping="double", init_resultant=0.7).build(torch.Size([4, 10]), init)
@@ -843,23 +844,36 @@ def test_one_concentration_per_group_kl_is_the_sum_of_each_groups_vmf_kl_and_equ
     torch.manual_seed(3)
     b = group.rsample()
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    # different concentrations per group: the direction KL is the sum of the groups' own
+    # different concentrations per group, rows and columns: the direction KL is the sum of the groups' own
     with torch.no_grad():
         group.row_concentration_rho.copy_(torch.log(torch.tensor([2.0, 20.0, 200.0, 2000.0])))
-    prior = RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, direction="uniform")
-    radius_only = group.kl(prior) - sum(_direction_part(group, g, prior) for g in ("row", "column"))
-    expected = torch.zeros(())
-    for grouping, dim in (("row", 10), ("column", 4)):
-        kappa = group.concentration(grouping)
-        loc = F.normalize(torch.randn(kappa.shape[0], dim), dim=-1)
-        expected = expected + kl_divergence(VonMisesFisher(loc, kappa), HypersphericalUniform(dim, kappa.shape)).sum()
-    torch.testing.assert_close(group.kl(prior), expected + radius_only, rtol=1e-5, atol=1e-4)
+        group.col_concentration_rho.copy_(torch.log(torch.logspace(0, 3, 10)))
+    for prior in (RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, direction="uniform"),
+                  RadialDirectionalPrior(global_scale=0.5, local_scale=2.0, concentration=7.0)):  # fmt: skip
+        radius_only = group.kl(prior) - sum(_direction_part(group, g, prior) for g in ("row", "column"))
+        expected = torch.zeros(())
+        for grouping, dim in (("row", 10), ("column", 4)):
+            kappa = group.concentration(grouping)
+            loc = F.normalize(torch.randn(kappa.shape[0], dim), dim=-1)
+            target = (HypersphericalUniform(dim, kappa.shape) if prior.direction == "uniform"
+                      else VonMisesFisher(loc, torch.full_like(kappa, prior.direction_concentration(dim))))  # fmt: skip
+            expected = expected + kl_divergence(VonMisesFisher(loc, kappa), target).sum()
+        torch.testing.assert_close(group.kl(prior), expected + radius_only, rtol=1e-5, atol=1e-4)
     # every group's concentration gets its own gradient
     terms = group.kl(prior)
     (grad,) = torch.autograd.grad(terms, group.row_concentration_rho)
     assert grad.shape == (4,) and len(set(grad.tolist())) == 4
     with pytest.raises(TypeError, match="shared_concentration"):
         RadialDirectional(shared_concentration="no")
+    # each row's draws have the resultant length its own concentration predicts (and a sample shape works)
+    rows = RadialDirectional(grouping="row", shared_concentration=False).build(torch.Size([4, 10]), init)
+    with torch.no_grad():
+        rows.row_concentration_rho.copy_(torch.log(torch.tensor([2.0, 20.0, 200.0, 2000.0])))
+        draws = rows.rsample((4000,))  # [4000, 4, 10]
+    cosines = (F.normalize(draws, dim=-1) * rows.mean_direction("row")).sum(-1)  # [4000, 4]
+    expected_a = VonMisesFisher(rows.mean_direction("row"), rows.concentration("row")).mean_resultant_length
+    se = cosines.std(0) / math.sqrt(cosines.shape[0])
+    assert ((cosines.mean(0) - expected_a).abs() < 5 * se + 1e-4).all(), (cosines.mean(0), expected_a)
 
 
 def _direction_part(family, grouping, prior):
@@ -887,6 +901,8 @@ def test_one_concentration_per_group_trains_predicts_and_saves():
     assert rho.shape == (8,) and len(set(rho.tolist())) > 1  # trained apart
     draws = predict(model, x, samples=8)
     assert draws.shape == (8, 64, 3) and torch.isfinite(draws).all()
+    batched = torch.func.vmap(lambda _: model(x), randomness="different")(torch.arange(4))  # the vmap path itself
+    assert batched.shape == (4, 64, 3) and torch.isfinite(batched).all() and not torch.equal(batched[0], batched[1])
     posterior = model[0].posteriors["weight"]
     assert torch.isfinite(posterior.mean).all() and torch.isfinite(posterior.mode).all()
     clone = bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)),

@@ -2,7 +2,8 @@
 
 Each group g (a row, or a column) of the weight matrix is ``w_g = r_g * u_g``:
 
-* direction ``u_g ~ vMF(mu_g, kappa)`` on S^{d-1}, one concentration per layer and grouping (eq. 5-6);
+* direction ``u_g ~ vMF(mu_g, kappa)`` on S^{d-1}, one concentration per layer and grouping (eq. 5-6; or one per
+  group with ``shared_concentration=False``, beyond the paper);
 * radius ``r_g = s * z_g`` with ``s = sqrt(s_a s_b)`` (one per layer and grouping) and ``z_g = sqrt(a_g b_g)``, every
   factor log-normal, approximating the Gamma(1/2) x InvGamma(1/2) halves of the half-Cauchy priors (eq. 7-10).
   ``log r_g`` is therefore Normal with mean ``(m_a + m_b + m_sa + m_sb) / 2`` and variance ``(v_a + v_b + v_sa +
@@ -159,7 +160,8 @@ class RadialDirectional(VariationalFamily):
     :class:`varbnn.priors.RadialDirectionalPrior`.
 
     Each group g (row or column of the weight matrix) is ``w_g = r_g * u_g`` with a von Mises-Fisher direction
-    ``u_g ~ vMF(mu_g, kappa)`` (one kappa per layer and grouping; eq. 4-6) and a log-normal radius
+    ``u_g ~ vMF(mu_g, kappa)`` (one kappa per layer and grouping, eq. 4-6, by default; see ``shared_concentration``)
+    and a log-normal radius
     ``r_g = sqrt(s_a s_b) * sqrt(a_g b_g)`` (eq. 7-10; see the module docstring). The KL against the prior is in
     closed form (eq. 12), summed over the groups and the groupings: the direction term
     ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)`` per group, plus
@@ -197,16 +199,16 @@ class RadialDirectional(VariationalFamily):
         global pair starts at 0 (the behaviour before ``radius_init`` existed). The initial weights are the same
         either way; with small prior scales (e.g. global 1e-4) ``"even"`` starts with a KL of ~1e9 nats that Adam
         needs tens of epochs to shed, during which weak units die.
+    :param concentration_param: ``kappa = exp(rho)`` (``"log"``, default) or ``softplus(rho)`` (``"softplus"``, the
+        published code's choice). With softplus, rho ~= kappa for the concentrations of big layers (hundreds to
+        thousands), and Adam moves a parameter by about its learning rate per step, so kappa hardly leaves its
+        initial value (at lr 1e-3, by at most ~120 in 120,000 steps); ``"log"`` lets it move by a factor per step.
     :param shared_concentration: one concentration per layer and grouping (``True``, default: the paper's, eq. 4-6) or
         one per group, i.e. per row or column (``False``: not in the paper). A shared concentration gives every group
         the same relative direction noise; in a learned-noise UCI search run it settled at about 38% on every row and
         cost 0.6 nats of validation log-likelihood against mean-field, where one per group let a few rows become
         precise and cost 0.15 (``benchmarks/results/uci-learned/rdp-trace.md``, one split). Per group, the Bessel
         functions run once per group instead of once per layer.
-    :param concentration_param: ``kappa = exp(rho)`` (``"log"``, default) or ``softplus(rho)`` (``"softplus"``, the
-        published code's choice). With softplus, rho ~= kappa for the concentrations of big layers (hundreds to
-        thousands), and Adam moves a parameter by about its learning rate per step, so kappa hardly leaves its
-        initial value (at lr 1e-3, by at most ~120 in 120,000 steps); ``"log"`` lets it move by a factor per step.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
 
@@ -465,7 +467,7 @@ class RadialDirectional(VariationalFamily):
     def normalizers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """``{grouping: (log C_d(kappa), A_d(kappa))}`` of the directions, in the working precision and differentiable in
         the concentrations, from ONE fused Bessel evaluation over the groupings (double grouping: the row and the
-        column sphere together)."""
+        column sphere together); with ``shared_concentration=False`` one evaluation per grouping, over its groups."""
         directions = [self._param(g, "direction") for g in self.groupings]
         work = _work_dtype(directions[0].device)
         kappas = [self.concentration(g).to(work) for g in self.groupings]
@@ -519,10 +521,10 @@ def _direction_kl(
     family: RadialDirectional, grouping: str, prior: RadialDirectionalPrior, normalizer: tuple[torch.Tensor, torch.Tensor]
 ) -> torch.Tensor:
     """Sum over the groups of KL(vMF(mu_g, kappa_q) || vMF(mu_g, kappa_p)) (tied prior mean) or of KL(vMF || uniform):
-    ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)``, the same for every group; with
-    kappa_p = 0, ``log C_d(0) = -log |S^{d-1}|``. ``normalizer`` is (log C_d(kappa_q), A_d(kappa_q)) from the family's one
-    fused Bessel evaluation per step (:meth:`RadialDirectional.take_normalizers`; none in backward). With one
-    concentration per group (``shared_concentration=False``) each group's term is its own, summed."""
+    ``(kappa_q - kappa_p) A_d(kappa_q) + log C_d(kappa_q) - log C_d(kappa_p)``, the same for every group under a
+    shared concentration (each group's own, summed, with ``shared_concentration=False``); with kappa_p = 0,
+    ``log C_d(0) = -log |S^{d-1}|``. ``normalizer`` is (log C_d(kappa_q), A_d(kappa_q)) from the family's Bessel
+    evaluation of the step (:meth:`RadialDirectional.take_normalizers`; none in backward)."""
     direction = family._param(grouping, "direction")  # only its shape and dtype: no normalisation needed
     groups, dim = direction.shape
     kappa_q = family.concentration(grouping).to(_work_dtype(direction.device))
