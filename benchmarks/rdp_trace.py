@@ -25,7 +25,8 @@ benchmark: the test set is not touched.
 
     .venv/bin/python benchmarks/rdp_trace.py [--dataset energy] [--split 0] [--scale 1.0] [--every 25]
 
-Writes ``benchmarks/results/uci-learned/rdp-trace.json`` / ``.md`` / ``.png``.
+Writes ``benchmarks/results/uci-learned/rdp-trace.json`` / ``.md`` / ``.png`` (for another set, split or scale
+``rdp-trace-<dataset>-<split>-<scale>.*``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Nam
             "seconds": round(time.perf_counter() - start, 1), "trace": rows, "recorded": recorded}  # fmt: skip
 
 
+def _stem(result: dict[str, Any]) -> str:
+    """The output files' name: ``rdp-trace`` for energy split 0 at scale 1, else with the dataset, split and scale."""
+    if (result["dataset"], result["split"], result["scale"]) == ("energy", 0, 1.0):
+        return "rdp-trace"
+    return f"rdp-trace-{result['dataset']}-{result['split']}-{result['scale']:g}"
+
+
 def render(result: dict[str, Any]) -> str:
     lines = [
         "# rdp-trace: RDP's direction concentration over one uci-learned search run",
@@ -179,7 +187,7 @@ def render(result: dict[str, Any]) -> str:
                           f" {col['kappa']:.4g} ({col['d']}) | {col['A']:.4f} |")  # fmt: skip
             lines.append(cells)
         lines.append("")
-    lines += ["![validation log-likelihood and concentration by epoch](rdp-trace.png)", ""]
+    lines += [f"![validation log-likelihood and concentration by epoch]({_stem(result)}.png)", ""]
     return "\n".join(lines)
 
 
@@ -216,9 +224,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="fit(compile=True), as the table's queue trains (default; --no-compile: eager)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.no_train:
-        result = json.loads((OUT / "rdp-trace.json").read_text())
-        (OUT / "rdp-trace.md").write_text(render(result))
-        figure(result, OUT / "rdp-trace.png")
+        result = json.loads((OUT / f"{_stem(vars(args))}.json").read_text())
+        (OUT / f"{_stem(result)}.md").write_text(render(result))
+        figure(result, OUT / f"{_stem(result)}.png")
         return
     from varbnn.experiments.engine import describe_device, git_commit
 
@@ -232,9 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     result["seconds"] = round(time.perf_counter() - start, 1)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "rdp-trace.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "rdp-trace.md").write_text(render(result))
-    figure(result, OUT / "rdp-trace.png")
+    (OUT / f"{_stem(result)}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / f"{_stem(result)}.md").write_text(render(result))
+    figure(result, OUT / f"{_stem(result)}.png")
     print(f"wrote {OUT / 'rdp-trace.md'}")
 
 
