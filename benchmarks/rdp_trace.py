@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     (OUT / f"{_stem(result)}.json").write_text(json.dumps(result, indent=2) + "\n")
     (OUT / f"{_stem(result)}.md").write_text(render(result))
     figure(result, OUT / f"{_stem(result)}.png")
-    print(f"wrote {OUT / 'rdp-trace.md'}")
+    print(f"wrote {OUT / (_stem(result) + '.md')}")
 
 
 if __name__ == "__main__":
