@@ -207,7 +207,8 @@ class RadialDirectional(VariationalFamily):
         one per group, i.e. per row or column (``False``: not in the paper). A shared concentration gives every group
         the same relative direction noise; in a learned-noise UCI search run it settled at about 38% on every row and
         cost 0.6 nats of validation log-likelihood against mean-field, where one per group let a few rows become
-        precise and cost 0.15 (``benchmarks/results/uci-learned/rdp-trace.md``, one split). Per group, the Bessel
+        precise and cost 0.15 (``benchmarks/results/uci-learned/rdp-trace.md``, energy split 0; on concrete's split 0
+        the two were within 0.02 nats of each other at their best). Per group, the Bessel
         functions run once per group instead of once per layer.
     """
     default_kl_weight = 0.03  # benchmarks/results/defaults
