@@ -213,3 +213,33 @@ def test_cli_threads_sets_torch_threads_and_rejects_nonpositive(capsys):
         assert "--threads must be" in err and "got 0" in err
     finally:
         torch.set_num_threads(before)
+
+
+def test_device_model_is_the_models_own_device_and_a_bad_name_is_named():
+    from varbnn.train import resolve_device
+
+    on_meta = nn.Linear(3, 2, device="meta")
+    assert resolve_device("model", on_meta) == torch.device("meta")
+    assert resolve_device("model", nn.ReLU()) == torch.device("cpu")  # no parameters or buffers
+    assert resolve_device("cpu", on_meta) == torch.device("cpu")
+    with pytest.raises(ValueError, match="device must be 'model', 'auto', None"):
+        resolve_device("gpu0", on_meta)
+    with pytest.raises(ValueError, match="needs a model"):
+        resolve_device("model")
+
+
+def test_fit_and_evaluate_default_to_the_models_device(monkeypatch):
+    import varbnn.train as train
+
+    seen = []
+
+    def spy(device, model=None):
+        seen.append((device, model))
+        return torch.device("cpu")
+
+    monkeypatch.setattr(train, "resolve_device", spy)
+    net = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 3)))
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    fit(net, DataLoader(TensorDataset(x, y), batch_size=8), n_data=16, epochs=1, progress=False)
+    varbnn.evaluate(net, x, y, samples=2)
+    assert seen == [("model", net), ("model", net)]

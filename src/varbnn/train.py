@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import logging
 import math
 import os
@@ -78,11 +79,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None``/"auto" -> cuda if available else cpu; otherwise the named device, checked to exist."""
+def resolve_device(device: str | torch.device | None, model: nn.Module | None = None) -> torch.device:
+    """``None``/"auto" -> cuda if available else cpu; ``"model"`` -> the device of ``model``'s first parameter (or
+    buffer; cpu for a model with neither); otherwise the named device, checked to exist."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    if isinstance(device, str) and device == "model":
+        if model is None:
+            raise ValueError("device='model' needs a model to take the device from")
+        tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device must be 'model', 'auto', None, or a torch device such as 'cpu', 'cuda' or 'cuda:1'; got {device!r}"
+        ) from err
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
     return dev
@@ -547,7 +559,7 @@ def fit(
     nll: NLLFunction = F.cross_entropy,
     likelihood: Likelihood | str | None = None,
     beta: float | BetaSchedule | None = None,
-    device: str | torch.device | None = "cpu",
+    device: str | torch.device | None = "model",
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
     resume: bool = False,
@@ -672,7 +684,9 @@ def fit(
     :param nll: the data term ``nll(output, target)``, the batch-mean NLL (default ``F.cross_entropy``).
     :param likelihood: a likelihood object or name, used instead of ``nll`` (see above).
     :param beta: the KL weight: a number >= 0, a function of the global step, or ``None`` for the family default.
-    :param device: where to train (default ``"cpu"``; ``None`` or ``"auto"``: CUDA when available).
+    :param device: where to train (default ``"model"``: where the model's parameters already are, so a model moved
+        to a GPU trains there; ``None`` or ``"auto"``: CUDA when available; or a device such as ``"cpu"`` or ``"cuda"``,
+        to which the model is moved).
     :param progress: show an epoch progress bar (default True; it turns itself off when stderr is not a terminal).
     :param checkpoint: a file rewritten after each epoch (default ``None``: none).
     :param resume: continue from ``checkpoint`` when it exists (default False).
@@ -688,8 +702,8 @@ def fit(
     :param compile: compile each step's loss and backward with :func:`torch.compile`: ``True``, or a mode string
         (default False: eager).
     :returns: the history: one dict per epoch (restored ones included) with ``epoch``, the epoch's mean ``loss``,
-        ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` at the epoch's end, and ``skipped`` with
-        ``skip_nonfinite``.
+        ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` the schedule's value after the epoch's last
+        step (the next step's weight), and ``skipped`` with ``skip_nonfinite``.
     """
     from varbnn import distributed as vdist
 
@@ -723,7 +737,7 @@ def fit(
             "distributed=True needs an initialised process group of more than one process: launch with torchrun "
             "and call varbnn.distributed.setup() first"
         )
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     model.to(dev)
     extra_parameters: list[nn.Parameter] = []
     if lik is not None:
@@ -1240,7 +1254,7 @@ def evaluate(
     samples: int = 32,
     batch_size: int = 1000,
     seed: int | None = 0,
-    device: str | torch.device | None = "cpu",
+    device: str | torch.device | None = "model",
 ) -> dict[str, float]:
     """The likelihood's metrics of the Monte Carlo predictive of ``samples`` draws on ``(x, y)``: accuracy, NLL, ECE and
     Brier for ``"categorical"``; RMSE, NLL (``-mean_n log (1/S) sum_s p(y_n | f_s)``) and the mean predictive std for
@@ -1258,14 +1272,14 @@ def evaluate(
     :param samples: Monte Carlo weight draws S, an int >= 1 (default 32).
     :param batch_size: examples per vectorised pass (default 1000; memory only).
     :param seed: seed of the draws (default 0), or ``None`` for the global random state.
-    :param device: where to evaluate (default ``"cpu"``).
+    :param device: where to evaluate (default ``"model"``: the model's device; as in :func:`fit`).
     :returns: ``{metric name: value}`` as Python floats (:meth:`varbnn.likelihoods.Likelihood.metrics`).
     """
     lik = as_likelihood(likelihood)
     batch_size = as_positive_int(batch_size, "batch_size", owner="evaluate")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     model.to(dev).eval()
     lik.to(dev)
     outputs = torch.cat(
@@ -1283,13 +1297,13 @@ def evaluate_classifier(
     *,
     samples: int = 16,
     batch_size: int = 1000,
-    device: str | torch.device | None = "cpu",
+    device: str | torch.device | None = "model",
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Monte Carlo predictive metrics of a classifier (accuracy, NLL, ECE with 15 bins, Brier score; see
     :mod:`varbnn.metrics`) of ``samples`` draws on ``(x, y)``, and the mean probabilities ``[N, C]``
     (``mean_s softmax(f_s(x))``). Uses the global random state; :func:`evaluate` is the seeded, likelihood-aware
     version."""
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     model.to(dev).eval()
     probs = []
     for start in range(0, x.shape[0], batch_size):
@@ -1316,7 +1330,7 @@ def evaluate_weight_samples(
     batch_size: int = 1000,
     seed: int = 0,
     nll: NLLFunction = F.cross_entropy,
-    device: str | torch.device | None = "cpu",
+    device: str | torch.device | None = "model",
 ) -> dict[str, torch.Tensor]:
     """Per-weight-sample evaluation (Swiatkowski et al. 2020, Fig. 6): for each of ``samples`` draws,
 
@@ -1338,7 +1352,7 @@ def evaluate_weight_samples(
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
     from varbnn.divergence import kl as model_kl
 
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     model.to(dev).eval()
     devices = [dev] if dev.type == "cuda" else []
     out = {k: torch.empty(samples, dtype=torch.float64) for k in ("nll", "accuracy", "nelbo")}
