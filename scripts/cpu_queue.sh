@@ -16,15 +16,12 @@
 # records name that commit. The outputs go into this checkout's benchmarks/results/. Render a page from its saved runs
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
-# One lane of two worker processes of one thread each (the machine's two cores), the entries one after the other:
-#   1. the UCI learned-noise table (issues 26 and 30; about 30 CPU-thread hours eager, smallest set first, split by
-#      split, so a partial run still compares every method on the splits it finished), with --compile: RDP's runs
-#      several times faster (a runtime choice; each record says it). It goes first because it is the last part of
-#      issue 26, while issue 30 needs both entries;
-#   2. the LeNet-5 error-FLOPs front (issue 30; about 4 CPU-thread hours per seed of the posterior, the workers train
-#      seeds in parallel; seed 0 trained in a lane of its own before, eager), with --compile since 2026-11-27: the
-#      200-epoch training runs as fit(compile=True) (on the CPU the compiled step draws the eager step's random
-#      numbers; it resumes an eager checkpoint), the pruning stages and controls stay eager.
+# One lane of two worker processes of one thread each (the machine's two cores):
+#   the LeNet-5 error-FLOPs front (issue 30; about 4 CPU-thread hours per seed of the posterior, the workers train
+#   seeds in parallel; seed 0 trained in a lane of its own before, eager), with --compile since 2026-11-27: the
+#   200-epoch training runs as fit(compile=True) (on the CPU the compiled step draws the eager step's random
+#   numbers; it resumes an eager checkpoint), the pruning stages and controls stay eager.
+# The UCI learned-noise table (issues 26 and 30) is complete (1,155 runs, the last at 6f8ddc7) and out of the queue.
 # At code 0340ef4 the two ran side by side in single-process lanes. The radius-prior search that could have
 # added a prior to the front is complete and out of the queue (a rerun with nothing to train would rewrite its page).
 # A reproduce process still running from an earlier queue (e.g. one whose script was stopped) is waited for first, so
@@ -50,6 +47,5 @@ reproduce() {  # reproduce NAME OUT WORKERS [ARGS...]: from this checkout (relat
 while [ -z "$prefix" ] && pgrep -f "varbnn.cli reproduce" > /dev/null; do  # an earlier queue's process: let it finish first
     echo "[cpu_queue] $(date -u +%FT%TZ) waiting for a running reproduce process"; sleep 120
 done
-reproduce uci-learned benchmarks/results/uci-learned 2 --threads 1 --compile
 reproduce lenet5-front benchmarks/results/lenet5-front 2 --threads 1 --compile
 echo "[cpu_queue] $(date -u +%FT%TZ) done"
