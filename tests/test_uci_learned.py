@@ -152,3 +152,22 @@ def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_p
         uci_learned.run_uci_learned(uci_learned.quick_config(), out_dir=tmp_path / "ddp", compile=True, distributed=True)
     assert seen == [] and not (tmp_path / "ddp").exists()
     assert "- training steps: eager (`fit(compile=False)`) in every run" in (eager / "uci-learned-quick.md").read_text()
+
+
+def test_cost_figure_is_written_and_linked_only_with_the_time_reference(tmp_path):
+    from dataclasses import asdict
+
+    from varbnn.experiments.pages.uci_learned import TIME_REFERENCE, render_uci_learned_markdown, uci_learned_figures
+
+    config = asdict(quick_config())
+    entry = {"splits": 2, "ll": [-1.5, 0.1], "rmse": [0.7, 0.05], "seconds": 40.0, "compiled": 0, "at_longest": 1}
+    row = {"dataset": "yacht", "reference_ll": -1.30, "ensemble_ll": -1.18, "mean-field": entry}
+    result = {"name": "uci-learned-quick", "command": "x", "commit": "c", "device": "cpu", "seconds": 1.0,
+              "config": config, "protocol": "p", "rows": [row]}  # fmt: skip
+    assert uci_learned_figures(result, tmp_path) == []  # no MAP run: no ratio to plot
+    assert not list(tmp_path.iterdir()) and "_cost.png" not in render_uci_learned_markdown(result)
+    row[TIME_REFERENCE] = {**entry, "seconds": 20.0}
+    result["figures"] = uci_learned_figures(result, tmp_path)
+    assert result["figures"] == ["uci-learned-quick_cost.png"]
+    assert (tmp_path / "uci-learned-quick_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "](uci-learned-quick_cost.png)" in render_uci_learned_markdown(result)

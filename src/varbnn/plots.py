@@ -27,6 +27,7 @@ __all__ = [
     "ood_histograms",
     "overview_figure",
     "cost_figure",
+    "regression_cost_figure",
     "front_figure",
     "variance_explained_figure",
     "std_heatmaps",
@@ -153,6 +154,56 @@ def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
     if lines:
         fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom")
     return _save(fig, path, title, dpi=120, bottom=0.035 * len(lines))
+
+
+def regression_cost_figure(
+    rows: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    reference: str,
+    path: str | os.PathLike[str],
+    title: str = "",
+    lines: Sequence[tuple[str, str, str]] = (),
+) -> Path:
+    """One panel per dataset (a row of ``rows``): each label's test log-likelihood (``row[label]["ll"]``, mean and
+    standard error) against its training seconds per split relative to ``reference``'s (``row[label]["seconds"] /
+    row[label]["splits"]``), log scale; ``lines``: ``(row key, legend label, line style)`` of horizontal reference
+    values (e.g. published numbers). One colour per label in every panel, one legend for the figure."""
+    shown = [row for row in rows if reference in row]
+    if not shown:
+        raise ValueError(f"no row holds the reference {reference!r}: nothing to plot relative to it")
+    columns = min(3, len(shown))
+    grid = (len(shown) + columns - 1) // columns
+    fig, axes = plt.subplots(grid, columns, figsize=(4.0 * columns, 3.1 * grid + 0.6), squeeze=False)
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    handles: dict[str, Any] = {}
+    for ax, row in zip(axes.flat, shown):
+        unit = float(row[reference]["seconds"]) / int(row[reference]["splits"])
+        for label in labels:
+            entry = row.get(label)
+            if not entry:
+                continue
+            x = float(entry["seconds"]) / int(entry["splits"]) / unit
+            mean, error = (float(v) for v in entry["ll"])
+            handles[label] = ax.errorbar(x, mean, yerr=None if error != error else error, fmt="o", capsize=3,
+                                         color=colours[label], markersize=5)  # fmt: skip
+        for key, name, style in lines:
+            if key in row:
+                handles[name] = ax.axhline(float(row[key]), color="0.3", linestyle=style, linewidth=1)
+        ax.set_xscale("log")
+        low, high = ax.get_xlim()
+        ax.set_xticks([t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20) if low <= t <= high] or [1])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(str(row["dataset"]), fontsize=9)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(f"seconds per split / {reference}'s", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test log-likelihood (nats)", fontsize=8)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(5, len(handles)), fontsize=8)
+    return _save(fig, path, title, dpi=110, bottom=0.06 if grid > 1 else 0.16)
 
 
 def front_figure(

@@ -10,6 +10,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,12 +106,14 @@ def run_regression(
     train: bool,
     workers: int,
     distributed: bool,
+    figures: Callable[[dict[str, Any], Path], list[str]] | None = None,
 ) -> dict[str, Any]:
     """The run function of a UCI experiment: run every job ``(dataset, variant label, split)`` of ``jobs`` (of its
     ``shard`` share) not yet saved in ``OUT/<name>_runs*.jsonl`` under ``config.protocol_hash()``, by the engine
     (resumable, ``workers`` processes, ``distributed`` under torchrun); ``run(device, progress, key)``, a module-level
     function or a ``functools.partial`` of one, trains and scores one. Then, unless a shard or a rank other than 0,
-    write ``<name>.json`` with ``summarise(records)`` as its rows and ``<name>.md`` as ``render(result)``."""
+    write ``<name>.json`` with ``summarise(records)`` as its rows and ``<name>.md`` as ``render(result)``; ``figures(result,
+    OUT)`` writes the page's figures first and returns their file names (``result["figures"]``)."""
     call = open_run(config.name, out_dir, device, distributed, workers)
     protocol = config.protocol_hash()
     store = RunStore.keyed(call.out, config.name, ("dataset", "variant", "split"), protocol, shard)
@@ -125,5 +128,7 @@ def run_regression(
     extra = f"; jobs in {workers} worker processes of 1 thread" if workers > 1 and train else ""
     result = {"name": config.name, **call.provenance(command, call.device_text() + extra),
               "config": dataclasses.asdict(config), "protocol": protocol, "rows": summarise(done)}  # fmt: skip
+    if figures is not None:
+        result["figures"] = figures(result, call.out)
     call.write_result(result)
     return call.write_page(result, render(result))

@@ -51,6 +51,7 @@ from varbnn.experiments.pages.uci_learned import (
     DEEP_ENSEMBLE_LL,
     render_uci_learned_markdown,
     summarise_uci_learned,
+    uci_learned_figures,
 )
 from varbnn.experiments.regression import (
     SMALLEST_FIRST,
@@ -273,5 +274,5 @@ def run_uci_learned(
         config, jobs, functools.partial(_run_key, config, data_dir, compile=compile),
         functools.partial(summarise_uci_learned, config),
         render_uci_learned_markdown, device=device, out_dir=out_dir, progress=progress, command=command, shard=shard,
-        train=train, workers=workers, distributed=distributed,
+        train=train, workers=workers, distributed=distributed, figures=uci_learned_figures,
     )  # fmt: skip

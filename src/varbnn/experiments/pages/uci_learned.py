@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from varbnn.experiments.pages.uci import REFERENCE_LL
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEEP_ENSEMBLE_LL", "BASELINE_FAMILIES", "LONGEST_FRACTION", "TIME_REFERENCE", "chose_longest", "summarise_uci_learned",
-    "render_uci_learned_markdown",
+    "render_uci_learned_markdown", "uci_learned_figures",
 ]  # fmt: skip
 
 DEEP_ENSEMBLE_LL = {  # Lakshminarayanan et al. 2017, Table 1 (5 networks), as listed in issue 30
@@ -108,6 +109,23 @@ def _compiled_line(rows: list[dict[str, Any]], labels: list[str]) -> str:
     )
 
 
+def uci_learned_figures(result: dict[str, Any], out: Path) -> list[str]:
+    """Write ``OUT/<name>_cost.png`` (:func:`varbnn.plots.regression_cost_figure`: test log-likelihood against the
+    seconds per split relative to :data:`TIME_REFERENCE`, one panel per set, the published references as lines) when
+    a row holds the reference variant; returns the file names written."""
+    if not any(TIME_REFERENCE in row for row in result["rows"]):
+        return []
+    from varbnn.plots import regression_cost_figure
+
+    config = result["config"]
+    labels = [v["label"] for v in config["variants"] if config.get("only") is None or v["label"] in config["only"]]
+    path = out / f"{result['name']}_cost.png"
+    title = f"{result['name']}: test log-likelihood against training cost"
+    references = (("reference_ll", "best of VI/PBP/Dropout/VMG", "--"), ("ensemble_ll", "deep ensembles (paper)", ":"))
+    regression_cost_figure(result["rows"], labels, TIME_REFERENCE, path, title=title, lines=references)
+    return [path.name]
+
+
 def render_uci_learned_markdown(result: dict[str, Any]) -> str:
     """The page: LL and RMSE per dataset and variant, the two references, and issue 30's three goals."""
     config = result["config"]
@@ -160,6 +178,13 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
         "are rough.", "",
         *markdown_table(["dataset", *labels], time_rows),
     ]  # fmt: skip
+    for name in result.get("figures", ()):
+        lines += [
+            "", f"![test log-likelihood against training seconds per split relative to {TIME_REFERENCE}]({name})", "",
+            f"The figure ({name}): per set, each variant's test log-likelihood (mean ± standard error) against its "
+            f"seconds per split relative to {TIME_REFERENCE}'s (log scale; rough, as above); dashed: the best of "
+            "VI/PBP/Dropout/VMG, dotted: the deep-ensemble paper.",
+        ]  # fmt: skip
     lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
     if result["name"] == "uci-learned":  # the committed page's folder holds the trace
         lines += [
