@@ -86,6 +86,16 @@ class DeepEnsemble(nn.Module):
         members = list(members)
         if len(members) < 2 or not all(isinstance(m, nn.Module) for m in members):
             raise ValueError(f"DeepEnsemble needs at least two nn.Module members, got {len(members)}")
+        owner: dict[int, int] = {}
+        for index, member in enumerate(members):
+            for tensor in member.parameters():
+                first = owner.setdefault(id(tensor), index)
+                if first != index:
+                    raise ValueError(
+                        f"DeepEnsemble members {first} and {index} share parameters (the same module passed twice, "
+                        "or a make_model that returns one instance): every member must be its own network, or the "
+                        "ensemble's spread is zero"
+                    )
         self.members = nn.ModuleList(members)
 
     def draws(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ What happens to each module type:
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -408,8 +409,14 @@ def _prefixed(prior: PriorSpec | None, prefix: str) -> PriorSpec | None:
 
 def _check_prior(prior: PriorSpec | None) -> PriorSpec | None:
     """A torch distribution becomes its varbnn prior once (so that all tensors share it); bad types are refused."""
+    if inspect.isclass(prior) and issubclass(prior, (Prior, Distribution)):
+        name = prior.__name__
+        raise TypeError(
+            f"prior must be an instance such as {name}(...), a torch distribution or a callable of the parameter's "
+            f"name and shape; got the class {name} itself"
+        )
     if prior is None or isinstance(prior, Prior) or (callable(prior) and not isinstance(prior, Distribution)):
-        return prior
+        return prior  # type: ignore[return-value]  # (mypy keeps type[object] from the class check above)
     return as_prior(prior)  # type: ignore[arg-type]
 
 
@@ -508,6 +515,11 @@ def bayesianize(
     for entry in exclude:
         if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, nn.Module))):
             raise TypeError(f"exclude must hold module names (str) or nn.Module types, got {entry!r}")
+    names = {name for name, _ in model.named_modules() if name}
+    unknown = sorted(e for e in exclude if isinstance(e, str) and e not in names)
+    if unknown:
+        listing = ", ".join(sorted(names)[:20]) + (", ..." if len(names) > 20 else "")
+        raise ValueError(f"exclude names no module of the model: {unknown}; its modules are: {listing}")
     family = family if family is not None else MeanField()
     if pretrained:  # a family may start narrower around trained weights than from scratch
         family = family.for_trained_weights()

@@ -96,7 +96,10 @@ class Categorical(Likelihood):
                 f"{tuple(output.shape)} and target {tuple(target.shape)}"
             )
         if target.is_floating_point():
-            raise ValueError("Categorical: target must hold integer class indices, got a floating-point tensor")
+            raise ValueError(
+                "Categorical: target must hold integer class indices, got a floating-point tensor (regression "
+                "targets? use likelihood=Gaussian() or HeteroscedasticGaussian())"
+            )
 
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """``log softmax(f_n)[y_n] = f_{n, y_n} - logsumexp_c f_{n, c}`` per example, for logits ``[N, C]`` and class
@@ -113,6 +116,15 @@ class Categorical(Likelihood):
         return classification_summary(outputs)
 
     def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        if outputs.dim() != 3:
+            raise ValueError(f"Categorical: outputs must be draws of logits [S, N, classes], got {tuple(outputs.shape)}")
+        self._check(outputs[0], target)
+        classes = outputs.shape[-1]
+        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= classes):
+            raise ValueError(
+                f"Categorical: target must hold class indices in [0, {classes}), got values from {int(target.min())} "
+                f"to {int(target.max())} (a regression target? pass likelihood=Gaussian())"
+            )
         probs = self.summary(outputs).probs
         return {
             "accuracy": _metrics.accuracy(probs, target),
@@ -356,6 +368,11 @@ class GammaPrecisionGaussian(Likelihood):
         if y.shape != f.shape:
             raise ValueError(f"y and f must have the same shape, got {tuple(y.shape)} and {tuple(f.shape)}")
         batch = (y - f).square().mean().to(self.mean_square.dtype)
+        if not torch.isfinite(batch):
+            raise ValueError(
+                "observe: the batch's squared residual is not finite (NaN or inf in y or f); the running mean "
+                "is left as it was"
+            )
         if torch.isnan(self.mean_square):
             self.mean_square.copy_(batch)
         else:

@@ -665,9 +665,10 @@ def fit(
     draws exactly the numbers the eager step draws for the same seed; on other devices inside the compiled kernels
     (a different stream, equal in distribution). The first steps are slow (compilation); a new batch shape (e.g. a
     last, smaller batch) compiles once more. Refused (``ValueError``) with the Graves estimator (its per-example
-    gradients bypass the loss and its backward), with ``distributed`` training, and for now with
-    RadialDirectional tensors (its rejection sampler breaks the graph). Verified against the eager step on the CPU
-    (same seed, same loss and gradients): MeanField (every estimator but Graves'), KTied, Delta and Radial.
+    gradients bypass the loss and its backward), with ``distributed`` training, and with any family whose
+    ``compile_unsupported`` says why. Verified against the eager step on the CPU (same seed, same loss and
+    gradients): MeanField (every estimator but Graves'), KTied, Delta, Radial and RadialDirectional (its rejection
+    rounds run as one opaque op).
 
     Every finished epoch is also logged at INFO level on the ``varbnn.train`` logger (loss, NLL, KL, beta).
 
@@ -715,6 +716,8 @@ def fit(
             raise ValueError("pass either nll= (a loss function) or likelihood= (a Likelihood), not both")
         lik = as_likelihood(likelihood)
         nll = _likelihood_loss(lik, n_data)
+    elif nll is F.cross_entropy:
+        nll = _default_cross_entropy
     if beta is None:
         beta = default_kl_weight(model)
     elif not callable(beta) and (isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < math.inf):
@@ -745,8 +748,14 @@ def fit(
         extra_parameters = [p for p in lik.parameters() if p.requires_grad]
     if optimizer is None:
         optimizer = default_optimizer([*model.parameters(), *extra_parameters], lr)
-    elif extra_parameters:
+    else:
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if trainable and not any(id(p) in held for p in trainable):
+            raise ValueError(
+                "the given optimizer holds none of the model's trainable parameters (built over another model, or "
+                "over a copy?): build it over model.parameters() after converting the model, or leave optimizer=None"
+            )
         if any(id(p) not in held for p in extra_parameters):
             raise ValueError(
                 f"the likelihood {type(lik).__name__} has learnable parameters that the given optimizer does not hold: "
@@ -936,6 +945,19 @@ def _refuse_posthoc_wrappers(model: nn.Module) -> None:
 
 class TrainingWarning(UserWarning):
     """Something in a finished :func:`fit` run that a user should act on (see :func:`fit`'s ``diagnose``)."""
+
+
+def _default_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``fit``'s default data term, ``F.cross_entropy``, refusing floating-point targets of another shape than the
+    output: regression targets, which cross-entropy would read as soft labels and train on without an error (soft
+    labels, probabilities of the output's shape, pass)."""
+    if target.is_floating_point() and (output.dim() < 2 or target.shape != output.shape):
+        raise ValueError(
+            f"fit's default nll is F.cross_entropy (class indices [N], or probabilities of the output's shape), but "
+            f"the targets are floating point of shape {tuple(target.shape)} against outputs {tuple(output.shape)}: for "
+            "regression pass likelihood=varbnn.likelihoods.Gaussian() (or HeteroscedasticGaussian()), or your own nll="
+        )
+    return F.cross_entropy(output, target)
 
 
 def _likelihood_loss(lik: Likelihood, n_data: int) -> NLLFunction:

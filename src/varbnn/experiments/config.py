@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -181,9 +182,20 @@ class ExperimentConfig:
         if unknown:
             raise ValueError(f"{self.name}: unknown figures {sorted(unknown)}; allowed: {FIGURES}")
         for name in ("epochs", "batch_size", "validation_size", "log_every", "eval_weight_samples", "mc_samples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (1 if name in ("batch_size", "mc_samples") else 0):
-                raise ValueError(f"{self.name}: {name} must be a non-negative integer, got {value!r}")
+            value, least = getattr(self, name), 1 if name in ("batch_size", "mc_samples") else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "a positive" if least else "a non-negative"
+                raise ValueError(f"{self.name}: {name} must be {kind} integer, got {value!r}")
+        if isinstance(self.eval_samples, bool) or not isinstance(self.eval_samples, int) or self.eval_samples < 1:
+            raise ValueError(f"{self.name}: eval_samples must be a positive integer, got {self.eval_samples!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < math.inf:
+            raise ValueError(f"{self.name}: lr must be a finite number > 0, got {self.lr!r}")
+        if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds):
+            raise ValueError(f"{self.name}: seeds must be a non-empty tuple of integers, got {self.seeds!r}")
+        for name in ("train_limit", "test_limit"):
+            limit = getattr(self, name)
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{self.name}: {name} must be None (all) or a positive integer, got {limit!r}")
         if self.kl_annealing_epochs < 0:
             raise ValueError(f"{self.name}: kl_annealing_epochs must be >= 0, got {self.kl_annealing_epochs!r}")
         if (self.log_every or self.log_steps) and not (self.validation_size or self.snr_tensor):

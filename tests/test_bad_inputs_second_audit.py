@@ -1,0 +1,112 @@
+"""Bad inputs a second audit (2026-11-27) found answered by a silent wrong result or a misleading error: each test
+feeds one and asserts the clear error, or that nothing already computed was lost."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import varbnn
+from varbnn.baselines import DeepEnsemble
+from varbnn.experiments import get_config
+from varbnn.likelihoods import Categorical, GammaPrecisionGaussian
+from varbnn.priors import Normal
+
+
+def _regression(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    return x, x.sum(1) + 0.1 * torch.randn(n, generator=g)
+
+
+class _Squeeze(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.squeeze(-1)
+
+
+@pytest.mark.parametrize("squeeze", [False, True], ids=["outputs [N, 1]", "outputs [N]"])
+def test_fit_default_cross_entropy_refuses_regression_targets(squeeze):
+    x, y = _regression()
+    layers = [nn.Linear(3, 1), *([_Squeeze()] if squeeze else [])]
+    model = varbnn.bayesianize(nn.Sequential(*layers))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    with pytest.raises(ValueError, match=r"likelihood=varbnn.likelihoods.Gaussian\(\)"):
+        varbnn.fit(model, loader, n_data=len(x), epochs=1, progress=False)
+
+
+def test_fit_default_cross_entropy_still_takes_soft_labels():
+    x = torch.randn(16, 3)
+    soft = torch.softmax(torch.randn(16, 4), dim=1)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4)))
+    history = varbnn.fit(model, DataLoader(TensorDataset(x, soft), batch_size=8), n_data=16, epochs=1, progress=False)
+    assert torch.isfinite(torch.tensor(history[-1]["nll"]))
+
+
+def test_evaluate_categorical_refuses_float_and_out_of_range_labels():
+    model = nn.Linear(3, 4)
+    x = torch.randn(8, 3)
+    with pytest.raises(ValueError, match="integer class indices"):
+        varbnn.evaluate(model, x, torch.rand(8), samples=2)
+    with pytest.raises(ValueError, match=r"class indices in \[0, 4\)"):
+        varbnn.evaluate(model, x, torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), samples=2)
+    with pytest.raises(ValueError, match=r"class indices in \[0, 4\)"):
+        Categorical().metrics(torch.randn(2, 8, 4), torch.full((8,), -100))
+
+
+def test_fit_refuses_an_optimizer_over_another_model():
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    model, other = varbnn.bayesianize(nn.Linear(3, 2)), varbnn.bayesianize(nn.Linear(3, 2))
+    optimizer = torch.optim.Adam(other.parameters())
+    with pytest.raises(ValueError, match="holds none of the model's trainable parameters"):
+        varbnn.fit(model, DataLoader(TensorDataset(x, y), batch_size=8), n_data=16, epochs=1, optimizer=optimizer,
+                   progress=False)  # fmt: skip
+
+
+def test_deep_ensemble_refuses_members_that_share_parameters():
+    a, b = nn.Linear(3, 2), nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="members 0 and 1 share parameters"):
+        DeepEnsemble([a, a])
+    with pytest.raises(ValueError, match="members 1 and 2 share parameters"):
+        DeepEnsemble([a, b, nn.Sequential(b)])
+    assert len(DeepEnsemble([a, b]).members) == 2
+
+
+def test_bayesianize_refuses_unknown_exclude_names_and_prior_classes():
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"exclude names no module of the model: \['3'\]; its modules are: 0, 1, 2"):
+        varbnn.bayesianize(net, exclude=["3"])
+    with pytest.raises(TypeError, match="got the class Normal itself"):
+        varbnn.bayesianize(net, prior=Normal)
+    with pytest.raises(TypeError, match="got the class Normal itself"):
+        varbnn.bayesianize(net, prior=torch.distributions.Normal)
+    converted = varbnn.bayesianize(net, exclude=["2"])
+    assert type(converted[2]) is nn.Linear
+
+
+def test_gamma_noise_observe_refuses_nan_and_keeps_its_running_mean():
+    lik = GammaPrecisionGaussian()
+    lik.observe(torch.ones(4), torch.zeros(4), decay=0.5)
+    with pytest.raises(ValueError, match="not finite"):
+        lik.observe(torch.tensor([1.0, float("nan"), 0.0, 0.0]), torch.zeros(4), decay=0.5)
+    assert float(lik.mean_square) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("eval_samples", 0, "eval_samples must be a positive integer"),
+        ("lr", -1.0, "lr must be a finite number > 0"),
+        ("lr", float("inf"), "lr must be a finite number > 0"),
+        ("seeds", (), "seeds must be a non-empty tuple of integers"),
+        ("train_limit", -59990, "train_limit must be None"),
+        ("batch_size", 0, "batch_size must be a positive integer, got 0"),
+    ],
+)
+def test_experiment_config_refuses_bad_values(field, value, message):
+    config = get_config("mnist-mlp")
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(config, **{field: value})
