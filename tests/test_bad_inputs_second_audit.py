@@ -110,3 +110,42 @@ def test_experiment_config_refuses_bad_values(field, value, message):
     config = get_config("mnist-mlp")
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(config, **{field: value})
+
+
+def test_fit_warns_when_the_model_draws_no_weights():
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    model = varbnn.bayesianize(nn.Linear(3, 2))
+    varbnn.set_sample_mode(model, "mean")
+    with pytest.warns(varbnn.train.TrainingWarning, match=r"sample_mode \['mean'\]"):
+        varbnn.fit(model, DataLoader(TensorDataset(x, y), batch_size=8), n_data=16, epochs=1, progress=False,
+                   diagnose=False)  # fmt: skip
+
+
+def test_prune_thresholds_that_keep_no_unit_are_refused():
+    from varbnn.prune.scores import _thresholds
+
+    scores = {("fc", "row"): torch.tensor([1.0, 2.0])}
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not NaN or inf"):
+            _thresholds(scores, bad, 1.0)
+    assert _thresholds(scores, float("-inf"), 1.0) == {("fc", "row"): float("-inf")}
+
+
+def test_temperature_labels_must_be_class_indices():
+    from varbnn.calibration import fit_temperature
+
+    logits = torch.randn(8, 3)
+    with pytest.raises(ValueError, match="integer class indices"):
+        fit_temperature(logits, torch.rand(8))
+    with pytest.raises(ValueError, match=r"class indices in \[0, 3\)"):
+        fit_temperature(logits, torch.full((8,), 3))
+
+
+def test_read_checkpoint_names_a_bad_map_location(tmp_path):
+    from varbnn.train import read_checkpoint, save_checkpoint
+
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="device must be 'model', 'auto', None"):
+        read_checkpoint(path, map_location="gpu")
+    assert "model" in read_checkpoint(path, map_location="cpu")

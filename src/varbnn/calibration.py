@@ -46,6 +46,13 @@ def fit_temperature(
         raise ValueError(
             f"logits must be [N, C] or [S, N, C] with labels [N]; got logits {tuple(logits.shape)}, labels {tuple(labels.shape)}"
         )
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices [N], got dtype {labels.dtype}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= logits.shape[-1]):
+        raise ValueError(
+            f"labels must be class indices in [0, {logits.shape[-1]}), got values from {int(labels.min())} to "
+            f"{int(labels.max())}"
+        )
     if labels.numel() == 0:
         raise ValueError("fit_temperature needs at least one validation example")
     if not torch.isfinite(logits).all():

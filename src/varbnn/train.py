@@ -335,8 +335,11 @@ def read_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     holds objects other than plain data, is not a dict with a ``"model"`` entry, or its checksum does not match its
     bytes (a flipped bit or byte anywhere); ``FileNotFoundError`` when it does not exist. A file written before
     checksums existed (a dict with ``"model"``, no ``"format"`` entry and no checksum) is loaded unverified with a
-    ``UserWarning``; saving it again adds the checksum.
+    ``UserWarning``; saving it again adds the checksum. ``map_location``: where to load the tensors (a device, checked
+    first: an unknown name or an absent CUDA is a ``ValueError``, not a damaged-file error).
     """
+    if not callable(map_location) and not isinstance(map_location, dict):
+        map_location = resolve_device(map_location)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -710,6 +713,7 @@ def fit(
 
     n_data = _training_set_size(n_data)
     _refuse_posthoc_wrappers(model)
+    _warn_if_not_sampling(model)
     lik: Likelihood | None = None
     if likelihood is not None:
         if nll is not F.cross_entropy:
@@ -945,6 +949,22 @@ def _refuse_posthoc_wrappers(model: nn.Module) -> None:
 
 class TrainingWarning(UserWarning):
     """Something in a finished :func:`fit` run that a user should act on (see :func:`fit`'s ``diagnose``)."""
+
+
+def _warn_if_not_sampling(model: nn.Module) -> None:
+    """Warn (:class:`TrainingWarning`) when Bayesian layers are set to a deterministic ``sample_mode``: their forward
+    passes use the posterior's mean or mode, so the NLL gives the posterior's widths no gradient."""
+    from varbnn.nn.base import BayesianModule
+
+    modes = sorted({m.sample_mode for m in model.modules() if isinstance(m, BayesianModule) and m.sample_mode != "sample"})
+    if modes:
+        warnings.warn(
+            f"fit: the model's Bayesian layers are in sample_mode {modes} (set_sample_mode, or fit inside a "
+            "`with sample_mode(...)` block), so training draws no weights and the NLL trains only the means: call "
+            "varbnn.set_sample_mode(model, 'sample') first, unless that is what you want",
+            TrainingWarning,
+            stacklevel=3,
+        )
 
 
 def _default_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ histograms of the scores (paper Fig. 7)."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,8 +68,16 @@ def _thresholds(scores: Mapping[GroupKey, torch.Tensor], threshold: ThresholdSpe
         missing = sorted(set(scores) - set(threshold))
         if missing:
             raise ValueError(f"threshold mapping lacks {missing}")
-        return {key: float(threshold[key]) for key in scores}
-    return {key: float(threshold) for key in scores}
+        cuts = {key: float(threshold[key]) for key in scores}
+    else:
+        cuts = {key: float(threshold) for key in scores}
+    bad = {key: cut for key, cut in cuts.items() if math.isnan(cut) or cut == math.inf}
+    if bad:
+        raise ValueError(
+            f"threshold must be a number < inf (or -inf: keep every unit), not NaN or inf, got {bad}: such a threshold "
+            "keeps no unit"
+        )
+    return cuts
 
 
 def select_units(model: nn.Module, threshold: ThresholdSpec = "gap", min_gap: float = 1.0) -> dict[GroupKey, torch.Tensor]:
