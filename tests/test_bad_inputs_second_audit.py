@@ -149,3 +149,16 @@ def test_read_checkpoint_names_a_bad_map_location(tmp_path):
     with pytest.raises(ValueError, match="device must be 'model', 'auto', None"):
         read_checkpoint(path, map_location="gpu")
     assert "model" in read_checkpoint(path, map_location="cpu")
+
+
+def test_set_posterior_as_prior_changes_nothing_when_a_layer_has_no_prior_form():
+    from varbnn import Delta, MeanField
+    from varbnn.continual import set_posterior_as_prior
+
+    net = nn.Sequential(varbnn.bayesianize(nn.Linear(3, 4), MeanField()), varbnn.bayesianize(nn.Linear(4, 2), Delta()))
+    before = [repr(p) for p in net[0].priors.values()]
+    locs = [getattr(p, "loc", None) for p in net[0].priors.values()]
+    with pytest.raises(ValueError, match="no prior form for continual learning"):
+        set_posterior_as_prior(net)
+    assert [repr(p) for p in net[0].priors.values()] == before
+    assert all(a is b for a, b in zip(locs, (getattr(p, "loc", None) for p in net[0].priors.values())))

@@ -64,15 +64,16 @@ def set_posterior_as_prior(model: nn.Module, task: int | None = None) -> int:
         model = model.task_model(task)
     elif task is not None:
         raise ValueError(f"task is for a MultiHeadNet; got task={task!r} for a {type(model).__name__}")
-    count = 0
+    updates = []  # every new prior is built first: a family without one refuses before any prior changes
     for module in model.modules():
         if isinstance(module, BayesianModule):
             for name, posterior, _ in list(module.bayesian_tensors()):
                 prior = posterior_as_prior(posterior)
                 device_param = next(posterior.parameters())
-                module.priors[name] = prior.to(device=device_param.device, dtype=device_param.dtype)
-                count += 1
-    return count
+                updates.append((module, name, prior.to(device=device_param.device, dtype=device_param.dtype)))
+    for module, name, prior in updates:
+        module.priors[name] = prior
+    return len(updates)
 
 
 class MultiHeadNet(nn.Module):
