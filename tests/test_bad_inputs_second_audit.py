@@ -162,3 +162,23 @@ def test_set_posterior_as_prior_changes_nothing_when_a_layer_has_no_prior_form()
         set_posterior_as_prior(net)
     assert [repr(p) for p in net[0].priors.values()] == before
     assert all(a is b for a, b in zip(locs, (getattr(p, "loc", None) for p in net[0].priors.values())))
+
+
+def test_variants_option_keeps_labels_that_hold_commas():
+    from varbnn.cli import _split_variants
+
+    labels = ["plain", "RDP double, radius_init=even, KL annealed over 100 epochs", "MeanField"]
+    assert _split_variants("plain,MeanField", labels) == ["plain", "MeanField"]
+    assert _split_variants(f"{labels[1]},plain", labels) == [labels[1], "plain"]
+    assert _split_variants(f"plain,{labels[1]}", labels) == ["plain", labels[1]]
+    assert _split_variants("RDP double,bogus", labels) == ["RDP double", "bogus"]  # the runner names what is allowed
+
+
+def test_load_uci_split_bool_is_refused_and_numpy_integers_pass(data_dir):
+    import numpy as np
+
+    from varbnn.data import load_uci
+
+    with pytest.raises(ValueError, match=r"split must be an integer in \[0, 19\] for yacht, got True"):
+        load_uci("yacht", True, data_dir)
+    assert load_uci("yacht", np.int64(3), data_dir).x_train.shape == load_uci("yacht", 3, data_dir).x_train.shape

@@ -76,6 +76,32 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+
+def _split_variants(text: str, labels: list[str | None]) -> list[str]:
+    """``--variants``' comma-separated labels, where a label may itself hold commas (e.g. "RDP double,
+    radius_init=even, ..."): consecutive pieces are joined while they form the start of a known label; a piece that
+    starts none is kept alone (the runner then names it among the allowed labels)."""
+    known = {label for label in labels if label}
+    out: list[str] = []
+    current: str | None = None
+    for piece in text.split(","):
+        candidate = piece if current is None else f"{current},{piece}"
+        if any(label.startswith(candidate.strip()) for label in known) and current is not None:
+            current = candidate
+        elif current is not None:
+            out.append(current.strip())
+            current = piece
+        else:
+            current = piece
+        if current.strip() in known and not any(label != current.strip() and label.startswith(current.strip() + ",")
+                                               for label in known):  # fmt: skip
+            out.append(current.strip())
+            current = None
+    if current is not None:
+        out.append(current.strip())
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``varbnn`` command (``list``, ``demo``, ``reproduce``, ``render``): parse ``argv`` (default ``sys.argv``) and
     run it; returns the exit status (0 on success, 2 for a usage error)."""
@@ -246,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = apply_overrides(config, getattr(args, "overrides", []))
         options: dict[str, object] = {}
         if spec.generic:
-            options["only"] = args.variants.split(",") if getattr(args, "variants", None) else None
+            labels = [getattr(v, "label", None) for v in getattr(config, "variants", ())]
+            options["only"] = _split_variants(args.variants, labels) if getattr(args, "variants", None) else None
         if spec.compiles and getattr(args, "compile", None):
             options["compile"] = True if args.compile == "default" else args.compile
         result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,

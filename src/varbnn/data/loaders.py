@@ -173,7 +173,9 @@ def load_uci(name: str, split: int = 0, data_dir: PathLike = None, *, normalize:
         raise ValueError(f"unknown UCI dataset {name!r}; allowed: {list(UCI_DATASETS)}")
     base = f"UCI_Datasets/{name}/data"
     n_splits = int(_read_ints(fetch(f"{base}/n_splits.txt", data_dir, download=download))[0])
-    if not (isinstance(split, int) and 0 <= split < n_splits):
+    if isinstance(split, np.integer):
+        split = int(split)
+    if isinstance(split, bool) or not (isinstance(split, int) and 0 <= split < n_splits):
         raise ValueError(f"split must be an integer in [0, {n_splits - 1}] for {name}, got {split!r}")
     data = np.loadtxt(fetch(f"{base}/data.txt", data_dir, download=download), dtype=np.float64)
     _check_finite(data, f"{name}/data.txt")
