@@ -182,3 +182,25 @@ def test_load_uci_split_bool_is_refused_and_numpy_integers_pass(data_dir):
     with pytest.raises(ValueError, match=r"split must be an integer in \[0, 19\] for yacht, got True"):
         load_uci("yacht", True, data_dir)
     assert load_uci("yacht", np.int64(3), data_dir).x_train.shape == load_uci("yacht", 3, data_dir).x_train.shape
+
+
+def test_fit_counts_a_list_loaders_examples_against_n_data(tmp_path):
+    x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+    batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 32, 8)]
+    model = varbnn.bayesianize(nn.Linear(3, 2))
+    path = tmp_path / "c.pt"
+    with pytest.raises(ValueError, match="n_data=10 is smaller than the 32 distinct examples the loader yielded in epoch 1"):
+        varbnn.fit(model, batches, n_data=10, epochs=1, progress=False, checkpoint=path)
+    assert not path.exists()  # refused before the first checkpoint
+    varbnn.fit(model, batches, n_data=32, epochs=1, progress=False)
+
+
+def test_resume_warns_that_the_checkpoint_keeps_its_learning_rate(tmp_path):
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    path = tmp_path / "c.pt"
+    varbnn.fit(varbnn.bayesianize(nn.Linear(3, 2)), loader, n_data=16, epochs=1, lr=1e-3, progress=False, checkpoint=path)
+    model = varbnn.bayesianize(nn.Linear(3, 2))
+    with pytest.warns(varbnn.train.TrainingWarning, match=r"keeps its learning rate \[0.001\]"):
+        varbnn.fit(model, loader, n_data=16, epochs=2, lr=0.5, progress=False, checkpoint=path, resume=True,
+                   diagnose=False)  # fmt: skip

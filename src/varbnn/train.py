@@ -750,6 +750,7 @@ def fit(
     if lik is not None:
         lik.to(dev)
         extra_parameters = [p for p in lik.parameters() if p.requires_grad]
+    default_rate = optimizer is None  # fit's own Adam at lr: a resumed state keeps the checkpoint's rate instead
     if optimizer is None:
         optimizer = default_optimizer([*model.parameters(), *extra_parameters], lr)
     else:
@@ -793,7 +794,17 @@ def fit(
     step = 0
     first_epoch = 0
     if resume and checkpoint is not None and Path(checkpoint).exists():
+        rates = [group.get("lr") for group in optimizer.param_groups]
         first_epoch, history, step = _resume(Path(checkpoint), model, optimizer, loader, dev, lik)
+        restored = [group.get("lr") for group in optimizer.param_groups]
+        if default_rate and restored != rates:
+            warnings.warn(
+                f"fit(resume=True): the optimizer state from {checkpoint} keeps its learning rate {restored}, not the "
+                f"{rates} this call set up; to change it, set optimizer.param_groups[i]['lr'] in on_epoch_end, or "
+                "start a new checkpoint",
+                TrainingWarning,
+                stacklevel=2,
+            )
         if first_epoch > epochs:
             raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
@@ -814,11 +825,14 @@ def fit(
             sampler.set_epoch(epoch)  # type: ignore[union-attr]
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
         batches = used = skipped = 0
+        distinct: set[tuple[int, int, int]] = set()  # (storage, offset, count): the same batch yielded again counts once
         for x, y in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
             if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
                 seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
             where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
             batches += 1
+            if per_epoch is None and x.dim() > 0:
+                distinct.add((x.untyped_storage().data_ptr(), x.storage_offset(), x.shape[0]))
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
                 raise ValueError(
@@ -895,6 +909,13 @@ def fit(
                 kind="loss",
                 epoch=epoch + 1,
                 step=step + 1,
+            )
+        examples = sum(count for _, _, count in distinct)
+        if per_epoch is None and check_batch_size and not distributed and examples > n_data:
+            raise ValueError(  # a loader whose size is not known before (a list, a generator): counted in the epoch
+                f"n_data={n_data} is smaller than the {examples} distinct examples the loader yielded in epoch "
+                f"{epoch + 1}: "
+                "n_data must be the training-set size (the number of examples the KL is spread over)"
             )
         record: dict[str, float] = {k: v / used for k, v in totals.items()}
         if distributed:
