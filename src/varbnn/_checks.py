@@ -22,7 +22,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArgumentTypeError", "as_int", "as_positive_int", "as_float", "as_float_in", "as_bool", "describe_range"]
+__all__ = [
+    "ArgumentTypeError", "as_int", "as_positive_int", "as_float", "as_float_in", "as_bool", "describe_range",
+    "check_class_labels",
+]  # fmt: skip
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -126,3 +129,18 @@ def as_bool(value: Any, name: str, *, owner: str | None = None) -> bool:
     if _is_bool(value) and getattr(value, "shape", ()) == ():
         return bool(value)
     raise ArgumentTypeError(f"{_prefix(name, owner)} must be True or False, got {type(value).__name__} ({value!r})")
+
+
+def check_class_labels(labels: torch.Tensor, classes: int, name: str, *, owner: str | None = None) -> None:
+    """Refuse ``labels`` that are not integer class indices in ``[0, classes)`` (float or bool labels, e.g. regression
+    targets, and out-of-range values such as cross-entropy's ignore index -100), with a ``ValueError`` naming them."""
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"{_prefix(name, owner)} must hold integer class indices, got dtype {labels.dtype} (regression targets? "
+            "use likelihood=Gaussian() or HeteroscedasticGaussian())"
+        )
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise ValueError(
+            f"{_prefix(name, owner)} must hold class indices in [0, {classes}), got values from {int(labels.min())} "
+            f"to {int(labels.max())}"
+        )

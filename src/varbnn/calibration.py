@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from varbnn._checks import as_float_in, as_positive_int
+from varbnn._checks import as_float_in, as_positive_int, check_class_labels
 
 __all__ = ["fit_temperature", "TemperatureScaled"]
 
@@ -46,13 +46,7 @@ def fit_temperature(
         raise ValueError(
             f"logits must be [N, C] or [S, N, C] with labels [N]; got logits {tuple(logits.shape)}, labels {tuple(labels.shape)}"
         )
-    if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(f"labels must be integer class indices [N], got dtype {labels.dtype}")
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= logits.shape[-1]):
-        raise ValueError(
-            f"labels must be class indices in [0, {logits.shape[-1]}), got values from {int(labels.min())} to "
-            f"{int(labels.max())}"
-        )
+    check_class_labels(labels, logits.shape[-1], "labels", owner="fit_temperature")
     if labels.numel() == 0:
         raise ValueError("fit_temperature needs at least one validation example")
     if not torch.isfinite(logits).all():

@@ -76,7 +76,6 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-
 def _split_variants(text: str, labels: list[str | None]) -> list[str]:
     """``--variants``' comma-separated labels, where a label may itself hold commas (e.g. "RDP double,
     radius_init=even, ..."): consecutive pieces are joined while they form the start of a known label; a piece that

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributions import Gamma, Normal, StudentT, kl_divergence
 
 from varbnn import metrics as _metrics
-from varbnn._checks import as_float_in
+from varbnn._checks import as_float_in, check_class_labels
 from varbnn.families.gaussian import inverse_softplus
 from varbnn.predict import ClassificationSummary, RegressionSummary, classification_summary
 
@@ -119,12 +119,7 @@ class Categorical(Likelihood):
         if outputs.dim() != 3:
             raise ValueError(f"Categorical: outputs must be draws of logits [S, N, classes], got {tuple(outputs.shape)}")
         self._check(outputs[0], target)
-        classes = outputs.shape[-1]
-        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= classes):
-            raise ValueError(
-                f"Categorical: target must hold class indices in [0, {classes}), got values from {int(target.min())} "
-                f"to {int(target.max())} (a regression target? pass likelihood=Gaussian())"
-            )
+        check_class_labels(target, outputs.shape[-1], "target", owner="Categorical")
         probs = self.summary(outputs).probs
         return {
             "accuracy": _metrics.accuracy(probs, target),

@@ -831,7 +831,7 @@ def fit(
                 seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
             where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
             batches += 1
-            if per_epoch is None and x.dim() > 0:
+            if per_epoch is None and epoch == first_epoch and x.dim() > 0:
                 distinct.add((x.untyped_storage().data_ptr(), x.storage_offset(), x.shape[0]))
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
@@ -911,11 +911,10 @@ def fit(
                 step=step + 1,
             )
         examples = sum(count for _, _, count in distinct)
-        if per_epoch is None and check_batch_size and not distributed and examples > n_data:
+        if per_epoch is None and check_batch_size and not distributed and examples > n_data:  # first epoch only
             raise ValueError(  # a loader whose size is not known before (a list, a generator): counted in the epoch
                 f"n_data={n_data} is smaller than the {examples} distinct examples the loader yielded in epoch "
-                f"{epoch + 1}: "
-                "n_data must be the training-set size (the number of examples the KL is spread over)"
+                f"{epoch + 1}: n_data must be the training-set size (the number of examples the KL is spread over)"
             )
         record: dict[str, float] = {k: v / used for k, v in totals.items()}
         if distributed:
