@@ -38,6 +38,7 @@ from varbnn.train import _accumulated_elbo_gradient, _compiled_elbo_step, defaul
 
 N_TRAIN = 60000
 OPTIMIZER = {"name": "fit"}  # "fit": varbnn.train.default_optimizer (Adam, fused where supported); "adam": torch's default
+COMPILE = {"mode": "default"}  # --compile-mode: torch.compile's mode for the compiled rows ("reduce-overhead": CUDA graphs)
 SLOW_STEPS = 10  # steps per round for the Graves estimator's row
 MODELS = {  # name: (builder, input shape without batch, default batch, description)
     "mlp": (lambda: mlp(784, (400, 400), 10), (1, 28, 28), 128, "MLP 784-400-400-10"),
@@ -72,15 +73,19 @@ def make_step(
     graves = any(getattr(m, "estimator", None) == "graves" for m in model.modules())
     if compiled:
         if elbo:
-            compiled_step = _compiled_elbo_step(model, F.cross_entropy, N_TRAIN, device or torch.device("cpu"), True)
+            mode = True if COMPILE["mode"] == "default" else COMPILE["mode"]
+            compiled_step = _compiled_elbo_step(model, F.cross_entropy, N_TRAIN, device or torch.device("cpu"), mode)
         else:
-            loss_fn = torch.compile(lambda x, y: F.cross_entropy(model(x), y))
+            loss_fn = torch.compile(lambda x, y: F.cross_entropy(model(x), y), mode=COMPILE["mode"])
+        graphs = device is not None and device.type == "cuda" and COMPILE["mode"] in ("reduce-overhead", "max-autotune")
 
         def fast(x: torch.Tensor, y: torch.Tensor) -> None:
             opt.zero_grad(set_to_none=True)
             if elbo:
                 compiled_step(x, y, 1.0, 1)
             else:
+                if graphs:  # what _compiled_elbo_step does: each step a new generation of the cudagraph trees
+                    torch.compiler.cudagraph_mark_step_begin()
                 loss_fn(x, y).backward()
             opt.step()
 
@@ -178,6 +183,11 @@ def _torchbnn_convert(module: nn.Module, torchbnn: Any) -> None:
         setattr(module, name, new)
 
 
+def compiled_suffix() -> str:
+    """The compiled rows' name suffix: ``, fit(compile=True)``, or ``, fit(compile='MODE')`` for another mode."""
+    return ", fit(compile=True)" if COMPILE["mode"] == "default" else f", fit(compile={COMPILE['mode']!r})"
+
+
 def candidates(
     model_name: str, device: torch.device, mc_samples: tuple[int, ...] = (), compiled: bool = False
 ) -> dict[str, Callable[[], Callable[[torch.Tensor, torch.Tensor], None]]]:
@@ -232,19 +242,22 @@ def candidates(
             lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior
         )
     if compiled:
-        table["deterministic, compiled"] = lambda: plain(compile_it=True)
-        table["varbnn Delta (MAP, Normal prior), fit(compile=True)"] = family(lambda: varbnn.Delta(), compile_it=True)
+        tag = compiled_suffix()
+        table["deterministic, compiled" + ("" if COMPILE["mode"] == "default" else f" ({COMPILE['mode']})")] = lambda: plain(
+            compile_it=True
+        )
+        table[f"varbnn Delta (MAP, Normal prior){tag}"] = family(lambda: varbnn.Delta(), compile_it=True)
         for estimator in ("reparam", "local", "flipout"):
-            table[f"varbnn MeanField-{estimator}, fit(compile=True)"] = family(
+            table[f"varbnn MeanField-{estimator}{tag}"] = family(
                 lambda e=estimator: varbnn.MeanField(estimator=e), compile_it=True
             )
         for estimator in ("reparam", "local"):
-            table[f"varbnn KTied(rank=2)-{estimator}, fit(compile=True)"] = family(
+            table[f"varbnn KTied(rank=2)-{estimator}{tag}"] = family(
                 lambda e=estimator: varbnn.KTied(rank=2, estimator=e), compile_it=True
             )
-        table["varbnn Radial-reparam (MC cross-entropy), fit(compile=True)"] = family(lambda: varbnn.Radial(), compile_it=True)
+        table[f"varbnn Radial-reparam (MC cross-entropy){tag}"] = family(lambda: varbnn.Radial(), compile_it=True)
         for grouping in ("row", "double"):
-            table[f"varbnn RadialDirectional({grouping}), fit(compile=True)"] = family(
+            table[f"varbnn RadialDirectional({grouping}){tag}"] = family(
                 lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior, compile_it=True
             )
     try:  # optional peers
@@ -310,6 +323,13 @@ def main() -> None:
         action="store_true",
         help="add the rows of fit(compile=True)'s step (torch.compile; the deterministic network compiled too)",
     )
+    parser.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+        help="torch.compile's mode for the --compile rows (reduce-overhead: CUDA graphs on a GPU; files get a "
+        "_MODE suffix; default: default)",
+    )
     parser.add_argument("--only", default=None, help="comma-separated substrings: time only the matching candidates")
     parser.add_argument(
         "--skip", action="append", default=[], metavar="SUBSTRING", help="leave out the candidates containing it (repeatable)"
@@ -323,6 +343,7 @@ def main() -> None:
         parser.error("--batch, --steps and --repeats must be positive, --warmup >= 0")
     torch.set_num_threads(args.threads)
     OPTIMIZER["name"] = args.optimizer
+    COMPILE["mode"] = args.compile_mode
     torch.manual_seed(0)
     start = time.perf_counter()
     try:
@@ -362,6 +383,7 @@ def main() -> None:
             "optimizer": "Adam, fused where supported (varbnn.train.default_optimizer)" if args.optimizer == "fit" else "Adam",
             "mc_samples": list(mc_samples),
             "compile": args.compile,
+            "compile_mode": args.compile_mode,
             "threads": args.threads,
             "steps": args.steps,
             "warmup": args.warmup,
@@ -372,6 +394,7 @@ def main() -> None:
     }
     stem = "step_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
     stem += "" if args.optimizer == "fit" else "_plain_adam"
+    stem += "" if args.compile_mode == "default" or not args.compile else "_" + args.compile_mode.replace("-", "_")
     notes = [
         f"wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps "
         f"(the Graves-estimator row: {args.repeats} x {min(args.steps, SLOW_STEPS)} steps)"

@@ -33,12 +33,19 @@ PEERS = ("bayesian-torch", "torchbnn")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 
 
+GRAPHS = ", fit(compile='reduce-overhead')"
+KINDS = ("eager", "compiled", "CUDA graphs")
+
+
 def candidate(name: str) -> tuple[str, str]:
-    """(row name, "eager" or "compiled") of a step-time row's name."""
+    """(row name, "eager", "compiled" or "CUDA graphs") of a step-time row's name (``step_time.py --compile
+    [--compile-mode reduce-overhead]``)."""
     if name == "deterministic, compiled":
         return "deterministic", "compiled"
-    kind = "compiled" if name.endswith(COMPILED) else "eager"
-    name = name.removesuffix(COMPILED)
+    if name == "deterministic, compiled (reduce-overhead)":
+        return "deterministic", "CUDA graphs"
+    kind = "compiled" if name.endswith(COMPILED) else "CUDA graphs" if name.endswith(GRAPHS) else "eager"
+    name = name.removesuffix(COMPILED).removesuffix(GRAPHS)
     return name.removeprefix("varbnn "), kind
 
 
@@ -133,7 +140,7 @@ def main() -> None:
     if not files:
         parser.error(f"--results {folder} holds no step_time*.json files")
     groups, names, cells = summarise(files)
-    columns = [(g, kind) for g in groups for kind in ("eager", "compiled") if any(f"{g} {kind}" in c for c in cells.values())]
+    columns = [(g, kind) for g in groups for kind in KINDS if any(f"{g} {kind}" in c for c in cells.values())]
     header = "| candidate | " + " | ".join(f"{g}: {kind}" for g, kind in columns) + " |"
     table = [header, "|---|" + "---:|" * len(columns)]
     for name in names:
@@ -168,8 +175,9 @@ def main() -> None:
     notes = [
         "sources: " + ", ".join(f"`{p.name}`" for p in files) + " (each names its command, commit and device)",
         "each ratio: the candidate's median step over the deterministic network's eager median step in the same table "
-        "(the same process); eager and compiled (`fit(compile=True)`) side by side per network and device; the floor "
-        "rows are the work every estimator of a kind must do (see `benchmarks/step_time.py`)",
+        "(the same process); eager, compiled (`fit(compile=True)`) and CUDA graphs (`fit(compile='reduce-overhead')`) "
+        "side by side per network and device; the floor rows are the work every estimator of a kind must do (see "
+        "`benchmarks/step_time.py`)",
         "columns: network (" + ", ".join(f"{v} = {k}" for k, v in SHORT.items()) + "), bN = batch N, device "
         "(CPU with its thread count, or the GPU); ratios from different columns come from different processes and "
         "machines: compare within a column",

@@ -10,7 +10,9 @@
 #   dry run here: DEVICE=cpu STEPS=3 REPEATS=1 bash scripts/gpu_speed.sh   (the plumbing only, not a measurement)
 #   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable;
 #                 "profile" and "rdp-resnet18" (RDP row compiled on ResNet-18, minutes of compiling) are not in the default
-#                 list: PARTS="profile rdp-resnet18" adds them)
+#                 list: PARTS="profile rdp-resnet18" adds them; nor are the CUDA-graph parts, fit(compile=
+#                 "reduce-overhead"): lenet5-graphs, rdp-lenet5-graphs, resnet18-graphs); DEADLINE=SECONDS caps the
+#                 whole script (a part gets at most what is left; the archive is repacked after every part)
 #
 # Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page,
 # and rebuild the side-by-side table: PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
@@ -30,14 +32,22 @@ if [ "${PEERS:-0}" = 1 ]; then
 fi
 log="$out/log.txt"
 : >"$log"
+began=$SECONDS
+pack() { tar czf "$out/gpu_speed.tgz" -C "$work" . ; }  # after every part: a call stopped at its limit keeps what ran
 part() {  # part SECONDS SCRIPT ARGS...: one benchmark under its own limit; its output (compile warnings dropped) to the log
     local seconds=$1
     shift
+    if [ -n "${DEADLINE:-}" ]; then  # DEADLINE: seconds for the whole script; a part gets at most what is left of it
+        local left=$(( DEADLINE - (SECONDS - began) - 10 ))
+        if [ "$left" -lt 30 ]; then echo "== skipped (deadline): $*" | tee -a "$log"; return; fi
+        [ "$left" -lt "$seconds" ] && seconds=$left
+    fi
     echo "== $* (limit ${seconds} s)" | tee -a "$log"
     # a compile cache of its own: a part stopped at its limit while inductor writes a kernel leaves a truncated
     # file in the cache, which fails the next run that compiles the same graph ("file too short")
     TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout "$seconds" "$python" "$@" 2>&1 | grep -v '^[WIV][0-9]\{4\} ' | tail -40 | tee -a "$log"
-    echo "== exit ${PIPESTATUS[0]}" | tee -a "$log"
+    echo "== exit ${PIPESTATUS[0]} after $(( SECONDS - began )) s" | tee -a "$log"
+    pack
 }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; \
   "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } | tee -a "$log"
@@ -71,6 +81,16 @@ for name in $parts; do
         resnet18-compiled) part "${RESNET_COMPILED_SECONDS:-200}" benchmarks/step_time.py "${resnet[@]}" --compile \
                  --only compile --skip Delta --skip=-local --skip=-flipout --skip RadialDirectional \
                  --out "$work/step-time/resnet18-compiled" ;;
+        lenet5-graphs)  # fit(compile="reduce-overhead"): CUDA graphs, beside the peers and the floors in the same process
+            part "${LENET_GRAPHS_SECONDS:-170}" benchmarks/step_time.py --model lenet5 "${common[@]}" --compile \
+                 --compile-mode reduce-overhead --only "compile,floor,torchbnn,bayesian-torch" --skip RadialDirectional \
+                 --skip Delta --skip=-flipout --skip "KTied(rank=2)-local" --out "$work/step-time" ;;
+        rdp-lenet5-graphs) part "${RDP_GRAPHS_SECONDS:-150}" benchmarks/step_time.py --model lenet5 "${common[@]}" \
+                 --compile --compile-mode reduce-overhead --only RadialDirectional --skip "deterministic, compiled" \
+                 --out "$work/step-time/lenet5-rdp-graphs" ;;
+        resnet18-graphs) part "${RESNET_GRAPHS_SECONDS:-220}" benchmarks/step_time.py "${resnet[@]}" --compile \
+                 --compile-mode reduce-overhead --only "compile,torchbnn,bayesian-torch Rep" --skip Delta \
+                 --skip RadialDirectional --skip "KTied(rank=2)-local" --out "$work/step-time" ;;
         host) part "${HOST_SECONDS:-60}" benchmarks/step_time.py --model host "${common[@]}" --skip graves \
                  --skip RadialDirectional --out "$work/step-time" ;;
         predict) part "${PREDICT_SECONDS:-75}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
@@ -83,8 +103,8 @@ for name in $parts; do
                 part "${PROFILE_SECONDS:-40}" benchmarks/profile_step.py --model "${spec%%|*}" --device "$device" \
                     --candidate "${spec#*|}" --out "$work/profiles"
             done ;;
-        *) echo "unknown part $name (mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
+        *) echo "unknown part $name (lenet5-graphs rdp-lenet5-graphs resnet18-graphs mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
     esac
 done
-tar czf "$out/gpu_speed.tgz" -C "$work" .
+pack
 echo "packed: $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.json$') result files and $(tar tzf "$out/gpu_speed.tgz" | grep -c '\.txt$') profiles into $out/gpu_speed.tgz" | tee -a "$log"

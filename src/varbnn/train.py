@@ -1268,6 +1268,9 @@ def _compiled_elbo_step(
         in_graph_random = device.type != "cpu"
     options = dict(torch._inductor.list_mode_options(mode))
     options["fallback_random"] = not in_graph_random
+    # CUDA graphs ("reduce-overhead", "max-autotune"): each step is a new generation of torch's cudagraph trees (the
+    # previous step's outputs may be overwritten), so the step marks its start and returns copies of its 0-d outputs
+    cudagraphs = device.type == "cuda" and bool(options.get("triton.cudagraphs"))
     if backend == "inductor":
         compiled = torch.compile(_own_code(loss_terms), options=options)
     else:
@@ -1277,6 +1280,8 @@ def _compiled_elbo_step(
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
         beta_t = torch.tensor(float(beta), device=device)
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         parts = []
         for _ in range(samples):
             # torch.compile turns torch.distributions' global argument validation off while it traces and leaves it
@@ -1287,7 +1292,11 @@ def _compiled_elbo_step(
                 (loss / samples if samples > 1 else loss).backward()
             finally:
                 torch.distributions.Distribution.set_default_validate_args(validate)
-            parts.append((loss.detach(), nll_value, kl_total))
+            if cudagraphs:  # the graph's output buffers are reused by the next replay
+                nll_value, kl_total = nll_value.clone(), kl_total.clone()
+                parts.append((loss.detach().clone(), nll_value, kl_total))
+            else:
+                parts.append((loss.detach(), nll_value, kl_total))
         if samples == 1:
             loss, nll_value, kl_total = parts[0]
         else:
