@@ -59,6 +59,24 @@ def test_summary_puts_eager_and_compiled_rows_of_each_device_side_by_side(tmp_pa
     assert summary["ratios"]["MeanField-reparam"]["LeNet-5 b100, H200 compiled"] == 1.78
 
 
+def test_summary_gives_cuda_graph_rows_a_column_of_their_own(tmp_path):
+    cuda = "cuda: NVIDIA H200; host cpu: x, 2 threads"
+    _table(tmp_path / "step_time_lenet5_cuda.json", cuda, {"deterministic": 1.0, "deterministic, compiled": 1.21,
+           "varbnn MeanField-reparam, fit(compile=True)": 1.78})  # fmt: skip
+    _table(tmp_path / "step_time_lenet5_cuda_reduce_overhead.json", cuda, {"deterministic": 1.0,
+           "deterministic, compiled (reduce-overhead)": 0.54,
+           "varbnn MeanField-reparam, fit(compile='reduce-overhead')": 0.9})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}"}
+    command = [sys.executable, str(ROOT / "benchmarks" / "step_time_summary.py"), "--results", str(tmp_path),
+               "--profiles", str(tmp_path / "none")]  # fmt: skip
+    subprocess.run(command, check=True, env=env, capture_output=True, text=True)
+    ratios = json.loads((tmp_path / "step_time_summary.json").read_text())["ratios"]
+    assert ratios["MeanField-reparam"] == {"LeNet-5 b100, H200 compiled": 1.78, "LeNet-5 b100, H200 CUDA graphs": 0.9}
+    assert ratios["deterministic"]["LeNet-5 b100, H200 CUDA graphs"] == 0.54
+    header = next(line for line in (tmp_path / "step_time_summary.md").read_text().splitlines() if "| candidate" in line)
+    assert header.rstrip(" |").endswith("LeNet-5 b100, H200: CUDA graphs")
+
+
 def test_summary_refuses_a_folder_without_tables(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}"}
     command = [sys.executable, str(ROOT / "benchmarks" / "step_time_summary.py"), "--results", str(tmp_path)]
