@@ -39,6 +39,16 @@ def he_normal_(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.normal_(0.0, math.sqrt(2.0 / fan_in))
 
 
+_EXTRA_STATE = "_extra_state"  # torch's key suffix for a module's get_extra_state() in its state dict
+
+
+def family_of_state(entry: Any) -> str | None:
+    """The family name that :meth:`VariationalFamily.get_extra_state` saved (``None`` for anything else)."""
+    if isinstance(entry, torch.Tensor) and entry.dtype == torch.uint8 and entry.dim() == 1:
+        return bytes(entry.tolist()).decode("ascii", errors="replace")
+    return None
+
+
 class VariationalFamily(nn.Module):
     """A variational posterior q over one weight tensor of a known shape.
 
@@ -116,6 +126,42 @@ class VariationalFamily(nn.Module):
                 f"{type(self).__name__}(estimator={self.estimator!r}) is not supported in {layer_kind} layers; "
                 f"estimators allowed there: {supported}" + _LAYER_KIND_NOTES.get(layer_kind, "")
             )
+
+    # -- saving -----------------------------------------------------------------------------------------
+    def get_extra_state(self) -> torch.Tensor:
+        """Saved in the state dict beside the parameters (key ``..._extra_state``): the family's class name, so that
+        a state dict loads only into a model built with the same family. MeanField's and Radial's parameters, for
+        instance, have the same names and shapes: without it torch would load one into the other silently, and the
+        model would sample another distribution than the one trained. Stored as a 1-d uint8 tensor of the name's
+        ASCII bytes (:func:`family_of_state` reads it back), so that code which treats every state-dict entry as a
+        tensor (``{k: v.clone() ...}``, ``torch.equal``, ``.to(device)``) keeps working."""
+        return torch.tensor(list(type(self).__name__.encode("ascii")), dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        """Nothing to restore: the family was checked in :meth:`_load_from_state_dict`."""
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        key = prefix + _EXTRA_STATE
+        family = family_of_state(state_dict.get(key))
+        if family is not None and family != type(self).__name__:
+            error_msgs.append(
+                f"{prefix.rstrip('.') or 'the posterior'}: the state dict holds a {family} posterior, the model a "
+                f"{type(self).__name__} (their parameters mean different distributions); build the model with the "
+                "family it was trained with"
+            )
+            return  # this tensor's parameters are not loaded
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if key in missing_keys:  # a state dict saved before the family was recorded: loads as it did then
+            missing_keys.remove(key)
 
     # -- the distribution -------------------------------------------------------------------------------
     def distribution(self) -> Distribution:
