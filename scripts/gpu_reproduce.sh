@@ -19,6 +19,14 @@
 # are merged into one runs file with the first seed's figure data and the page is rendered there (--no-train): $OUT
 # holds NAME_runs.jsonl, the page (NAME.md, NAME.json, its figures) and log.txt, and $OUT/logs.tgz the processes' logs.
 #
+# Issue 30's LeNet-5 front, seeds 1 and 2 (seed 0 ran on the CPU; 200 epochs take ~3 h per seed there, longer than a
+# session, and the epoch checkpoints are not kept between sessions): train them here, bring their checkpoints back,
+# and prune on the CPU:
+#   device tool:  run(command="NAME=lenet5-front GROUPS_SPEC='3|' ONLY_SHARDS='1 2' COMPILE=reduce-overhead
+#                     CHECKPOINTS=1 LIMIT=540 bash scripts/gpu_reproduce.sh", carry=[".data"], timeout_s=590)
+#   then here:    bash scripts/restore_checkpoints.sh FILES_AT benchmarks/results/lenet5-front, and the CPU queue
+#                 (scripts/cpu_queue.sh) resumes both runs at their last epoch and prunes
+#
 # The runs share the GPU with each other, so their train_seconds are not speed measurements. COMPILE=1 trains with
 # fit(compile=True) (--compile): RDP's LeNet-5 step is 6.7x (row) / 8.6x (double) faster compiled on an H200
 # (benchmarks/results/step-time/step_time_lenet5_rdp_compiled_cuda.md).
@@ -41,8 +49,9 @@ export VARBNN_DATA="${VARBNN_DATA:-$PWD/.data}"
 export VARBNN_COMMIT="${VARBNN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
-compiled=()  # COMPILE=1: train with fit(compile=True) (--compile; several-fold faster RDP steps on a GPU)
-[ "${COMPILE:-0}" = 1 ] && compiled=(--compile)
+compiled=()  # COMPILE=1: train with fit(compile=True) (--compile; several-fold faster RDP steps on a GPU); COMPILE=MODE:
+            # that torch.compile mode (COMPILE=reduce-overhead: CUDA graphs, RDP's LeNet-5 step another 2x faster)
+case "${COMPILE:-0}" in 0) ;; 1) compiled=(--compile) ;; *) compiled=(--compile "$COMPILE") ;; esac
 mkdir -p "$out" "$work"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; \
   "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; \
@@ -54,6 +63,8 @@ while IFS= read -r group; do
     n="${group%%|*}"
     labels="${group#*|}"
     for (( k = 0; k < n; k++ )); do
+        # ONLY_SHARDS="1 2": start only these shards of each group (e.g. the seeds a CPU run has not done)
+        if [ -n "${ONLY_SHARDS:-}" ] && [[ " $ONLY_SHARDS " != *" $k "* ]]; then continue; fi
         folder="$work/g${index}-s${k}"
         mkdir -p "$folder"
         echo "[gpu_reproduce] $folder: shard $k/$n of: ${labels:-every variant}" | tee -a "$out/log.txt"
@@ -93,5 +104,17 @@ for line in open(sys.argv[1]):
 for folder in "$work"/g*/; do tail -2 "$folder/log.txt" | sed "s|^|$(basename "$folder"): |"; done | tee -a "$out/log.txt"
 "$python" -m varbnn.cli reproduce "$name" "${quick[@]}" --device "$device" --no-train --out "$merged" --no-progress \
     2>&1 | tail -5 | tee -a "$out/log.txt"
-cp "$merged"/*.md "$merged"/*.json "$merged"/*.jsonl "$merged"/*.png "$out/" 2>/dev/null
+if [ "${CHECKPOINTS:-0}" = 1 ]; then
+    # the runs' epoch checkpoints instead of the page (the device tool returns at most 8 files, 16 MB each), one file
+    # each, named ckpt__<protocol folder>__<file>: `bash scripts/restore_checkpoints.sh FILES_AT OUT` puts them under
+    # OUT/.checkpoints/, where `varbnn reproduce NAME --out OUT` resumes them (on any device)
+    cp "$merged/${name}_runs.jsonl" "$out/" 2>/dev/null
+    for checkpoint in "$work"/g*/.checkpoints/*/*.pt; do
+        [ -e "$checkpoint" ] || continue
+        cp "$checkpoint" "$out/ckpt__$(basename "$(dirname "$checkpoint")")__$(basename "$checkpoint")"
+    done
+    ls -l "$out"/ckpt__* 2>/dev/null | tee -a "$out/log.txt"
+else
+    cp "$merged"/*.md "$merged"/*.json "$merged"/*.jsonl "$merged"/*.png "$out/" 2>/dev/null
+fi
 tar -czf "$out/logs.tgz" -C "$work" --exclude=merged --exclude=.checkpoints .
