@@ -175,9 +175,10 @@ def main() -> None:
     notes = [
         "sources: " + ", ".join(f"`{p.name}`" for p in files) + " (each names its command, commit and device)",
         "each ratio: the candidate's median step over the deterministic network's eager median step in the same table "
-        "(the same process); eager, compiled (`fit(compile=True)`) and CUDA graphs (`fit(compile='reduce-overhead')`) "
-        "side by side per network and device; the floor rows are the work every estimator of a kind must do (see "
-        "`benchmarks/step_time.py`)",
+        "(the same process); eager, compiled (torch.compile's default mode: `fit(compile=True)` on the CPU, and on a "
+        "GPU until 2026-11-27) and CUDA graphs (`fit(compile='reduce-overhead')`, what `fit(compile=True)` now does on "
+        "a GPU when the batches have one shape) side by side per network and device; the floor rows are the work "
+        "every estimator of a kind must do (see `benchmarks/step_time.py`)",
         "columns: network (" + ", ".join(f"{v} = {k}" for k, v in SHORT.items()) + "), bN = batch N, device "
         "(CPU with its thread count, or the GPU); ratios from different columns come from different processes and "
         "machines: compare within a column",

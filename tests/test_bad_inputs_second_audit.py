@@ -4,6 +4,7 @@ feeds one and asserts the clear error, or that nothing already computed was lost
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -204,3 +205,65 @@ def test_resume_warns_that_the_checkpoint_keeps_its_learning_rate(tmp_path):
     with pytest.warns(varbnn.train.TrainingWarning, match=r"keeps its learning rate \[0.001\]"):
         varbnn.fit(model, loader, n_data=16, epochs=2, lr=0.5, progress=False, checkpoint=path, resume=True,
                    diagnose=False)  # fmt: skip
+
+
+def test_fit_warns_before_replacing_an_existing_checkpoint_without_resume(tmp_path):
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    path = tmp_path / "run.pt"
+    varbnn.fit(varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2))), loader, n_data=16, epochs=1, progress=False,
+               checkpoint=path)  # fmt: skip
+    with pytest.warns(varbnn.train.TrainingWarning, match=r"resume=False\): the file exists and is replaced"):
+        varbnn.fit(varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2))), loader, n_data=16, epochs=1, progress=False,
+                   checkpoint=path)  # fmt: skip
+    with warnings.catch_warnings():  # resuming it, or a new file, is silent
+        warnings.simplefilter("error", varbnn.train.TrainingWarning)
+        varbnn.fit(varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2))), loader, n_data=16, epochs=1, progress=False,
+                   checkpoint=path, resume=True)  # fmt: skip
+        varbnn.fit(varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2))), loader, n_data=16, epochs=1, progress=False,
+                   checkpoint=tmp_path / "new.pt")  # fmt: skip
+
+
+def test_summaries_refuse_non_finite_outputs_and_name_the_draws():
+    logits = torch.randn(4, 3, 5)
+    logits[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"logits hold NaN or inf in 1 of 4 draws \(draw 1\)"):
+        varbnn.classification_summary(logits)
+    masked = torch.randn(4, 3, 5)
+    masked[..., 0] = -float("inf")  # a masked class: allowed, probability 0
+    probs = varbnn.classification_summary(masked).probs
+    assert torch.all(probs[:, 0] == 0) and torch.allclose(probs.sum(-1), torch.ones(3))
+    means = torch.randn(4, 3)
+    means[2, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"means hold NaN or inf in 1 of 4 draws \(draw 2\)"):
+        varbnn.regression_summary(means, 1.0)
+
+
+def test_last_layer_laplace_names_non_finite_inputs_not_the_model_structure():
+    from varbnn.laplace import LastLayerLaplace
+
+    net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+    x[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="the inputs x hold NaN or inf"):
+        LastLayerLaplace(net).fit(DataLoader(TensorDataset(x, y), batch_size=8))
+    with torch.no_grad():
+        net[2].weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"logits contain NaN .*\(the inputs are finite"):
+        LastLayerLaplace(net).fit(DataLoader(TensorDataset(torch.randn(32, 3), y), batch_size=8))
+
+
+def test_fit_compile_true_records_cuda_graphs_only_on_cuda_with_batches_of_one_shape():
+    from varbnn.train import _fit_compile_mode
+
+    data = TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _fit_compile_mode(True, cuda, DataLoader(data, batch_size=8)) == "reduce-overhead"  # 8 divides 40
+    assert _fit_compile_mode(True, cuda, DataLoader(data, batch_size=16, drop_last=True)) == "reduce-overhead"
+    assert _fit_compile_mode(True, cuda, DataLoader(data, batch_size=16)) == "default"  # a last batch of 8
+    assert _fit_compile_mode(True, cuda, [(torch.randn(4, 3), torch.zeros(4))]) == "default"  # shapes not known
+    assert _fit_compile_mode(True, cpu, DataLoader(data, batch_size=8)) == "default"
+    assert _fit_compile_mode("default", cuda, DataLoader(data, batch_size=8)) == "default"  # a mode as given
+    assert _fit_compile_mode("max-autotune", cpu, DataLoader(data, batch_size=16)) == "max-autotune"
+    with pytest.raises(ValueError, match="compile must be True, False or one of the modes"):
+        _fit_compile_mode("fast", cpu, DataLoader(data, batch_size=8))

@@ -136,9 +136,10 @@ class LastLayerLaplace(nn.Module):
         where = f"the last nn.Linear ({self.layer_name!r}, {self.layer.in_features} -> {self.layer.out_features})"
         if "output" not in captured:
             raise ValueError(f"{where} was not called by model(x); its output must be the model's output (the logits)")
-        if not isinstance(logits, torch.Tensor) or logits.shape != captured["output"].shape or not torch.equal(
-            logits, captured["output"]
-        ):
+        output = captured["output"]
+        if not isinstance(logits, torch.Tensor) or logits.shape != output.shape or (
+            logits is not output and not bool(((logits == output) | (logits.isnan() & output.isnan())).all())
+        ):  # (NaN-aware: NaN logits are reported below as what they are)
             raise ValueError(
                 f"the model's output is not the output of {where}; LastLayerLaplace requires the model to return that "
                 "layer's output (the logits) unchanged, e.g. no softmax or other layer after it"
@@ -146,7 +147,10 @@ class LastLayerLaplace(nn.Module):
         if logits.dim() != 2:
             raise ValueError(f"the model must return logits of shape [N, C], got shape {tuple(logits.shape)}")
         if not torch.isfinite(logits).all():
-            raise ValueError("the model's logits contain NaN or infinite values")
+            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                raise ValueError("the inputs x hold NaN or inf values: LastLayerLaplace needs finite inputs")
+            raise ValueError("the model's logits contain NaN or infinite values (the inputs are finite: check the "
+                             "model's parameters with torch.isfinite)")
         phi = captured["input"]
         if self.layer.bias is not None:
             phi = torch.cat([phi, phi.new_ones(phi.shape[0], 1)], dim=1)

@@ -143,12 +143,29 @@ def _entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(-1)
 
 
+def _check_outputs(values: torch.Tensor, name: str, *, allow_negative_inf: bool = False) -> None:
+    """Refuse NaN (and inf; -inf logits are a masked class, allowed) in a network's predicted outputs: a summary of
+    them would be NaN or wrong without saying why."""
+    bad = torch.isnan(values) | (values == math.inf)
+    if not allow_negative_inf:
+        bad |= values == -math.inf
+    if bool(bad.any()):
+        draws = bad.flatten(1).any(1).nonzero().flatten().tolist()
+        shown = ", ".join(map(str, draws[:5])) + (", ..." if len(draws) > 5 else "")
+        raise ValueError(
+            f"{name} hold NaN or inf in {len(draws)} of {values.shape[0]} draws (draw {shown}): the network's outputs "
+            "are not finite (non-finite inputs, or diverged weights: check the inputs, and the parameters with "
+            "torch.isfinite)"
+        )
+
+
 def classification_summary(logits: torch.Tensor) -> ClassificationSummary:
     """The :class:`ClassificationSummary` of ``logits`` of shape ``[samples, batch, classes]`` (as returned by
     :func:`predict`): mean softmax probabilities, predictive and expected entropies and their difference, the
     mutual information between the label and the weights."""
     if logits.dim() < 3:
         raise ValueError(f"logits must be [samples, batch, classes], got shape {tuple(logits.shape)}")
+    _check_outputs(logits, "logits", allow_negative_inf=True)
     per_sample = torch.softmax(logits, dim=-1)
     probs = per_sample.mean(0)
     total = _entropy(probs)
@@ -183,6 +200,7 @@ def regression_summary(means: torch.Tensor, noise_variance: float | torch.Tensor
     ``var_s f_s`` (population variance over the draws)."""
     if means.dim() < 2:
         raise ValueError(f"means must be [samples, batch, ...], got shape {tuple(means.shape)}")
+    _check_outputs(means, "means")
     noise = torch.as_tensor(noise_variance, dtype=means.dtype, device=means.device)
     if (noise < 0).any() or not math.isfinite(float(noise.sum())):
         raise ValueError("noise_variance must be finite and >= 0")
