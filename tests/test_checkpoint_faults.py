@@ -229,3 +229,22 @@ def test_runner_reconciles_a_best_file_one_epoch_behind_an_old_checkpoint(tmp_pa
         model.weight.fill_(0.0)
     assert _BestOfLast(model, epochs=5, last=3, checkpoint=checkpoint).restore() == 4
     assert float(model.weight[0, 0]) == 4.0
+
+
+def test_the_best_of_last_export_is_a_verified_checkpoint_and_a_damaged_one_is_named(tmp_path):
+    """``<ckpt>.best.pt`` carries fit's format and checksum: read back (old-style checkpoints only) through
+    read_checkpoint, so a flipped byte is a CheckpointError naming the file, not a silently different model."""
+    from varbnn.experiments.hooks import BestOfLast as _BestOfLast
+
+    model = nn.Linear(2, 1)
+    checkpoint = tmp_path / "run.pt"
+    selector = _BestOfLast(model, epochs=5, last=3, checkpoint=checkpoint)
+    selector(3, {"nll": 0.3})
+    best_file = checkpoint.with_suffix(".best.pt")
+    assert read_checkpoint(best_file)["epoch"] == 3  # verified, no warning
+    torch.save({"model": model.state_dict(), "optimizer": None, "epoch": 3, "history": [{"nll": 0.3}] * 3}, checkpoint)
+    data = bytearray(best_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    best_file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"run\.best\.pt"):
+        _BestOfLast(model, epochs=5, last=3, checkpoint=checkpoint)

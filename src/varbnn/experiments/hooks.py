@@ -18,7 +18,15 @@ import torch
 from varbnn.analysis import GradientSNR
 from varbnn.experiments.config import ExperimentConfig
 from varbnn.nn.base import BayesianModule
-from varbnn.train import CheckpointError, _write_atomically, evaluate_weight_samples, read_checkpoint
+from varbnn.train import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    _with_checksum,
+    _write_atomically,
+    evaluate_weight_samples,
+    read_checkpoint,
+)
 
 __all__ = ["std_parameters", "Tracer", "committed_state", "Sidecar", "BestOfLast", "BestState"]
 
@@ -168,7 +176,8 @@ class BestOfLast:
         if committed is not None and isinstance(committed.get("extra"), dict) and "best" in committed["extra"]:
             self.best = committed["extra"]["best"]
         elif self.path is not None and self.path.exists() and checkpoint is not None and checkpoint.exists():
-            self.best = torch.load(self.path, map_location="cpu", weights_only=True)
+            exported = read_checkpoint(self.path)  # verified (its checksum); an export from before it had one: a warning
+            self.best = {key: exported[key] for key in ("epoch", "nll", "model")}
             self._exported = int(self.best["epoch"])
             if committed is not None and "epoch" in committed and "history" in committed:
                 self._reconcile(committed)
@@ -195,9 +204,9 @@ class BestOfLast:
 
         if self.path is None or self.best is None or not is_main_process():  # data-parallel: every rank holds it; one writes
             return
-        buffer = io.BytesIO()
-        torch.save(self.best, buffer)
-        _write_atomically(self.path, buffer.getvalue())
+        buffer = io.BytesIO()  # a checkpoint file like fit's (format, version, checksum): read_checkpoint verifies it
+        torch.save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **self.best}, buffer)
+        _write_atomically(self.path, _with_checksum(buffer.getvalue()))
         self._exported = int(self.best["epoch"])
 
     def state(self) -> dict[str, Any] | None:
