@@ -170,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="generic runner's configs only: comma-separated variant labels to run now (the page shows every run saved)",
     )  # fmt: skip
     rep.add_argument(
-        "--compile", nargs="?", const="default", default=None, metavar="MODE",
-        help="generic runner's configs and uci-learned: train with fit(compile=...), torch.compile's MODE (default 'default'; or "
+        "--compile", nargs="?", const=True, default=None, metavar="MODE",
+        help="generic runner's configs and uci-learned: train with fit(compile=...); alone, fit(compile=True) (CUDA graphs "
+        "on a GPU when the batches have one shape, else the default mode); or torch.compile's MODE (default, "
         "reduce-overhead, max-autotune, max-autotune-no-cudagraphs); a runtime choice like --device, not a new protocol",
     )  # fmt: skip
     rep.add_argument("--no-train", action="store_true", help="render the results from the runs already saved")
@@ -274,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             labels = [getattr(v, "label", None) for v in getattr(config, "variants", ())]
             options["only"] = _split_variants(args.variants, labels) if getattr(args, "variants", None) else None
         if spec.compiles and getattr(args, "compile", None):
-            options["compile"] = True if args.compile == "default" else args.compile
+            options["compile"] = args.compile  # True (--compile alone) or a mode string
         result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                           progress=not args.no_progress, command=command, shard=shard,
                           train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),

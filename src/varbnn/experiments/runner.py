@@ -58,6 +58,7 @@ from varbnn.plots import (
 )
 from varbnn.priors import make_prior
 from varbnn.train import (
+    _fit_compile_mode,
     default_optimizer,
     fit,
     seed_everything,
@@ -541,7 +542,8 @@ def _run_seed(
         "seed": seed,
         "scores": [[label, scores] for label, scores in scored],
         "traces": tracer.records if tracer is not None else None,
-        **({"compile": "default" if compile is True else compile} if compile is not False else {}),
+        # the mode fit used (True: CUDA graphs on a GPU when the batches have one shape, else the default mode)
+        **({"compile": _fit_compile_mode(compile, dev, loader)} if compile is not False else {}),
     }
 
 
