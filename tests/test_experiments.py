@@ -729,6 +729,12 @@ def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, fit_co
     graves = dataclasses.replace(config, variants=(Variant("g", family_options={"estimator": "graves"}),))
     with pytest.raises(ValueError, match=r"compile is not available for \['g'\].*--variants"):
         run_experiment(graves, out_dir=tmp_path / "g", progress=False, compile=True)
+    seen.clear()  # compile=True (the CLI's --compile alone) reaches fit as True; on the CPU the record says "default"
+    run_experiment(dataclasses.replace(config, variants=config.variants[1:2]), out_dir=tmp_path / "t", progress=False,
+                   compile=True)  # fmt: skip
+    assert seen == [True]
+    (record,) = [json.loads(line) for line in (tmp_path / "t" / "baselines_runs.jsonl").read_text().splitlines()]
+    assert record["compile"] == "default"
 
 
 def test_a_figure_that_cannot_be_redrawn_is_named_not_dropped_silently(tmp_path, capsys):

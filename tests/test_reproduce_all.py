@@ -93,6 +93,21 @@ def test_reproduce_quick_writes_the_results(name, data_dir, tmp_path, capsys):
     assert f"{stem}.json" in printed
 
 
+def test_compile_alone_is_fit_compile_true_and_a_named_mode_is_passed_as_it_is(data_dir, tmp_path, fit_compile_spy):
+    """``--compile`` alone reaches ``fit`` as ``compile=True`` (CUDA graphs on a GPU when the batches have one shape);
+    ``--compile default`` as the mode string (no CUDA graphs)."""
+    from varbnn.experiments import runner
+
+    seen = fit_compile_spy(runner)
+    args = ["reproduce", "uncertainty-fmnist", "--quick", "--data-dir", str(data_dir), "--no-progress",
+            "--variants", "MeanField"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*args, "--out", str(tmp_path / "a"), "--compile"]) == 0
+        assert main([*args, "--out", str(tmp_path / "b"), "--compile", "default"]) == 0
+    assert seen == [True, "default"]
+
+
 def test_set_overrides_typed_fields_and_variants_picks_the_runs(data_dir, tmp_path, capsys):
     """``--set FIELD=VALUE`` changes the config (checked against the field's type, any experiment); ``--variants``
     runs only the named variants' runs of a generic-runner config."""
