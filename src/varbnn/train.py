@@ -24,7 +24,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 import torch
@@ -620,7 +620,13 @@ def fit(
     ``skip_nonfinite=True`` a batch whose loss or gradient is non-finite is skipped instead (gradients dropped, no
     optimizer step, no ``on_step_end``, the step counter not advanced) and counted in each epoch's record as
     ``skipped``; the epoch's means are over the other batches. Non-finite data still raise (the same batch would be
-    skipped every epoch), and so does an epoch in which every batch was skipped.
+    skipped every epoch), and so does an epoch in which every batch was skipped. On a GPU with fit's default
+    optimizer (the fused Adam) and without ``skip_nonfinite``, distributed training, the Graves estimator or adaptive
+    priors, the loss and gradient checks do not make the host wait for the device every step: each step's flag is
+    computed on the device and handed to the optimizer as ``found_inf`` (a bad step, and every one after it, leaves
+    the parameters and the optimizer state unchanged), and the flags are read every 50 steps and at the end of each
+    epoch; the error then names the first bad step, and the model is as it was before it, as with per-step checks.
+    ``on_step_end`` is called for the steps between the bad one and that read.
 
     ``checkpoint`` is rewritten (:func:`save_checkpoint`: atomically, with a checksum) after each epoch, once
     ``on_epoch_end`` has returned; ``checkpoint_extra()``, when given, is called then and its dict (plain data) is
@@ -830,6 +836,9 @@ def fit(
     bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=None if progress else True, leave=False,
                initial=first_epoch, total=epochs)  # fmt: skip
     seen_labels: list[torch.Tensor] = []  # a few batches' class labels: the NLL of their marginal, for _diagnose
+    # off the CPU, the loss and gradient checks run without waiting for the device (see _DeferredChecks)
+    deferred = _DeferredChecks.applies(dev, optimizer, distributed or graves or skip_nonfinite or adaptive)
+    checks = _DeferredChecks(dev, parameters) if deferred else None
     for epoch in bar:
         model.train()
         sampler = getattr(loader, "sampler", None)
@@ -845,13 +854,13 @@ def fit(
             batches += 1
             if per_epoch is None and epoch == first_epoch and x.dim() > 0:
                 distinct.add((x.untyped_storage().data_ptr(), x.storage_offset(), x.shape[0]))
+            kind, detail = None, _nonfinite_data(x, y)  # before the transfer: no wait on the device for a CPU batch
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
                 raise ValueError(
                     f"n_data={n_data} is smaller than one batch ({x.shape[0]} examples at {where}): n_data must be "
                     "the training-set size (the number of examples the KL is spread over), not a batch size"
                 )
-            kind, detail = None, _nonfinite_data(x, y)
             if detail is not None:
                 kind = "data"
                 if not distributed:
@@ -875,6 +884,16 @@ def fit(
                 for p, anyone in zip(outside, has.tolist()):
                     if anyone == 0:
                         p.grad = None
+            if checks is not None:  # the checks and the sums on the device; one read every _DeferredChecks.EVERY steps
+                checks.step(terms, optimizer, where, epoch + 1, step + 1, batches - 1)
+                if on_step_end is not None:
+                    on_step_end(step + 1, terms)
+                    model.train()
+                used += 1
+                step += 1
+                if len(checks.window) >= checks.EVERY:
+                    checks.check()
+                continue
             loss = float(terms.loss.detach())
             if kind is None and not math.isfinite(loss):
                 kind = "loss"
@@ -928,6 +947,9 @@ def fit(
                 f"n_data={n_data} is smaller than the {examples} distinct examples the loader yielded in epoch "
                 f"{epoch + 1}: n_data must be the training-set size (the number of examples the KL is spread over)"
             )
+        if checks is not None:
+            checks.check()
+            totals = checks.take_totals()
         record: dict[str, float] = {k: v / used for k, v in totals.items()}
         if distributed:
             means = torch.tensor([record["loss"], record["nll"], record["kl"]], dtype=torch.float64, device=dev)
@@ -1088,6 +1110,95 @@ def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int, la
 
 
 _KINDS = ("data", "loss", "gradient")
+
+
+class _DeferredChecks:
+    """``fit``'s loss and gradient checks without a host read per step (a read makes the host wait for the device,
+    so that the next step's host work cannot overlap this step's kernels).
+
+    Each step computes, on the device, a flag (1: the loss is NaN/inf, 2: a gradient is, the loss finite) and a sticky
+    halt flag that the optimizer receives as ``found_inf``: the fused Adam kernel then leaves the parameters and its
+    state unchanged for that step and every later one, so when :meth:`check` reads the flags (every :attr:`EVERY` steps
+    and at the end of each epoch; one read) and raises for the first bad step, the model is what it was before that
+    step, as with the per-step checks. The epoch's loss, NLL and KL are summed on the device in float64, in the same
+    order as the per-step path sums Python floats (the same values). Used off the CPU with an optimizer that takes
+    ``found_inf`` (torch's fused Adam, fit's default), and not with distributed training, the Graves estimator,
+    ``skip_nonfinite`` or adaptive priors (each needs a per-step decision on the host)."""
+
+    EVERY = 50
+    DEVICES: ClassVar[tuple[str, ...]] = ("cuda",)  # (the tests add "cpu" to run it here)
+
+    def __init__(self, device: torch.device, parameters: Sequence[torch.Tensor]) -> None:
+        self.device = device
+        self.parameters = list(parameters)
+        self.halt = torch.zeros((), device=device)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)
+        # (flag, where, epoch, step, batch, detached loss, nll and kl) of each step since the last check
+        self.window: list[tuple[torch.Tensor, str, int, int, int, torch.Tensor]] = []
+
+    @classmethod
+    def applies(cls, device: torch.device, optimizer: torch.optim.Optimizer, excluded: bool) -> bool:
+        return (
+            not excluded
+            and device.type in cls.DEVICES
+            and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+            and not hasattr(optimizer, "found_inf")  # a caller's own use of it (e.g. a GradScaler) is left alone
+        )
+
+    def step(
+        self, terms: ELBOTerms, optimizer: torch.optim.Optimizer, where: str, epoch: int, step: int, batch: int
+    ) -> None:
+        loss = terms.loss.detach()
+        loss_bad = ~torch.isfinite(loss)
+        grads = [p.grad for p in self.parameters if p.grad is not None and p.grad.numel() > 0]
+        if grads:
+            peaks = [peak.to(torch.float64) for peak in torch._foreach_norm(grads, float("inf"))]
+            grad_bad = ~torch.isfinite(torch.stack(peaks)).all()
+        else:
+            grad_bad = torch.zeros((), dtype=torch.bool, device=self.device)
+        flag = torch.where(loss_bad, 1.0, torch.where(grad_bad, 2.0, 0.0)).to(self.device)
+        torch.maximum(self.halt, (flag > 0).to(self.halt.dtype), out=self.halt)
+        optimizer.found_inf = self.halt  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        values = torch.stack([v.to(torch.float64) for v in (loss, terms.nll.detach(), terms.kl.detach())])
+        self.sums += values
+        self.window.append((flag, where, epoch, step, batch, values))
+
+    def check(self) -> None:
+        """One host read of the window's flags; raises :class:`NonFiniteError` for its first bad step."""
+        if not self.window:
+            return
+        flags = torch.stack([entry[0] for entry in self.window]).tolist()
+        window, self.window = self.window, []
+        bad = next((i for i, flag in enumerate(flags) if flag), None)
+        if bad is None:
+            return
+        _, where, epoch, step, batch, values = window[bad]
+        loss, nll, kl = values.tolist()
+        if flags[bad] == 1:
+            kind = "loss"
+            detail = (
+                f"the loss is {loss} (nll {nll}, kl {kl}) although the batch's data are "
+                "finite: the optimisation diverged (lower lr?), or nll is undefined for these targets"
+            )
+        else:
+            kind = "gradient"
+            detail = f"some gradients hold NaN or inf (the loss, {loss}, is finite)"
+        last = window[-1][3]
+        note = (
+            f" (read at the check after step {last}: on {self.device.type} fit reads its checks every {self.EVERY} "
+            f"steps without waiting for the device; steps {step} to {last} left the parameters unchanged)"
+        )
+        raise _nonfinite_error(kind, detail + note, where, epoch, step, batch, False)
+
+    def take_totals(self) -> dict[str, float]:
+        """The epoch's summed loss, NLL and KL (one host read), and a fresh sum for the next epoch."""
+        loss, nll, kl = self.sums.tolist()
+        self.sums.zero_()
+        return {"loss": loss, "nll": nll, "kl": kl}
 
 
 def _nonfinite_error(

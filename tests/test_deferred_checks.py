@@ -1,0 +1,101 @@
+"""fit's loss and gradient checks without a host read per step (_DeferredChecks, used on CUDA with the fused Adam):
+run here on the CPU by enabling it for the CPU, against fit's per-step checks as the oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import varbnn
+from varbnn.train import NonFiniteError, _DeferredChecks
+
+
+def _data(n: int = 96) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 5, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+class _PoisonAt(nn.Module):
+    """Identity, except that on forward call ``at`` (1-based) it makes the output NaN (``where="output"``: a NaN
+    loss) or makes the gradient flowing back through it NaN (``where="gradient"``: finite loss, NaN gradients)."""
+
+    def __init__(self, at: int, where: str) -> None:
+        super().__init__()
+        self.at, self.where, self.calls = at, where, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.training and self.calls == self.at:
+            if self.where == "output":
+                return x * float("nan")
+            return _NaNGrad.apply(x)
+        return x
+
+
+class _NaNGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad * float("nan")
+
+
+def _model(poison: nn.Module | None = None) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(5, 16), nn.ReLU()]
+    if poison is not None:
+        layers.append(poison)
+    layers.append(nn.Linear(16, 2))
+    return varbnn.bayesianize(nn.Sequential(*layers), varbnn.MeanField())
+
+
+def _fit(model: nn.Module, deferred: bool, monkeypatch, epochs: int = 3, **kwargs):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(_DeferredChecks, "DEVICES", ("cuda", "cpu") if deferred else ("cuda",))
+    monkeypatch.setattr(_DeferredChecks, "EVERY", 5)
+    torch.manual_seed(1)
+    loader = DataLoader(_data(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+    return varbnn.fit(model, loader, n_data=96, epochs=epochs, progress=False, diagnose=False, **kwargs)
+
+
+def test_deferred_checks_give_the_same_history_and_parameters(monkeypatch):
+    eager, deferred = _model(), _model()
+    history = _fit(eager, False, monkeypatch)
+    assert _fit(deferred, True, monkeypatch) == history  # the same sums, in the same order
+    for (name, a), b in zip(eager.named_parameters(), deferred.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_deferred_checks_are_used_only_where_they_apply(monkeypatch):
+    monkeypatch.setattr(_DeferredChecks, "DEVICES", ("cuda", "cpu"))
+    cpu = torch.device("cpu")
+    fused = torch.optim.Adam([nn.Parameter(torch.ones(2))], fused=True)
+    assert _DeferredChecks.applies(cpu, fused, excluded=False)
+    assert not _DeferredChecks.applies(cpu, fused, excluded=True)  # distributed, Graves, skip_nonfinite, adaptive
+    assert not _DeferredChecks.applies(cpu, torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1), excluded=False)
+    fused.found_inf = torch.zeros(())  # type: ignore[attr-defined]  # a caller's own use (a GradScaler)
+    assert not _DeferredChecks.applies(cpu, fused, excluded=False)
+    monkeypatch.setattr(_DeferredChecks, "DEVICES", ("cuda",))
+    assert not _DeferredChecks.applies(cpu, torch.optim.Adam([nn.Parameter(torch.ones(2))], fused=True), excluded=False)
+
+
+@pytest.mark.parametrize("where, kind", [("output", "loss"), ("gradient", "gradient")])
+def test_a_non_finite_step_is_reported_at_its_own_step_with_the_model_as_before_it(monkeypatch, where, kind):
+    """Step 18 (epoch 2, batch index 5) goes bad. The per-step checks raise there; the deferred ones at the check
+    after step 22, naming step 18, and no step from 18 on has changed the parameters: the same model as the oracle's."""
+    oracle, deferred = _model(_PoisonAt(18, where)), _model(_PoisonAt(18, where))
+    with pytest.raises(NonFiniteError) as expected:
+        _fit(oracle, False, monkeypatch)
+    with pytest.raises(NonFiniteError) as got:
+        _fit(deferred, True, monkeypatch)
+    assert expected.value.kind == got.value.kind == kind
+    assert (got.value.epoch, got.value.step, got.value.batch) == (expected.value.epoch, expected.value.step,
+                                                                  expected.value.batch) == (2, 18, 5)  # fmt: skip
+    # epoch 2 holds steps 13-24, checked after steps 17, 22 and 24
+    assert "read at the check after step 22" in str(got.value) and "steps 18 to 22 left the parameters" in str(got.value)
+    for (name, a), b in zip(oracle.named_parameters(), deferred.parameters()):
+        assert torch.equal(a, b), name
