@@ -1423,10 +1423,14 @@ def _compiled_elbo_step(
     else:
         compiled = torch.compile(_own_code(loss_terms), backend=backend)
 
+    # beta's tensor, refilled each step: fill_ with a number is a kernel argument, where torch.tensor(beta, device=...)
+    # would copy from host memory and (a blocking copy) wait for the device every step
+    beta_t = torch.zeros((), device=device)
+
     def step(x: torch.Tensor, y: torch.Tensor, beta: float, samples: int) -> ELBOTerms:
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-        beta_t = torch.tensor(float(beta), device=device)
+        beta_t.fill_(float(beta))
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         parts = []
