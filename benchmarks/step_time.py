@@ -183,9 +183,12 @@ def _torchbnn_convert(module: nn.Module, torchbnn: Any) -> None:
         setattr(module, name, new)
 
 
-def compiled_suffix() -> str:
-    """The compiled rows' name suffix: ``, fit(compile=True)``, or ``, fit(compile='MODE')`` for another mode."""
-    return ", fit(compile=True)" if COMPILE["mode"] == "default" else f", fit(compile={COMPILE['mode']!r})"
+def compiled_suffix(device: torch.device | None = None) -> str:
+    """The compiled rows' name suffix: ``, fit(compile=True)`` (the default mode: on a GPU, ``fit(compile=True)``
+    records CUDA graphs since 2026-11-27, so the rows say ``compile='default'`` there), or ``, fit(compile='MODE')``."""
+    if COMPILE["mode"] == "default" and (device is None or device.type == "cpu"):
+        return ", fit(compile=True)"
+    return f", fit(compile={COMPILE['mode']!r})"
 
 
 def candidates(
@@ -242,7 +245,7 @@ def candidates(
             lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior
         )
     if compiled:
-        tag = compiled_suffix()
+        tag = compiled_suffix(device)
         table["deterministic, compiled" + ("" if COMPILE["mode"] == "default" else f" ({COMPILE['mode']})")] = lambda: plain(
             compile_it=True
         )

@@ -28,25 +28,24 @@ from report import write_result  # type: ignore[import-not-found]
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import git_commit
 
-COMPILED = ", fit(compile=True)"
 PEERS = ("bayesian-torch", "torchbnn")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 
 
-GRAPHS = ", fit(compile='reduce-overhead')"
 KINDS = ("eager", "compiled", "CUDA graphs")
 
 
 def candidate(name: str) -> tuple[str, str]:
     """(row name, "eager", "compiled" or "CUDA graphs") of a step-time row's name (``step_time.py --compile
     [--compile-mode reduce-overhead]``)."""
-    if name == "deterministic, compiled":
-        return "deterministic", "compiled"
-    if name == "deterministic, compiled (reduce-overhead)":
-        return "deterministic", "CUDA graphs"
-    kind = "compiled" if name.endswith(COMPILED) else "CUDA graphs" if name.endswith(GRAPHS) else "eager"
-    name = name.removesuffix(COMPILED).removesuffix(GRAPHS)
-    return name.removeprefix("varbnn "), kind
+    plain = re.fullmatch(r"deterministic, compiled(?: \((.+)\))?", name)
+    if plain:
+        return "deterministic", "CUDA graphs" if plain.group(1) == "reduce-overhead" else "compiled"
+    match = re.fullmatch(r"(.+), fit\(compile=(True|'[^']+')\)", name)
+    if not match:
+        return name.removeprefix("varbnn "), "eager"
+    kind = "CUDA graphs" if match.group(2) == repr("reduce-overhead") else "compiled"  # any other mode: compiled
+    return match.group(1).removeprefix("varbnn "), kind
 
 
 def _order(name: str, first_seen: int) -> tuple[int, int]:

@@ -8,8 +8,8 @@
 # overwritten with an older state); each copy is verified (read_checkpoint: the sha256 the file carries) before it
 # replaces anything.
 set -euo pipefail
-from="${1:?FILES_AT: the folder the device tool put the files in}"
-out="${2:?OUT: the --out folder of the experiment}"
+from="$(realpath -m "${1:?FILES_AT: the folder the device tool put the files in}")"
+out="$(realpath -m "${2:?OUT: the --out folder of the experiment}")"  # (both before the cd below)
 cd "$(dirname "$0")/.."
 restore='
 import shutil, sys

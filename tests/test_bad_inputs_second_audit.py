@@ -267,3 +267,26 @@ def test_fit_compile_true_records_cuda_graphs_only_on_cuda_with_batches_of_one_s
     assert _fit_compile_mode("max-autotune", cpu, DataLoader(data, batch_size=16)) == "max-autotune"
     with pytest.raises(ValueError, match="compile must be True, False or one of the modes"):
         _fit_compile_mode("fast", cpu, DataLoader(data, batch_size=8))
+
+
+def test_static_batches_follow_the_sampler_not_the_dataset():
+    from torch.utils.data import IterableDataset, RandomSampler, SubsetRandomSampler
+
+    from varbnn.train import _static_batches
+
+    data = TensorDataset(torch.randn(100, 3), torch.zeros(100))
+    assert _static_batches(DataLoader(data, batch_size=10))
+    assert not _static_batches(DataLoader(data, batch_size=10, sampler=SubsetRandomSampler(range(95))))
+    assert not _static_batches(DataLoader(data, batch_size=10, sampler=RandomSampler(data, replacement=True,
+                                                                                       num_samples=55)))  # fmt: skip
+    assert _static_batches(DataLoader(data, batch_size=10, sampler=SubsetRandomSampler(range(90))))
+
+    class Stream(IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter([(torch.zeros(3), torch.zeros(()))] * 20)
+
+        def __len__(self) -> int:
+            return 20
+
+    assert not _static_batches(DataLoader(Stream(), batch_size=10))
+    assert _static_batches(DataLoader(Stream(), batch_size=10, drop_last=True))

@@ -182,6 +182,7 @@ def test_fit_compiled_trains_with_annealing_without_recompiling():
     model = _model("meanfield")
     counts = torch._dynamo.utils.counters
     counts.clear()
+    torch.distributions.Distribution.set_default_validate_args(True)  # (torch.compile() itself turns it off)
     validating = torch.distributions.Distribution._validate_args
     history = fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=64, epochs=3, lr=1e-2,
                   beta=lambda s: min(1.0, s / 8), progress=False, diagnose=False, compile=True)  # fmt: skip

@@ -99,3 +99,44 @@ def test_a_non_finite_step_is_reported_at_its_own_step_with_the_model_as_before_
     assert "read at the check after step 22" in str(got.value) and "steps 18 to 22 left the parameters" in str(got.value)
     for (name, a), b in zip(oracle.named_parameters(), deferred.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_deferred_checks_under_a_float64_default_dtype(monkeypatch):
+    """The fused kernels read found_inf as float32: the halt flag keeps that dtype whatever the default."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        eager, deferred = _model(), _model()
+        assert _fit(deferred, True, monkeypatch, epochs=1) == _fit(eager, False, monkeypatch, epochs=1)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_a_bad_step_waiting_in_the_window_is_reported_before_a_later_error(monkeypatch):
+    """Step 3's gradient is NaN, step 4's batch holds NaN data: the per-step checks stop at step 3, and so must the
+    deferred ones (the data error is the context), or the model's silent halt at step 3 would go unreported."""
+
+    class _NaNDataAt4(DataLoader):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for i, (x, y) in enumerate(super().__iter__()):
+                yield (x * float("nan"), y) if i == 3 else (x, y)
+
+    def run(deferred: bool) -> NonFiniteError:
+        monkeypatch.setattr(_DeferredChecks, "DEVICES", ("cuda", "cpu") if deferred else ("cuda",))
+        model = _model(_PoisonAt(3, "gradient"))
+        with pytest.raises(NonFiniteError) as caught:
+            varbnn.fit(model, _NaNDataAt4(_data(), batch_size=8), n_data=96, epochs=1, progress=False, diagnose=False)
+        return caught.value
+
+    expected, got = run(False), run(True)
+    assert (expected.kind, expected.step) == (got.kind, got.step) == ("gradient", 3)
+    assert isinstance(got.__cause__, NonFiniteError) and got.__cause__.kind == "data"
+
+
+def test_deferred_checks_only_with_the_fused_adam(monkeypatch):
+    """Fused SGD with momentum would keep uninitialised momentum buffers from a skipped first step."""
+    monkeypatch.setattr(_DeferredChecks, "DEVICES", ("cuda", "cpu"))
+    cpu = torch.device("cpu")
+    sgd = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1, momentum=0.9, fused=True)
+    assert getattr(sgd, "_step_supports_amp_scaling", False) and not _DeferredChecks.applies(cpu, sgd, excluded=False)
+    assert _DeferredChecks.applies(cpu, torch.optim.AdamW([nn.Parameter(torch.ones(2))], fused=True), excluded=False)

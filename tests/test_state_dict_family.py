@@ -77,3 +77,28 @@ def test_the_family_record_is_a_tensor_so_tensor_code_over_state_dicts_keeps_wor
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in snapshot.items())
     assert family_of_state(snapshot["0.posteriors.weight._extra_state"]) == "MeanField"
     assert family_of_state({"family": "MeanField"}) is None and family_of_state(None) is None
+
+
+def test_a_refused_load_leaves_a_pruned_meanfield_mask_as_it_was():
+    model = _model("MeanField")
+    posterior = model[0].posteriors["weight"]
+    posterior.prune_(torch.rand(posterior.shape) > 0.5)
+    mask = posterior.weight_mask.clone()
+    with pytest.raises(RuntimeError, match="Radial posterior, the model a MeanField"):
+        model.load_state_dict(_model("Radial").state_dict())
+    assert torch.equal(posterior.weight_mask, mask)
+
+
+def test_a_subclass_takes_its_base_family_state_and_a_converted_record_still_names_it():
+    class MyMeanField(varbnn.MeanField):
+        pass
+
+    state = _model("MeanField").state_dict()
+    torch.manual_seed(0)
+    mine = varbnn.bayesianize(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), MyMeanField())
+    mine.load_state_dict(state)  # a MeanField state into a MeanField subclass
+    with pytest.raises(RuntimeError, match="MyMeanField posterior, the model a MeanField"):
+        _model("MeanField").load_state_dict(mine.state_dict())  # not the other way round
+    converted = {k: v.float() for k, v in _model("MeanField").state_dict().items()}
+    with pytest.raises(RuntimeError, match="MeanField posterior, the model a Radial"):
+        _model("Radial").load_state_dict(converted)

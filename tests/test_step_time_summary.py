@@ -65,7 +65,8 @@ def test_summary_gives_cuda_graph_rows_a_column_of_their_own(tmp_path):
            "varbnn MeanField-reparam, fit(compile=True)": 1.78})  # fmt: skip
     _table(tmp_path / "step_time_lenet5_cuda_reduce_overhead.json", cuda, {"deterministic": 1.0,
            "deterministic, compiled (reduce-overhead)": 0.54,
-           "varbnn MeanField-reparam, fit(compile='reduce-overhead')": 0.9})  # fmt: skip
+           "varbnn MeanField-reparam, fit(compile='reduce-overhead')": 0.9,
+           "varbnn Radial, fit(compile='default')": 1.5})  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}"}
     command = [sys.executable, str(ROOT / "benchmarks" / "step_time_summary.py"), "--results", str(tmp_path),
                "--profiles", str(tmp_path / "none")]  # fmt: skip
@@ -73,6 +74,7 @@ def test_summary_gives_cuda_graph_rows_a_column_of_their_own(tmp_path):
     ratios = json.loads((tmp_path / "step_time_summary.json").read_text())["ratios"]
     assert ratios["MeanField-reparam"] == {"LeNet-5 b100, H200 compiled": 1.78, "LeNet-5 b100, H200 CUDA graphs": 0.9}
     assert ratios["deterministic"]["LeNet-5 b100, H200 CUDA graphs"] == 0.54
+    assert ratios["Radial"] == {"LeNet-5 b100, H200 compiled": 1.5}  # another named mode: compiled, not CUDA graphs
     header = next(line for line in (tmp_path / "step_time_summary.md").read_text().splitlines() if "| candidate" in line)
     assert header.rstrip(" |").endswith("LeNet-5 b100, H200: CUDA graphs")
 

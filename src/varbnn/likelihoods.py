@@ -185,7 +185,9 @@ class Gaussian(Likelihood):
         """``log N(y; f, sigma^2) = -(y - f)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2`` per example (summed over
         any event dims)."""
         mean = _mean_output(output, target, "Gaussian")
-        return _sum_event(Normal(mean, self.noise_std).log_prob(target))
+        # validate_args=False: the checks read device values (a wait per step on a GPU); the std is positive by
+        # construction and fit checks the targets
+        return _sum_event(Normal(mean, self.noise_std, validate_args=False).log_prob(target))
 
     def summary(self, outputs: torch.Tensor) -> RegressionSummary:
         means = outputs.squeeze(-1) if outputs.shape[-1] == 1 and outputs.dim() > 2 else outputs
@@ -224,7 +226,7 @@ class HeteroscedasticGaussian(Likelihood):
         """``log N(y; f_0, v) = -(y - f_0)^2 / (2 v) - log(v) / 2 - log(2 pi) / 2`` with ``v = exp(f_1) + min_variance``,
         per example (summed over any event dims)."""
         mean, variance = self._split(output, target)
-        return _sum_event(Normal(mean, variance.sqrt()).log_prob(target))
+        return _sum_event(Normal(mean, variance.sqrt(), validate_args=False).log_prob(target))  # (see Gaussian)
 
     def summary(self, outputs: torch.Tensor) -> RegressionSummary:
         if outputs.dim() < 3 or outputs.shape[-1] != 2:
@@ -333,7 +335,8 @@ class GammaPrecisionGaussian(Likelihood):
     def kl(self) -> torch.Tensor:
         """KL(Gamma(a1, b1) || Gamma(a0, b0)) in nats, in closed form (torch's registered pair):
         ``(a1 - a0) psi(a1) - lgamma(a1) + lgamma(a0) + a0 (log b1 - log b0) + a1 (b0 - b1) / b1``."""
-        return kl_divergence(self.posterior(), Gamma(self.prior_shape, self.prior_rate))
+        posterior = Gamma(self.shape, self.rate, validate_args=False)  # positive by construction; no device read
+        return kl_divergence(posterior, Gamma(self.prior_shape, self.prior_rate, validate_args=False))
 
     def optimal_posterior(self, expected_sse: torch.Tensor | float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The q(tau) = Gamma(a, b) that maximises the ELBO given ``expected_sse = E_q(w)[sum_n (y_n - f_n)^2]`` over

@@ -189,10 +189,12 @@ def _prepare(nu: Tensor | float, z: Tensor | float, name: str, validate: bool = 
     z_t = _as_real_tensor(z, "the argument z", name, torch.get_default_dtype())
     if not (z_t.is_floating_point()):
         z_t = z_t.to(torch.get_default_dtype())
-    nu_t = _as_real_tensor(nu, "the order nu", name, torch.float64)
-    nu_t = nu_t.to(device=z_t.device)
     out_dtype = z_t.dtype
     work = _work_dtype(z_t.device)
+    if type(nu) in (int, float):  # made on the device (a fill): a host tensor's copy would wait for the device
+        nu_t = torch.full((), float(nu), dtype=work, device=z_t.device)
+    else:
+        nu_t = _as_real_tensor(nu, "the order nu", name, torch.float64).to(device=z_t.device)
     nu_t, z_t = torch.broadcast_tensors(nu_t.to(work), z_t.to(work))
     if validate and not torch.compiler.is_compiling():
         bad_nu = ~(torch.isfinite(nu_t) & (nu_t >= 0))

@@ -786,7 +786,7 @@ def fit(
         )
     if graves and mc_samples != 1:
         raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
-    compiled_step = None
+    compiled_step, mode = None, None
     if compile is not False:
         mode = _fit_compile_mode(compile, dev, loader)
         compiled_step = _compiled_elbo_step(model, nll, n_data, dev, mode, graves=graves, distributed=distributed)
@@ -847,87 +847,92 @@ def fit(
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
         batches = used = skipped = 0
         distinct: set[tuple[int, int, int]] = set()  # (storage, offset, count): the same batch yielded again counts once
-        for x, y in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
-            if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
-                seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
-            where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
-            batches += 1
-            if per_epoch is None and epoch == first_epoch and x.dim() > 0:
-                distinct.add((x.untyped_storage().data_ptr(), x.storage_offset(), x.shape[0]))
-            kind, detail = None, _nonfinite_data(x, y)  # before the transfer: no wait on the device for a CPU batch
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
-                raise ValueError(
-                    f"n_data={n_data} is smaller than one batch ({x.shape[0]} examples at {where}): n_data must be "
-                    "the training-set size (the number of examples the KL is spread over), not a batch size"
-                )
-            if detail is not None:
-                kind = "data"
-                if not distributed:
-                    raise _nonfinite_error(kind, detail, where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
-            optimizer.zero_grad(set_to_none=True)
-            if graves:
-                terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
+        try:
+            for x, y in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
+                if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
+                    seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
+                where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
+                batches += 1
+                if per_epoch is None and epoch == first_epoch and x.dim() > 0:
+                    distinct.add((x.untyped_storage().data_ptr(), x.storage_offset(), x.shape[0]))
+                kind, detail = None, _nonfinite_data(x, y)  # before the transfer: no wait on the device for a CPU batch
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
+                    raise ValueError(
+                        f"n_data={n_data} is smaller than one batch ({x.shape[0]} examples at {where}): n_data must be "
+                        "the training-set size (the number of examples the KL is spread over), not a batch size"
+                    )
+                if detail is not None:
+                    kind = "data"
+                    if not distributed:
+                        raise _nonfinite_error(kind, detail, where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
+                optimizer.zero_grad(set_to_none=True)
+                if graves:
+                    terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
+                    if distributed:
+                        vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
+                elif compiled_step is not None:
+                    terms = compiled_step(x, y, schedule(step), mc_samples)
+                else:
+                    terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
+                if distributed and outside:
+                    has = torch.tensor([p.grad is not None for p in outside], dtype=torch.float32, device=dev)
+                    vdist.all_reduce_mean_([has])  # a parameter no rank has a gradient for keeps none (the optimizer skips it)
+                    for p in outside:
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                    vdist.all_reduce_mean_([p.grad for p in outside])
+                    for p, anyone in zip(outside, has.tolist()):
+                        if anyone == 0:
+                            p.grad = None
+                if checks is not None:  # the checks and the sums on the device; one read every _DeferredChecks.EVERY steps
+                    checks.step(terms, optimizer, where, epoch + 1, step + 1, batches - 1)
+                    if on_step_end is not None:
+                        on_step_end(step + 1, terms)
+                        model.train()
+                    used += 1
+                    step += 1
+                    if len(checks.window) >= checks.EVERY:
+                        checks.check()
+                    continue
+                loss = float(terms.loss.detach())
+                if kind is None and not math.isfinite(loss):
+                    kind = "loss"
+                    detail = (
+                        f"the loss is {loss} (nll {float(terms.nll)}, kl {float(terms.kl)}) although the batch's data are "
+                        "finite: the optimisation diverged (lower lr?), or nll is undefined for these targets"
+                    )
+                if kind is None and not _gradients_finite(parameters):
+                    kind = "gradient"
+                    names = _nonfinite_names((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
+                    detail = f"the gradients of {_listing(names)} hold NaN or inf (the loss, {loss}, is finite)"
                 if distributed:
-                    vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
-            elif compiled_step is not None:
-                terms = compiled_step(x, y, schedule(step), mc_samples)
-            else:
-                terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
-            if distributed and outside:
-                has = torch.tensor([p.grad is not None for p in outside], dtype=torch.float32, device=dev)
-                vdist.all_reduce_mean_([has])  # a parameter no rank has a gradient for keeps none (the optimizer skips it)
-                for p in outside:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                vdist.all_reduce_mean_([p.grad for p in outside])
-                for p, anyone in zip(outside, has.tolist()):
-                    if anyone == 0:
-                        p.grad = None
-            if checks is not None:  # the checks and the sums on the device; one read every _DeferredChecks.EVERY steps
-                checks.step(terms, optimizer, where, epoch + 1, step + 1, batches - 1)
+                    flags = torch.tensor([kind == k for k in _KINDS], dtype=torch.float32, device=dev)
+                    vdist.all_reduce_mean_([flags])
+                    if kind is None and bool((flags > 0).any()):
+                        kind = _KINDS[int((flags > 0).nonzero()[0, 0])]
+                        detail = f"another rank met a non-finite {kind}"
+                if kind is not None:
+                    if kind == "data" or not skip_nonfinite:
+                        raise _nonfinite_error(kind, str(detail), where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
+                    optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                optimizer.step()
+                if adaptive:
+                    update_adaptive_priors(model)
                 if on_step_end is not None:
                     on_step_end(step + 1, terms)
                     model.train()
+                totals["loss"] += loss
+                totals["nll"] += float(terms.nll)
+                totals["kl"] += float(terms.kl)
                 used += 1
                 step += 1
-                if len(checks.window) >= checks.EVERY:
-                    checks.check()
-                continue
-            loss = float(terms.loss.detach())
-            if kind is None and not math.isfinite(loss):
-                kind = "loss"
-                detail = (
-                    f"the loss is {loss} (nll {float(terms.nll)}, kl {float(terms.kl)}) although the batch's data are "
-                    "finite: the optimisation diverged (lower lr?), or nll is undefined for these targets"
-                )
-            if kind is None and not _gradients_finite(parameters):
-                kind = "gradient"
-                names = _nonfinite_names((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
-                detail = f"the gradients of {_listing(names)} hold NaN or inf (the loss, {loss}, is finite)"
-            if distributed:
-                flags = torch.tensor([kind == k for k in _KINDS], dtype=torch.float32, device=dev)
-                vdist.all_reduce_mean_([flags])
-                if kind is None and bool((flags > 0).any()):
-                    kind = _KINDS[int((flags > 0).nonzero()[0, 0])]
-                    detail = f"another rank met a non-finite {kind}"
-            if kind is not None:
-                if kind == "data" or not skip_nonfinite:
-                    raise _nonfinite_error(kind, str(detail), where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
-                optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
-            optimizer.step()
-            if adaptive:
-                update_adaptive_priors(model)
-            if on_step_end is not None:
-                on_step_end(step + 1, terms)
-                model.train()
-            totals["loss"] += loss
-            totals["nll"] += float(terms.nll)
-            totals["kl"] += float(terms.kl)
-            used += 1
-            step += 1
+        except BaseException as error:  # (a bad step in the deferred window is reported first)
+            if checks is not None:  # (after check() itself raised, its window is empty: nothing more to report)
+                checks.pending(error)
+            raise
         if batches == 0:
             raise ValueError(
                 f"the loader yielded no batches in epoch {epoch + 1}: nothing to train on (an empty dataset, or "
@@ -979,6 +984,10 @@ def fit(
             save_checkpoint(
                 checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=_rng_state(loader), **extra
             )
+    if compiled_step is not None and dev.type == "cuda" and mode in ("reduce-overhead", "max-autotune"):
+        # the last step's gradients live in the CUDA graphs' memory, which the next compiled graph to run (another
+        # fit's) overwrites: drop them rather than leave .grad tensors that fail when read later
+        optimizer.zero_grad(set_to_none=True)
     if diagnose and history and first_epoch < epochs and vdist.is_main_process():
         _diagnose(model, history, n_data, _label_entropy(seen_labels))
     return history
@@ -1131,7 +1140,7 @@ class _DeferredChecks:
     def __init__(self, device: torch.device, parameters: Sequence[torch.Tensor]) -> None:
         self.device = device
         self.parameters = list(parameters)
-        self.halt = torch.zeros((), device=device)
+        self.halt = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernels read found_inf as float
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)
         # (flag, where, epoch, step, batch, detached loss, nll and kl) of each step since the last check
         self.window: list[tuple[torch.Tensor, str, int, int, int, torch.Tensor]] = []
@@ -1141,9 +1150,20 @@ class _DeferredChecks:
         return (
             not excluded
             and device.type in cls.DEVICES
+            # the fused Adam and AdamW: a found_inf step leaves their state as it was (their step counters are put
+            # back); others, e.g. the fused SGD with momentum, would keep uninitialised state from a skipped first step
+            and type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
             and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
             and not hasattr(optimizer, "found_inf")  # a caller's own use of it (e.g. a GradScaler) is left alone
         )
+
+    def pending(self, error: BaseException) -> None:
+        """Before another error leaves fit: a bad step waiting in the window is reported first (the model stopped
+        updating there), with the other error as its context."""
+        try:
+            self.check()
+        except NonFiniteError as found:
+            raise found from error
 
     def step(
         self, terms: ELBOTerms, optimizer: torch.optim.Optimizer, where: str, epoch: int, step: int, batch: int
@@ -1333,17 +1353,19 @@ def compile_mode(compile: bool | str) -> str:
 
 
 def _static_batches(loader: object) -> bool:
-    """Whether every batch of ``loader`` has the same shape: a ``DataLoader`` of a fixed ``batch_size`` over a sized
-    dataset that it divides, or with ``drop_last``. Other iterables: not known, False."""
-    batch_size = getattr(loader, "batch_size", None)
-    dataset = getattr(loader, "dataset", None)
-    if not isinstance(batch_size, int) or batch_size < 1 or dataset is None:
+    """Whether every batch of ``loader`` has the same shape: a ``DataLoader`` of a fixed ``batch_size`` with
+    ``drop_last``, or whose sampler's count it divides (a map-style dataset). Other iterables: not known, False."""
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+    if not isinstance(loader, DataLoader) or not isinstance(loader.batch_size, int) or loader.batch_size < 1:
         return False
-    if getattr(loader, "drop_last", False):
+    if loader.drop_last:
         return True
+    if isinstance(loader.dataset, IterableDataset) or type(loader.batch_sampler) is not BatchSampler:
+        return False  # (its workers each end with a partial batch; a custom batch sampler: not known)
     try:
-        return len(dataset) % batch_size == 0
-    except TypeError:  # an iterable dataset without a length
+        return len(loader.sampler) % loader.batch_size == 0  # type: ignore[arg-type]  # the sampler's count
+    except TypeError:  # a sampler without a length
         return False
 
 
@@ -1418,10 +1440,17 @@ def _compiled_elbo_step(
     # CUDA graphs ("reduce-overhead", "max-autotune"): each step is a new generation of torch's cudagraph trees (the
     # previous step's outputs may be overwritten), so the step marks its start and returns copies of its 0-d outputs
     cudagraphs = device.type == "cuda" and bool(options.get("triton.cudagraphs"))
-    if backend == "inductor":
-        compiled = torch.compile(_own_code(loss_terms), options=options)
-    else:
-        compiled = torch.compile(_own_code(loss_terms), backend=backend)
+    # torch.compile turns torch.distributions' global argument validation off (when it is called, and again while it
+    # traces) and leaves it off: the user's setting is read before and restored after each, or every distribution
+    # built after fit(compile=True) would stop validating
+    validate = torch.distributions.Distribution._validate_args
+    try:
+        if backend == "inductor":
+            compiled = torch.compile(_own_code(loss_terms), options=options)
+        else:
+            compiled = torch.compile(_own_code(loss_terms), backend=backend)
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validate)
 
     # beta's tensor, refilled each step: fill_ with a number is a kernel argument, where torch.tensor(beta, device=...)
     # would copy from host memory and (a blocking copy) wait for the device every step
@@ -1435,9 +1464,6 @@ def _compiled_elbo_step(
             torch.compiler.cudagraph_mark_step_begin()
         parts = []
         for _ in range(samples):
-            # torch.compile turns torch.distributions' global argument validation off while it traces and leaves it
-            # off: restore the user's setting, or every distribution built after fit(compile=True) stops validating.
-            validate = torch.distributions.Distribution._validate_args
             try:
                 loss, nll_value, kl_total = compiled(x, y, beta_t)
                 (loss / samples if samples > 1 else loss).backward()

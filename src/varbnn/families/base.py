@@ -44,9 +44,12 @@ _EXTRA_STATE = "_extra_state"  # torch's key suffix for a module's get_extra_sta
 
 def family_of_state(entry: Any) -> str | None:
     """The family name that :meth:`VariationalFamily.get_extra_state` saved (``None`` for anything else)."""
-    if isinstance(entry, torch.Tensor) and entry.dtype == torch.uint8 and entry.dim() == 1:
-        return bytes(entry.tolist()).decode("ascii", errors="replace")
-    return None
+    if not isinstance(entry, torch.Tensor) or entry.dim() != 1 or entry.is_complex() or entry.dtype == torch.bool:
+        return None
+    codes = entry.tolist()  # any real dtype (a state dict converted with {k: v.float()} still names its family)
+    if not all(float(c).is_integer() and 0 <= c <= 255 for c in codes):
+        return None
+    return bytes(int(c) for c in codes).decode("utf-8", errors="replace")
 
 
 class VariationalFamily(nn.Module):
@@ -133,9 +136,9 @@ class VariationalFamily(nn.Module):
         a state dict loads only into a model built with the same family. MeanField's and Radial's parameters, for
         instance, have the same names and shapes: without it torch would load one into the other silently, and the
         model would sample another distribution than the one trained. Stored as a 1-d uint8 tensor of the name's
-        ASCII bytes (:func:`family_of_state` reads it back), so that code which treats every state-dict entry as a
+        UTF-8 bytes (:func:`family_of_state` reads it back), so that code which treats every state-dict entry as a
         tensor (``{k: v.clone() ...}``, ``torch.equal``, ``.to(device)``) keeps working."""
-        return torch.tensor(list(type(self).__name__.encode("ascii")), dtype=torch.uint8)
+        return torch.tensor(list(type(self).__name__.encode("utf-8")), dtype=torch.uint8)
 
     def set_extra_state(self, state: Any) -> None:
         """Nothing to restore: the family was checked in :meth:`_load_from_state_dict`."""
@@ -150,18 +153,26 @@ class VariationalFamily(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        key = prefix + _EXTRA_STATE
-        family = family_of_state(state_dict.get(key))
-        if family is not None and family != type(self).__name__:
-            error_msgs.append(
-                f"{prefix.rstrip('.') or 'the posterior'}: the state dict holds a {family} posterior, the model a "
-                f"{type(self).__name__} (their parameters mean different distributions); build the model with the "
-                "family it was trained with"
-            )
+        if self._refuse_other_family(state_dict, prefix, error_msgs):
             return  # this tensor's parameters are not loaded
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        key = prefix + _EXTRA_STATE
         if key in missing_keys:  # a state dict saved before the family was recorded: loads as it did then
             missing_keys.remove(key)
+
+    def _refuse_other_family(self, state_dict: dict[str, Any], prefix: str, error_msgs: list[str]) -> bool:
+        """Whether the state dict records another family for this tensor (an error message added): a subclass's
+        instance takes its base classes' states (a ``class MyMeanField(MeanField)`` loads a MeanField's), not the
+        other way round. Subclasses that load more than parameters call it before changing anything."""
+        family = family_of_state(state_dict.get(prefix + _EXTRA_STATE))
+        if family is None or family in {cls.__name__ for cls in type(self).__mro__}:
+            return False
+        error_msgs.append(
+            f"{prefix.rstrip('.') or 'the posterior'}: the state dict holds a {family} posterior, the model a "
+            f"{type(self).__name__} (their parameters mean different distributions); build the model with the family "
+            "it was trained with"
+        )
+        return True
 
     # -- the distribution -------------------------------------------------------------------------------
     def distribution(self) -> Distribution:

@@ -38,7 +38,7 @@ class Delta(VariationalFamily):
         self.value = nn.Parameter(init)
 
     def distribution(self) -> Distribution:
-        return DeltaDistribution(self.value)
+        return DeltaDistribution(self.value, validate_args=False)  # (validating reads the device: a wait per step)
 
     @property
     def mean(self) -> torch.Tensor:

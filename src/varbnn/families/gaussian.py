@@ -474,6 +474,9 @@ class MeanField(VariationalFamily):
         return math.prod(shape) if self.weight_mask is None else int(self.weight_mask.sum())
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # another family's state changes nothing (the base class reports it); args[-1] is torch's error_msgs
+        if self._refuse_other_family(state_dict, prefix, args[-1] if args else kwargs["error_msgs"]):
+            return
         # A pruned family's state carries its mask; an unpruned one loading it (or the reverse) takes the saved state.
         key = prefix + "weight_mask"
         self.weight_mask = state_dict[key].clone() if key in state_dict else None
