@@ -92,10 +92,13 @@ class _TensorLoaderBatches:
             generator = torch.Generator()
             generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
             order = torch.randperm(n, generator=generator)
+            # the permutation on each tensor's device, once per epoch: indexing a GPU tensor with a CPU index would
+            # copy the index to the device (and wait for it) every batch
+            orders = {t.device: order.to(t.device) for t in self.tensors}
         for i in range(len(self)):
             if self.shuffle:
-                index = order[i * self.batch_size : (i + 1) * self.batch_size]
-                yield [t[index].contiguous() for t in self.tensors]  # contiguous, as stacked, whatever t's layout
+                rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
+                yield [t[orders[t.device][rows]].contiguous() for t in self.tensors]  # contiguous, as stacked
             else:
                 yield [t[i * self.batch_size : (i + 1) * self.batch_size].clone(memory_format=torch.contiguous_format)
                        for t in self.tensors]  # a contiguous copy, as stacked  # fmt: skip
