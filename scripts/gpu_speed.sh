@@ -59,6 +59,9 @@ rdp=(--skip "RadialDirectional(row), fit" --skip "RadialDirectional(double), fit
 compiled_only=(--compile --only "fit(compile=True),compiled" "${rdp[@]}")
 resnet=(--model resnet18 --batch 128 --device "$device" --mc-samples "" --steps "$(( steps < 20 ? steps : 20 ))"
         --warmup "${WARMUP:-5}" --repeats 1)
+# The next GPU session (after the H200 one of 2026-11-27, which measured lenet5-graphs and RDP's LeNet-5 graphs and
+# ran out of time in resnet18-graphs after 220 s of compiling): PEERS=1 DEADLINE=540 PARTS="resnet18-graphs fit-loop"
+# (ResNet-18's five CUDA-graph compilations need about 400 s), or the LeNet-5 front's training (gpu_reproduce.sh)
 # PARTS: which parts run, in this order (default all; the 2026-11-26 H200 session measured mlp, lenet5,
 # lenet5-compiled, rdp-mlp, rdp-lenet5, resnet18, predict and vmf at 21b4286, in 15 minutes of device time)
 parts="${PARTS:-resnet18-compiled resnet18 host mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 predict vmf}"
@@ -88,7 +91,7 @@ for name in $parts; do
         rdp-lenet5-graphs) part "${RDP_GRAPHS_SECONDS:-150}" benchmarks/step_time.py --model lenet5 "${common[@]}" \
                  --compile --compile-mode reduce-overhead --only RadialDirectional --skip "deterministic, compiled" \
                  --out "$work/step-time/lenet5-rdp-graphs" ;;
-        resnet18-graphs) part "${RESNET_GRAPHS_SECONDS:-220}" benchmarks/step_time.py "${resnet[@]}" --compile \
+        resnet18-graphs) part "${RESNET_GRAPHS_SECONDS:-420}" benchmarks/step_time.py "${resnet[@]}" --compile \
                  --compile-mode reduce-overhead --only "compile,torchbnn,bayesian-torch Rep" --skip Delta \
                  --skip RadialDirectional --skip "KTied(rank=2)-local" --out "$work/step-time" ;;
         fit-loop)  # fit's whole loop against its bare step, with and without the deferred NaN checks (CUDA graphs)
