@@ -197,7 +197,9 @@ def regression_summary(means: torch.Tensor, noise_variance: float | torch.Tensor
     """The :class:`RegressionSummary` of ``means``, ``[samples, batch, ...]`` predicted means, under a Gaussian
     likelihood of variance ``noise_variance`` (a number, or a tensor broadcastable to ``means`` for heteroscedastic
     models, averaged over the samples): mean ``mean_s f_s``, aleatoric variance the noise, epistemic variance
-    ``var_s f_s`` (population variance over the draws)."""
+    ``var_s f_s`` (population variance over the draws). A noise tensor with as many dimensions as ``means`` is read
+    per draw (its first dimension over the draws, e.g. ``[S, N]``); one with fewer, per example (``[N]``): give a
+    per-example noise of ``[N, 1]`` with means ``[S, N, 1]``, not ``[S, N]``."""
     if means.dim() < 2:
         raise ValueError(f"means must be [samples, batch, ...], got shape {tuple(means.shape)}")
     _check_outputs(means, "means")
