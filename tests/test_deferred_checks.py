@@ -62,10 +62,11 @@ def _fit(model: nn.Module, deferred: bool, monkeypatch, epochs: int = 3, **kwarg
     return varbnn.fit(model, loader, n_data=96, epochs=epochs, progress=False, diagnose=False, **kwargs)
 
 
-def test_deferred_checks_give_the_same_history_and_parameters(monkeypatch):
+@pytest.mark.parametrize("options", [{}, {"mc_samples": 2}], ids=["default", "S=2"])
+def test_deferred_checks_give_the_same_history_and_parameters(monkeypatch, options):
     eager, deferred = _model(), _model()
-    history = _fit(eager, False, monkeypatch)
-    assert _fit(deferred, True, monkeypatch) == history  # the same sums, in the same order
+    history = _fit(eager, False, monkeypatch, **options)
+    assert _fit(deferred, True, monkeypatch, **options) == history  # the same sums, in the same order
     for (name, a), b in zip(eager.named_parameters(), deferred.parameters()):
         assert torch.equal(a, b), name
 
