@@ -141,3 +141,14 @@ def test_deferred_checks_only_with_the_fused_adam(monkeypatch):
     sgd = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1, momentum=0.9, fused=True)
     assert getattr(sgd, "_step_supports_amp_scaling", False) and not _DeferredChecks.applies(cpu, sgd, excluded=False)
     assert _DeferredChecks.applies(cpu, torch.optim.AdamW([nn.Parameter(torch.ones(2))], fused=True), excluded=False)
+
+
+@pytest.mark.slow
+def test_deferred_checks_with_the_compiled_step(monkeypatch):
+    """fit(compile=True) with the deferred checks: the same history as with the per-step ones (the compiled step on
+    the CPU draws eager's random numbers, so the two runs are the same run up to float rounding)."""
+    eager, deferred = _model(), _model()
+    history = _fit(eager, False, monkeypatch, epochs=2, compile=True)
+    got = _fit(deferred, True, monkeypatch, epochs=2, compile=True)
+    for a, b in zip(history, got):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
