@@ -96,7 +96,9 @@ def test_a_non_finite_step_is_reported_at_its_own_step_with_the_model_as_before_
     assert expected.value.kind == got.value.kind == kind
     assert (got.value.epoch, got.value.step, got.value.batch) == (expected.value.epoch, expected.value.step,
                                                                   expected.value.batch) == (2, 18, 5)  # fmt: skip
+    # the same message as the per-step checks' (the names of the bad gradients too), then where it was read:
     # epoch 2 holds steps 13-24, checked after steps 17, 22 and 24
+    assert str(got.value).startswith(str(expected.value).split("; ")[0].split(" (the loss")[0])
     assert "read at the check after step 22" in str(got.value) and "steps 18 to 22 left the parameters" in str(got.value)
     for (name, a), b in zip(oracle.named_parameters(), deferred.parameters()):
         assert torch.equal(a, b), name

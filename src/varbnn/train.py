@@ -838,7 +838,9 @@ def fit(
     seen_labels: list[torch.Tensor] = []  # a few batches' class labels: the NLL of their marginal, for _diagnose
     # off the CPU, the loss and gradient checks run without waiting for the device (see _DeferredChecks)
     deferred = _DeferredChecks.applies(dev, optimizer, distributed or graves or skip_nonfinite or adaptive)
-    checks = _DeferredChecks(dev, parameters) if deferred else None
+    names = [n for n, _ in model.named_parameters()]  # (parameters' order: the model's, then the likelihood's own)
+    names += [f"likelihood.{n}" for n, p in lik.named_parameters() if p.requires_grad] if extra_parameters and lik else []
+    checks = _DeferredChecks(dev, parameters, names) if deferred else None
     for epoch in bar:
         model.train()
         sampler = getattr(loader, "sampler", None)
@@ -1137,9 +1139,12 @@ class _DeferredChecks:
     EVERY = 50
     DEVICES: ClassVar[tuple[str, ...]] = ("cuda",)  # (the tests add "cpu" to run it here)
 
-    def __init__(self, device: torch.device, parameters: Sequence[torch.Tensor]) -> None:
+    def __init__(self, device: torch.device, parameters: Sequence[torch.Tensor], names: Sequence[str] = ()) -> None:
         self.device = device
         self.parameters = list(parameters)
+        self.names = list(names) if len(names) == len(self.parameters) else [f"parameter {i}" for i in range(len(parameters))]
+        # per step since the last check: the indices of the parameters that had gradients, and which were finite
+        self.finite: list[tuple[list[int], torch.Tensor | None]] = []
         self.halt = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernels read found_inf as float
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)
         # (flag, where, epoch, step, batch, detached loss, nll and kl) of each step since the last check
@@ -1170,12 +1175,15 @@ class _DeferredChecks:
     ) -> None:
         loss = terms.loss.detach()
         loss_bad = ~torch.isfinite(loss)
-        grads = [p.grad for p in self.parameters if p.grad is not None and p.grad.numel() > 0]
-        if grads:
-            peaks = [peak.to(torch.float64) for peak in torch._foreach_norm(grads, float("inf"))]
-            grad_bad = ~torch.isfinite(torch.stack(peaks)).all()
+        held = [i for i, p in enumerate(self.parameters) if p.grad is not None and p.grad.numel() > 0]
+        finite: torch.Tensor | None = None
+        if held:
+            peaks = torch._foreach_norm([self.parameters[i].grad for i in held], float("inf"))  # type: ignore[misc]
+            finite = torch.isfinite(torch.stack([peak.to(torch.float64) for peak in peaks]))
+            grad_bad = ~finite.all()
         else:
             grad_bad = torch.zeros((), dtype=torch.bool, device=self.device)
+        self.finite.append((held, finite))
         flag = torch.where(loss_bad, 1.0, torch.where(grad_bad, 2.0, 0.0)).to(self.device)
         torch.maximum(self.halt, (flag > 0).to(self.halt.dtype), out=self.halt)
         optimizer.found_inf = self.halt  # type: ignore[attr-defined]
@@ -1193,6 +1201,7 @@ class _DeferredChecks:
             return
         flags = torch.stack([entry[0] for entry in self.window]).tolist()
         window, self.window = self.window, []
+        finite, self.finite = self.finite, []
         bad = next((i for i, flag in enumerate(flags) if flag), None)
         if bad is None:
             return
@@ -1206,7 +1215,9 @@ class _DeferredChecks:
             )
         else:
             kind = "gradient"
-            detail = f"some gradients hold NaN or inf (the loss, {loss}, is finite)"
+            held, ok = finite[bad]
+            bad_names = [self.names[i] for i, good in zip(held, ok.tolist() if ok is not None else []) if not good]
+            detail = f"the gradients of {_listing(bad_names)} hold NaN or inf (the loss, {loss}, is finite)"
         last = window[-1][3]
         note = (
             f" (read at the check after step {last}: on {self.device.type} fit reads its checks every {self.EVERY} "
