@@ -34,7 +34,13 @@ import varbnn
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
-from varbnn.train import _accumulated_elbo_gradient, _compiled_elbo_step, default_optimizer, resolve_device
+from varbnn.train import (
+    _accumulated_elbo_gradient,
+    _compiled_elbo_step,
+    _uses_cudagraphs,
+    default_optimizer,
+    resolve_device,
+)
 
 N_TRAIN = 60000
 OPTIMIZER = {"name": "fit"}  # "fit": varbnn.train.default_optimizer (Adam, fused where supported); "adam": torch's default
@@ -77,7 +83,7 @@ def make_step(
             compiled_step = _compiled_elbo_step(model, F.cross_entropy, N_TRAIN, device or torch.device("cpu"), mode)
         else:
             loss_fn = torch.compile(lambda x, y: F.cross_entropy(model(x), y), mode=COMPILE["mode"])
-        graphs = device is not None and device.type == "cuda" and COMPILE["mode"] in ("reduce-overhead", "max-autotune")
+        graphs = device is not None and _uses_cudagraphs(COMPILE["mode"], device)
 
         def fast(x: torch.Tensor, y: torch.Tensor) -> None:
             opt.zero_grad(set_to_none=True)

@@ -310,11 +310,18 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if optimizer else None,
         **extra,
     }
+    _write_checkpoint_state(path, state)
+    return path
+
+
+def _write_checkpoint_state(path: Path, state: dict[str, Any]) -> None:
+    """``state`` (plain data) as a checkpoint file: ``format`` and ``version`` added where missing, torch.save'd with
+    the checksum trailer, written atomically (:func:`save_checkpoint`'s file; read back by :func:`read_checkpoint`)."""
+    state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **state}
     _check_plain_data(state, "checkpoint")
     buffer = io.BytesIO()
     torch.save(state, buffer)
     _write_atomically(path, _with_checksum(buffer.getvalue()))
-    return path
 
 
 def _reason(error: BaseException) -> str:
@@ -838,9 +845,9 @@ def fit(
     seen_labels: list[torch.Tensor] = []  # a few batches' class labels: the NLL of their marginal, for _diagnose
     # off the CPU, the loss and gradient checks run without waiting for the device (see _DeferredChecks)
     deferred = _DeferredChecks.applies(dev, optimizer, distributed or graves or skip_nonfinite or adaptive)
-    names = [n for n, _ in model.named_parameters()]  # (parameters' order: the model's, then the likelihood's own)
-    names += [f"likelihood.{n}" for n, p in lik.named_parameters() if p.requires_grad] if extra_parameters and lik else []
-    checks = _DeferredChecks(dev, parameters, names) if deferred else None
+    named = [*model.named_parameters(), *((f"likelihood.{n}", p) for n, p in (lik.named_parameters() if lik else ())
+                                          if any(p is q for q in extra_parameters))]  # what `parameters` holds
+    checks = _DeferredChecks(dev, named) if deferred else None
     for epoch in bar:
         model.train()
         sampler = getattr(loader, "sampler", None)
@@ -899,15 +906,10 @@ def fit(
                     continue
                 loss = float(terms.loss.detach())
                 if kind is None and not math.isfinite(loss):
-                    kind = "loss"
-                    detail = (
-                        f"the loss is {loss} (nll {float(terms.nll)}, kl {float(terms.kl)}) although the batch's data are "
-                        "finite: the optimisation diverged (lower lr?), or nll is undefined for these targets"
-                    )
+                    kind, detail = "loss", _loss_detail(loss, float(terms.nll), float(terms.kl))
                 if kind is None and not _gradients_finite(parameters):
-                    kind = "gradient"
                     names = _nonfinite_names((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
-                    detail = f"the gradients of {_listing(names)} hold NaN or inf (the loss, {loss}, is finite)"
+                    kind, detail = "gradient", _gradient_detail(names, loss)
                 if distributed:
                     flags = torch.tensor([kind == k for k in _KINDS], dtype=torch.float32, device=dev)
                     vdist.all_reduce_mean_([flags])
@@ -986,7 +988,7 @@ def fit(
             save_checkpoint(
                 checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=_rng_state(loader), **extra
             )
-    if compiled_step is not None and dev.type == "cuda" and mode in ("reduce-overhead", "max-autotune"):
+    if compiled_step is not None and mode is not None and _uses_cudagraphs(mode, dev):
         # the last step's gradients live in the CUDA graphs' memory, which the next compiled graph to run (another
         # fit's) overwrites: drop them rather than leave .grad tensors that fail when read later
         optimizer.zero_grad(set_to_none=True)
@@ -1139,16 +1141,14 @@ class _DeferredChecks:
     EVERY = 50
     DEVICES: ClassVar[tuple[str, ...]] = ("cuda",)  # (the tests add "cpu" to run it here)
 
-    def __init__(self, device: torch.device, parameters: Sequence[torch.Tensor], names: Sequence[str] = ()) -> None:
+    def __init__(self, device: torch.device, named: Sequence[tuple[str, torch.Tensor]]) -> None:
         self.device = device
-        self.parameters = list(parameters)
-        self.names = list(names) if len(names) == len(self.parameters) else [f"parameter {i}" for i in range(len(parameters))]
-        # per step since the last check: the indices of the parameters that had gradients, and which were finite
-        self.finite: list[tuple[list[int], torch.Tensor | None]] = []
+        self.named = list(named)  # (name, parameter) of everything the optimizer steps
         self.halt = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernels read found_inf as float
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)
-        # (flag, where, epoch, step, batch, detached loss, nll and kl) of each step since the last check
-        self.window: list[tuple[torch.Tensor, str, int, int, int, torch.Tensor]] = []
+        # each step since the last check: (flag, where, epoch, step, batch, its loss, nll and kl, the indices of the
+        # parameters that had gradients, whether each of those was finite)
+        self.window: list[tuple[torch.Tensor, str, int, int, int, torch.Tensor, list[int], torch.Tensor | None]] = []
 
     @classmethod
     def applies(cls, device: torch.device, optimizer: torch.optim.Optimizer, excluded: bool) -> bool:
@@ -1175,15 +1175,14 @@ class _DeferredChecks:
     ) -> None:
         loss = terms.loss.detach()
         loss_bad = ~torch.isfinite(loss)
-        held = [i for i, p in enumerate(self.parameters) if p.grad is not None and p.grad.numel() > 0]
+        held = [i for i, (_, p) in enumerate(self.named) if p.grad is not None and p.grad.numel() > 0]
         finite: torch.Tensor | None = None
         if held:
-            peaks = torch._foreach_norm([self.parameters[i].grad for i in held], float("inf"))  # type: ignore[misc]
+            peaks = torch._foreach_norm([self.named[i][1].grad for i in held], float("inf"))  # type: ignore[misc]
             finite = torch.isfinite(torch.stack([peak.to(torch.float64) for peak in peaks]))
             grad_bad = ~finite.all()
         else:
             grad_bad = torch.zeros((), dtype=torch.bool, device=self.device)
-        self.finite.append((held, finite))
         flag = torch.where(loss_bad, 1.0, torch.where(grad_bad, 2.0, 0.0)).to(self.device)
         torch.maximum(self.halt, (flag > 0).to(self.halt.dtype), out=self.halt)
         optimizer.found_inf = self.halt  # type: ignore[attr-defined]
@@ -1193,7 +1192,7 @@ class _DeferredChecks:
             del optimizer.found_inf  # type: ignore[attr-defined]
         values = torch.stack([v.to(torch.float64) for v in (loss, terms.nll.detach(), terms.kl.detach())])
         self.sums += values
-        self.window.append((flag, where, epoch, step, batch, values))
+        self.window.append((flag, where, epoch, step, batch, values, held, finite))
 
     def check(self) -> None:
         """One host read of the window's flags; raises :class:`NonFiniteError` for its first bad step."""
@@ -1201,23 +1200,16 @@ class _DeferredChecks:
             return
         flags = torch.stack([entry[0] for entry in self.window]).tolist()
         window, self.window = self.window, []
-        finite, self.finite = self.finite, []
         bad = next((i for i, flag in enumerate(flags) if flag), None)
         if bad is None:
             return
-        _, where, epoch, step, batch, values = window[bad]
+        _, where, epoch, step, batch, values, held, finite = window[bad]
         loss, nll, kl = values.tolist()
         if flags[bad] == 1:
-            kind = "loss"
-            detail = (
-                f"the loss is {loss} (nll {nll}, kl {kl}) although the batch's data are "
-                "finite: the optimisation diverged (lower lr?), or nll is undefined for these targets"
-            )
+            kind, detail = "loss", _loss_detail(loss, nll, kl)
         else:
-            kind = "gradient"
-            held, ok = finite[bad]
-            bad_names = [self.names[i] for i, good in zip(held, ok.tolist() if ok is not None else []) if not good]
-            detail = f"the gradients of {_listing(bad_names)} hold NaN or inf (the loss, {loss}, is finite)"
+            good = finite.tolist() if finite is not None else []
+            kind, detail = "gradient", _gradient_detail([self.named[i][0] for i, ok in zip(held, good) if not ok], loss)
         last = window[-1][3]
         note = (
             f" (read at the check after step {last}: on {self.device.type} fit reads its checks every {self.EVERY} "
@@ -1230,6 +1222,17 @@ class _DeferredChecks:
         loss, nll, kl = self.sums.tolist()
         self.sums.zero_()
         return {"loss": loss, "nll": nll, "kl": kl}
+
+
+def _loss_detail(loss: float, nll: float, kl: float) -> str:
+    return (
+        f"the loss is {loss} (nll {nll}, kl {kl}) although the batch's data are finite: the optimisation diverged "
+        "(lower lr?), or nll is undefined for these targets"
+    )
+
+
+def _gradient_detail(names: list[str], loss: float) -> str:
+    return f"the gradients of {_listing(names)} hold NaN or inf (the loss, {loss}, is finite)"
 
 
 def _nonfinite_error(
@@ -1380,6 +1383,13 @@ def _static_batches(loader: object) -> bool:
         return False
 
 
+def _uses_cudagraphs(mode: str, device: torch.device) -> bool:
+    """Whether torch.compile's ``mode`` records CUDA graphs on ``device`` ("reduce-overhead", "max-autotune" on CUDA)."""
+    import torch._inductor
+
+    return device.type == "cuda" and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+
+
 def _fit_compile_mode(compile: bool | str, device: torch.device, loader: object) -> str:
     """``fit``'s torch.compile mode: a mode string as given; ``True`` is ``"reduce-overhead"`` (CUDA graphs: the
     step's kernels replay as one launch) on a CUDA device when every batch has the same shape, else ``"default"``."""
@@ -1450,7 +1460,7 @@ def _compiled_elbo_step(
     options["fallback_random"] = not in_graph_random
     # CUDA graphs ("reduce-overhead", "max-autotune"): each step is a new generation of torch's cudagraph trees (the
     # previous step's outputs may be overwritten), so the step marks its start and returns copies of its 0-d outputs
-    cudagraphs = device.type == "cuda" and bool(options.get("triton.cudagraphs"))
+    cudagraphs = _uses_cudagraphs(mode, device)
     # torch.compile turns torch.distributions' global argument validation off (when it is called, and again while it
     # traces) and leaves it off: the user's setting is read before and restored after each, or every distribution
     # built after fit(compile=True) would stop validating

@@ -5,7 +5,6 @@ with the best score so far (:class:`BestState`: early stopping by selection, as 
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import time
@@ -19,11 +18,9 @@ from varbnn.analysis import GradientSNR
 from varbnn.experiments.config import ExperimentConfig
 from varbnn.nn.base import BayesianModule
 from varbnn.train import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
     CheckpointError,
-    _with_checksum,
     _write_atomically,
+    _write_checkpoint_state,
     evaluate_weight_samples,
     read_checkpoint,
 )
@@ -204,9 +201,7 @@ class BestOfLast:
 
         if self.path is None or self.best is None or not is_main_process():  # data-parallel: every rank holds it; one writes
             return
-        buffer = io.BytesIO()  # a checkpoint file like fit's (format, version, checksum): read_checkpoint verifies it
-        torch.save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **self.best}, buffer)
-        _write_atomically(self.path, _with_checksum(buffer.getvalue()))
+        _write_checkpoint_state(self.path, self.best)  # fit's file format (checksum): read_checkpoint verifies it
         self._exported = int(self.best["epoch"])
 
     def state(self) -> dict[str, Any] | None:
