@@ -389,6 +389,35 @@ def test_lenet5_front_quick_run_prunes_to_each_budget_and_draws_the_front(data_d
     assert (tmp_path / "lenet5-front_front.png").stat().st_size > 1000
 
 
+def test_front_points_in_worker_processes_equal_the_points_in_this_process():
+    """front_points(workers=2) spawns processes for the points; each point draws from its own seeded generators, so
+    with one thread in this process too the scores are equal to the last bit and come back in budget order. Oracle:
+    the same call with workers=1; a bad count is refused by name."""
+    from varbnn.experiments.evaluation import front_points
+
+    config = get_config("lenet5-front", quick=True)
+    torch.manual_seed(0)
+    model = build_model(config, config.variants[0])
+    g = torch.Generator().manual_seed(1)
+
+    def split(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    train, validation, test = split(200), split(100), split(100)
+    soft = torch.softmax(torch.randn(200, 10, generator=g), dim=-1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        here = front_points(config, model, train, validation, test, 0, False, soft, workers=1)
+        spawned = front_points(config, model, train, validation, test, 0, False, soft, workers=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert list(spawned) == list(here) and spawned == here
+    assert {f"front{b}_test_error" for b in config.prune_front} <= set(here)
+    with pytest.raises(ValueError, match="workers must be a positive integer"):
+        front_points(config, model, train, validation, test, 0, False, soft, workers=0)
+
+
 def test_prune_front_is_checked_and_leaves_the_older_protocols_alone():
     base = get_config("lenet5-prune")
     assert "prune_front" not in base.to_dict() and "prune_front" not in base.training_dict()

@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rep.add_argument(
         "--workers", type=int, default=1,
-        help="N worker processes of one thread each run the pending runs (CPU; default 1)",
+        help="N worker processes of one thread each run the pending runs (CPU; default 1); a run that trains alone "
+        "(e.g. one seed's shard) trains in this process, and its prune_front points run in the N workers",
     )  # fmt: skip
     rep.add_argument(
         "--splits", type=int, default=None, help="uci only: run only the first N splits of each dataset (a partial run)"

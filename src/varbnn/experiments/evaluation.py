@@ -7,8 +7,11 @@ the measures of the paper experiments that are not paper-specific: a classifier'
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import torch
@@ -22,8 +25,8 @@ from varbnn.prune import classification_error
 from varbnn.train import evaluate_classifier, evaluate_weight_samples
 
 __all__ = [
-    "evaluate_variant", "uncertainties", "ood_scores", "prune_scores", "sizes", "parameter_count", "mode_error",
-    "predictive_metrics", "predictive_probs", "predictive_log_likelihood", "log_likelihood_ceiling",
+    "evaluate_variant", "uncertainties", "ood_scores", "prune_scores", "front_points", "sizes", "parameter_count",
+    "mode_error", "predictive_metrics", "predictive_probs", "predictive_log_likelihood", "log_likelihood_ceiling",
 ]  # fmt: skip
 
 
@@ -100,12 +103,14 @@ def prune_scores(
     seed: int,
     dev: torch.device,
     progress: bool,
+    workers: int = 1,
 ) -> tuple[dict[str, Any], dict[tuple[str, str], float] | None]:
     """The exported model by the config's threshold rule (``pruned_*``) and, given a validation set, by
     :func:`varbnn.prune.validation_thresholds` (``prune_validation_tolerance``; ``val_pruned_*``) and by
     :func:`varbnn.prune.budget_units` (``prune_budget``; ``budget_pruned_*``), each optionally retrained
     (``*_finetuned_test_error``), and by :func:`varbnn.prune.iterative_budget` (``prune_stages``; ``iter_pruned_*``,
-    always retrained). Returns the scores and the validation rule's thresholds (for the figure)."""
+    always retrained), and at each budget of ``prune_front`` (``front{B}_*``; :func:`front_points`, its points in
+    ``workers`` CPU processes). Returns the scores and the validation rule's thresholds (for the figure)."""
     from varbnn.prune import (
         budget_units,
         classification_error,
@@ -187,9 +192,52 @@ def prune_scores(
                 "scratch_pruned_finetuned_epoch": float(retrained["epoch"]),
                 "scratch_pruned_finetuned_test_error": classification_error(scratch, x_test, y_test),
             })  # fmt: skip
-    for budget in config.prune_front:  # the error-FLOPs front: the staged rule to each FLOPs budget alone
-        scores.update(_front_point(config, model, budget, train, validation, test, seed, progress, soft_targets))
+    if config.prune_front:  # the error-FLOPs front: the staged rule to each FLOPs budget alone
+        scores.update(front_points(config, model, train, validation, test, seed, progress, soft_targets, workers))
     return scores, cuts
+
+
+def front_points(
+    config: ExperimentConfig,
+    model: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    validation: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    seed: int,
+    progress: bool,
+    soft_targets: torch.Tensor | None,
+    workers: int = 1,
+) -> dict[str, Any]:
+    """Every point of ``config.prune_front`` (:func:`_front_point`), in budget order. ``workers`` > 1 on the CPU runs
+    the points in that many spawned processes of one thread each (the points are independent: each retraining draws
+    from its own seeded generator, so a point's scores do not depend on the process or the order; only the thread
+    count can change the last bits of a convolution), and this process waits for them; the points of a run whose
+    model is on a GPU run here one after the other. Each point is about 170 epochs of a small network's retraining
+    whose steps are too short for a second thread to help, so two processes take about 3/5 of the time of one."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    budgets = list(config.prune_front)
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    scores: dict[str, Any] = {}
+    if workers == 1 or len(budgets) == 1 or not on_cpu:
+        for budget in budgets:
+            scores.update(_front_point(config, model, budget, train, validation, test, seed, progress, soft_targets))
+        return scores
+    from varbnn.experiments.engine import _worker_start
+
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    with ProcessPoolExecutor(
+        min(workers, len(budgets)), mp_context=context, initializer=_worker_start, initargs=(os.getpid(),)
+    ) as pool:
+        futures = [
+            pool.submit(_front_point, config, model, budget, train, validation, test, seed, False, soft_targets)
+            for budget in budgets
+        ]
+        for budget, future in zip(budgets, futures):
+            scores.update(future.result())
+            if progress:
+                print(f"[{config.name}] front point {budget:,} FLOPs done", flush=True)
+    return scores
 
 
 def _front_point(

@@ -193,7 +193,8 @@ def run_experiment(
     of ``OUT/NAME_runs.jsonl`` (a rerun skips it; a killed invocation keeps it, and the run in progress resumes from
     its epoch checkpoint when ``config.resumable``); ``workers`` > 1 runs them in that many CPU processes, ``shard=(k,
     n)`` only every n-th from the k-th (into ``NAME_runs.shardK.jsonl``; nothing is rendered), ``train=False`` only
-    renders the runs saved. The first seed's run of each variant saves what the figures need next to the checkpoints.
+    renders the runs saved (a batch with one run to train runs in this process, and its ``prune_front`` points in the
+    ``workers`` processes). The first seed's run of each variant saves what the figures need next to the checkpoints.
 
     With ``distributed`` (launch with ``torchrun``; see :mod:`varbnn.distributed`) every process trains on its shard
     with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
@@ -226,10 +227,14 @@ def run_experiment(
     if train:
         pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
         post_hoc = {v.label for v in config.variants if v.family in POST_HOC or v.convert_epochs}
+        saved = store.load()
         # seed by seed (a partial run still compares every variant), the post-hoc baselines and the converted networks
         # after the plain run whose training they reuse
         for batch in _batches(pending, config.seeds, post_hoc, workers):
-            execute(batch, run, store, device=dev, workers=workers, commit=commit)
+            # a batch of one run to train runs in this process: the idle workers take its front points
+            alone = len([k for k in batch if k not in saved]) == 1 and not distributed
+            execute(batch, functools.partial(run, workers=workers if alone else 1), store, device=dev,
+                    workers=workers, commit=commit)  # fmt: skip
     done = store.load()
     if shard is not None:
         return {"name": config.name, "rows": [], "figures": [], "written": False, "runs_file": str(store.path)}
@@ -426,11 +431,13 @@ def _run_seed(
     progress: bool,
     key: tuple[str, int],
     compile: bool | str = False,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Train and evaluate one run, ``key = (variant label, seed)``; its record holds the scores of every evaluated
     model (the trained one, and its rank-k versions) and the traces (and ``compile`` when it trained with
     ``fit(compile=...)``). The first seed's run also saves what the figures need (:func:`_figure_data_path`), on the
-    main process only."""
+    main process only. ``workers`` > 1: the points of ``prune_front`` in that many CPU processes
+    (:func:`~varbnn.experiments.evaluation.front_points`)."""
     from varbnn import distributed as vdist
 
     label_wanted, seed = key
@@ -513,7 +520,7 @@ def _run_seed(
                     figure_data["entropies"] = entropies
             if config.prune and variant.family not in ("plain", *BASELINES):
                 pruned, thresholds = prune_scores(
-                    config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress
+                    config, model, (x_test, y_test), (x_train, y_train), validation, seed, dev, progress, workers
                 )
                 scores.update(pruned)
                 if thresholds is not None and seed == config.seeds[0]:
