@@ -16,11 +16,12 @@
 # records name that commit. The outputs go into this checkout's benchmarks/results/. Render a page from its saved runs
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
-# One lane of two worker processes of one thread each (the machine's two cores):
-#   the LeNet-5 error-FLOPs front (issue 30; about 4 CPU-thread hours per seed of the posterior, the workers train
-#   seeds in parallel; seed 0 trained in a lane of its own before, eager), with --compile since 2026-11-27: the
-#   200-epoch training runs as fit(compile=True) (on the CPU the compiled step draws the eager step's random
-#   numbers; it resumes an eager checkpoint), the pruning stages and controls stay eager.
+# One seed of the LeNet-5 error-FLOPs front (issue 30) at a time, in this process with 2 threads (about 26 s an epoch
+#   with --compile: 200 epochs in about 90 minutes), its five front points then in the two worker processes (about 45
+#   minutes): one seed fits in a session, where two seeds side by side (one thread each, about 4 CPU-thread hours a
+#   seed) did not. Seed 0 trained in a lane of its own before, eager; seed 1 this way (2026-11-28); SEED picks
+#   the seed (default 2). The 200-epoch training runs as fit(compile=True) (on the CPU the
+#   compiled step draws the eager step's random numbers; it resumes an eager checkpoint), the pruning stays eager.
 # The UCI learned-noise table (issues 26 and 30) is complete (1,155 runs, the last at 6f8ddc7) and out of the queue.
 # At code 0340ef4 the two ran side by side in single-process lanes. The radius-prior search that could have
 # added a prior to the front is complete and out of the queue (a rerun with nothing to train would rewrite its page).
@@ -35,9 +36,11 @@ git clone -q "$root" "$snapshot"
 export PYTHONPATH="$snapshot/src" VARBNN_DATA="${VARBNN_DATA:-$root/../shared/data}"
 quick=()
 prefix=""
+seed=(--shard "${SEED:-2}/3")
 if [ "${QUICK:-0}" = 1 ]; then  # the plumbing only: every entry's --quick form, written under /tmp/cpu_queue_quick/
     quick=(--quick)
     prefix="/tmp/cpu_queue_quick/"
+    seed=()  # the quick form has one seed
 fi
 reproduce() {  # reproduce NAME OUT WORKERS [ARGS...]: from this checkout (relative --out), with the snapshot's code
     echo "[cpu_queue] $(date -u +%FT%TZ) $1 -> $prefix$2 ${*:4} (code $(git -C "$snapshot" rev-parse --short HEAD))"
@@ -47,5 +50,5 @@ reproduce() {  # reproduce NAME OUT WORKERS [ARGS...]: from this checkout (relat
 while [ -z "$prefix" ] && pgrep -f "varbnn.cli reproduce" > /dev/null; do  # an earlier queue's process: let it finish first
     echo "[cpu_queue] $(date -u +%FT%TZ) waiting for a running reproduce process"; sleep 120
 done
-reproduce lenet5-front benchmarks/results/lenet5-front 2 --threads 1 --compile
+reproduce lenet5-front benchmarks/results/lenet5-front 2 "${seed[@]}" --threads 2 --compile
 echo "[cpu_queue] $(date -u +%FT%TZ) done"
