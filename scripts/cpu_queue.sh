@@ -17,8 +17,8 @@
 # with the same command plus --no-train, then commit the runs file and the page together.
 #
 # One seed of the LeNet-5 error-FLOPs front (issue 30) at a time, in this process with 2 threads (about 26 s an epoch
-#   with --compile: 200 epochs in about 90 minutes), its five front points then in the two worker processes (about 45
-#   minutes): one seed fits in a session, where two seeds side by side (one thread each, about 4 CPU-thread hours a
+#   with --compile: 200 epochs in about 90 minutes), its five front points then in the two worker processes (about an
+#   hour): one seed fits in a session, where two seeds side by side (one thread each, about 4 CPU-thread hours a
 #   seed) did not. Seed 0 trained in a lane of its own before, eager; seed 1 this way (2026-11-28); SEED picks
 #   the seed (default 2). The 200-epoch training runs as fit(compile=True) (on the CPU the
 #   compiled step draws the eager step's random numbers; it resumes an eager checkpoint), the pruning stays eager.

@@ -213,7 +213,7 @@ def front_points(
     from its own seeded generator, so a point's scores do not depend on the process or the order; only the thread
     count can change the last bits of a convolution), and this process waits for them; the points of a run whose
     model is on a GPU run here one after the other. Each point is about 170 epochs of a small network's retraining
-    whose steps are too short for a second thread to help, so two processes take about 3/5 of the time of one."""
+    whose steps are too short for a second thread to help, so N processes take about 1/N of the time of one."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
     budgets = list(config.prune_front)
