@@ -351,16 +351,15 @@ CLAIMS: tuple[Claim, ...] = (
         claim="Issue 30: at FLOPs budgets of 60K-1M, the model chosen on validation reaches <= 1.0% test error at <= "
         "160K FLOPs and <= 1.1% at <= 120K, and matches or beats every row of Oh et al.'s Table 2 (RDP 4-7-110-66 at "
         "1.0%, BC-GNJ, BC-GHS, FDOO, GL, GD, SBP), except rows the random-initialisation control shows unreachable.",
-        result="Partial: seed 0 of 3 (CPU, 1 thread). Staged rule, test error (random-initialisation control at the "
-        "same architecture): 60K 2-7-81-60, 58,330 FLOPs, 2.09% (1.31%); 120K 3-8-111-75, 93,000, 1.83% (1.07%); 160K "
-        "5-9-124-68, 156,646, 1.54% (1.24%); 310K 8-13-166-70, 299,440, 1.12% (0.96%); 1M 16-25-351-221, 961,228, "
-        "0.89% (0.72%). Unpruned predictive 0.68% error; gap rule 20-29-397-229 (1.32M FLOPs) 0.73%.",
+        result="Partial: seeds 0 and 1 of 3 (CPU). Staged rule, mean test error over the two seeds (random-initialisation "
+        "control at the same architecture): 60K 2.09% (1.25%); 120K 1.62% (1.06%); 160K 1.42% (1.21%); 310K 0.99% "
+        "(0.95%); 1M 0.87% (0.69%). Seed 1's architectures: 1-14-199-75, 3-10-138-58, 4-14-144-58, 7-14-185-66, "
+        "16-26-358-227. Unpruned predictive 0.68% / 0.72% error.",
         verdict="no",
-        why="With one seed neither goal is met (1.54% at 160K, 1.83% at 120K) and no Table 2 row is matched. At every "
-        "budget the random-initialisation control at the staged rule's architecture does better than the posterior's "
-        "retrained weights (by 0.2-0.8 points): the posterior chooses the architecture, its weights do not help the "
-        "retraining. The control at the 120K architecture reaches 1.07% (validation 1.22%), inside the 1.1% goal; "
-        "the stated selection (the staged model) does not pick it. Seeds 1 and 2 are queued.",
+        why="Neither goal is met (1.42% at 160K, 1.62% at 120K). Of Table 2 only BC-GNJ (1.0% at 288K FLOPs) is "
+        "matched, by the 310K point (0.99%). At 60K-160K the random-initialisation control at the staged rule's "
+        "architecture does better than the posterior's retrained weights: the posterior chooses the architecture, its "
+        "weights do not help the retraining. Seed 2 is open.",
         sources=(J, R + "lenet5-front/lenet5-front.md"),
     ),
     Claim(
