@@ -19,10 +19,10 @@
 # are merged into one runs file with the first seed's figure data and the page is rendered there (--no-train): $OUT
 # holds NAME_runs.jsonl, the page (NAME.md, NAME.json, its figures) and log.txt, and $OUT/logs.tgz the processes' logs.
 #
-# Issue 30's LeNet-5 front, seeds 1 and 2 (seed 0 ran on the CPU; 200 epochs take ~3 h per seed there, longer than a
+# Issue 30's LeNet-5 front, seed 2 (seeds 0 and 1 ran on the CPU, seed 1 in one session by scripts/cpu_queue.sh; 200 epochs take ~3 h per seed there, longer than a
 # session, and the epoch checkpoints are not kept between sessions): train them here, bring their checkpoints back,
 # and prune on the CPU:
-#   device tool:  run(command="NAME=lenet5-front GROUPS_SPEC='3|' ONLY_SHARDS='1 2' COMPILE=reduce-overhead
+#   device tool:  run(command="NAME=lenet5-front GROUPS_SPEC='3|' ONLY_SHARDS='2' COMPILE=reduce-overhead
 #                     CHECKPOINTS=1 LIMIT=540 bash scripts/gpu_reproduce.sh", carry=[".data"], timeout_s=590)
 #   then here:    bash scripts/restore_checkpoints.sh FILES_AT benchmarks/results/lenet5-front, and the CPU queue
 #                 (scripts/cpu_queue.sh) resumes both runs at their last epoch and prunes
