@@ -19,8 +19,8 @@
 # are merged into one runs file with the first seed's figure data and the page is rendered there (--no-train): $OUT
 # holds NAME_runs.jsonl, the page (NAME.md, NAME.json, its figures) and log.txt, and $OUT/logs.tgz the processes' logs.
 #
-# Issue 30's LeNet-5 front, seed 2 (seeds 0 and 1 ran on the CPU, seed 1 in one session by scripts/cpu_queue.sh; 200 epochs take ~3 h per seed there, longer than a
-# session, and the epoch checkpoints are not kept between sessions): train them here, bring their checkpoints back,
+# Issue 30's LeNet-5 front, seed 2 (seeds 0 and 1 ran on the CPU; one seed takes a CPU session's first ~2.5 h by
+# scripts/cpu_queue.sh, and the epoch checkpoints are not kept between sessions): or train it here, bring its checkpoint back,
 # and prune on the CPU:
 #   device tool:  run(command="NAME=lenet5-front GROUPS_SPEC='3|' ONLY_SHARDS='2' COMPILE=reduce-overhead
 #                     CHECKPOINTS=1 LIMIT=540 bash scripts/gpu_reproduce.sh", carry=[".data"], timeout_s=590)
