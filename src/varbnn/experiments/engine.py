@@ -52,6 +52,7 @@ __all__ = [
     "select_shard",
     "parse_shard",
     "check_workers",
+    "worker_pool",
     "execute",
     "provenance",
     "read_result",
@@ -241,6 +242,13 @@ def _worker_start(parent: int, poll: float = 1.0) -> None:
     threading.Thread(target=watch, name="varbnn-parent-watchdog", daemon=True).start()
 
 
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` spawned processes of one thread each that end with this process (:func:`_worker_start`): the
+    engine's run workers and the front points' (:func:`varbnn.experiments.evaluation.front_points`)."""
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),))
+
+
 def _run_in_worker(
     run: Callable[[RunKey], dict[str, Any]], key: RunKey, device: torch.device
 ) -> tuple[RunKey, dict[str, Any], str]:
@@ -288,10 +296,7 @@ def execute(
             on_record(key, record)
 
     if workers > 1 and len(pending) > 1:
-        context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-        with ProcessPoolExecutor(
-            min(workers, len(pending)), mp_context=context, initializer=_worker_start, initargs=(os.getpid(),)
-        ) as pool:
+        with worker_pool(min(workers, len(pending))) as pool:
             futures = [pool.submit(_run_in_worker, run, key, device) for key in pending]
             for future in as_completed(futures):
                 save(*future.result())
