@@ -109,3 +109,14 @@ def test_figures(tmp_path):
     spectrum = variance_explained(std_matrix(m))
     assert variance_explained_figure({"dense 1": spectrum}, tmp_path / "spec.png").exists()
     assert std_heatmaps(std_matrix(m), tmp_path / "heat.png").exists()
+
+
+def test_front_figure_marks_each_published_row_and_refuses_more_rows_than_marker_shapes(tmp_path):
+    from varbnn.plots import _MARKERS, front_figure
+
+    row = {"variant": "RDP double", "front60000_flops": 6e4, "front60000_parameters": 1e4, "front60000_test_error": 0.02,
+           "front60000_scratch_test_error": 0.012}  # fmt: skip
+    published = [(f"m{i}", 1e5 + i, 9e4 + i, 2e4, 1e4, 0.01) for i in range(len(_MARKERS))]
+    assert front_figure([row], [60000], published, tmp_path / "front.png").exists()
+    with pytest.raises(ValueError, match=f"published: at most {len(_MARKERS)} rows"):
+        front_figure([row], [60000], [*published, ("one more", 1, 1, 1, 1, 0.01)], tmp_path / "more.png")

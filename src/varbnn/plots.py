@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa: E402
 
@@ -216,8 +218,11 @@ def front_figure(
     """Test error against FLOPs (left) and parameters (right), log scale: each row's ``front{B}_*`` points over the
     ``budgets`` (mean +- standard error over seeds; filled, joined by a line) and its random-initialisation control
     (hollow, dashed), beside ``published`` rows ``(method, FLOPs as counted, FLOPs recomputed, parameters as counted,
-    parameters recomputed, error)``: black squares at the paper's counts, grey ones at the recomputed sizes."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    parameters recomputed, error)``: one marker shape per method (named in a legend below the panels; at most
+    ``len(_MARKERS)`` rows), black at the paper's counts, grey at the recomputed sizes."""
+    if len(published) > len(_MARKERS):
+        raise ValueError(f"published: at most {len(_MARKERS)} rows (one marker shape each), got {len(published)}")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.0), sharey=True)
     for axis, size in zip(axes, ("flops", "parameters"), strict=True):
         for row in rows:
             points = [(f"front{b}", b) for b in budgets if f"front{b}_{size}" in row]
@@ -233,22 +238,33 @@ def front_figure(
                 label = f"{row['variant']}" + (", random init" if key.startswith("scratch") else "")
                 axis.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=label, markersize=5,
                               mfc="none" if key.startswith("scratch") else None)  # fmt: skip
-        for index, (method, flops, flops_again, params, params_again, error) in enumerate(published):
+        for (_, flops, flops_again, params, params_again, error), marker in zip(published, _MARKERS):
             counted, again = (flops, flops_again) if size == "flops" else (params, params_again)
             axis.plot([counted, again], [100 * error] * 2, color="0.6", linewidth=0.8)
-            axis.plot(counted, 100 * error, "s", color="black", markersize=5)
-            axis.plot(again, 100 * error, "s", color="0.6", markersize=5)
-            # the published errors are all 0.9-1.1%: labels staggered in height so that neighbours stay readable
-            axis.annotate(method, (counted, 100 * error), textcoords="offset points", xytext=(3, 4 + 8 * (index % 4)),
-                          fontsize=6)  # fmt: skip
+            axis.plot(counted, 100 * error, marker, color="black", markersize=6)
+            axis.plot(again, 100 * error, marker, color="0.6", markersize=6)
         axis.set_xscale("log")
         axis.set_xlabel("FLOPs (Oh et al.'s formulas)" if size == "flops" else "parameters")
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("test error (%)")
-    axes[0].plot([], [], "s", color="black", label="published, as counted")
-    axes[0].plot([], [], "s", color="0.6", label="published, recomputed")
     axes[0].legend(fontsize=7)
-    return _save(fig, path, title, dpi=120)
+    # the published errors are all 0.9-1.1%, too close for text labels: one marker shape per method, named below
+    # the panels; black at the paper's count, grey at the recomputed size, joined by a line
+    handles: list[Any] = [
+        Line2D([], [], marker=marker, color="black", linestyle="none", markersize=6, label=method)
+        for (method, *_), marker in zip(published, _MARKERS)
+    ]
+    handles += [
+        Patch(color="black", label="published, as counted"),
+        Patch(color="0.6", label="published, recomputed"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), fontsize=7, frameon=False)
+    rows_of_legend = -(-len(handles) // 5)
+    return _save(fig, path, title, dpi=120, bottom=0.01 + 0.04 * rows_of_legend)
+
+
+# marker shapes for the published rows of a front figure (one per method; more rows than shapes is an error)
+_MARKERS = ("s", "D", "^", "v", "<", ">", "P", "X", "*", "h")
 
 
 def variance_explained_figure(
