@@ -167,7 +167,7 @@ CLAIMS: tuple[Claim, ...] = (
         verdict="no",
         why="With the same grid and validation selection mean-field stays ahead, by about one standard error of the "
         "difference "
-        "(not significant); radial keeps head 1 better (0.9919 vs 0.9875), mean-field heads 2 and 5. Both beat the "
+        "(not significant); radial keeps head 1 better (0.9919 vs 0.9875), mean-field heads 2, 4 and 5 (0.9546, 0.9974, 0.9933 vs 0.9494, 0.9962, 0.9876; head 3 level). Both beat the "
         "one-setting run of vcl-split-fmnist.",
         sources=(R + "vcl-split-fmnist-selected/vcl-split-fmnist-selected.md",),
     ),
@@ -281,8 +281,8 @@ CLAIMS: tuple[Claim, ...] = (
         verdict="no",
         why="Under the Gamma(6,6) protocol the closed-form noise posterior caps the expected test LL below the "
         "references of energy (-1.19 vs -1.06) and yacht (-2.05 vs -1.30); the other gaps are to Dropout / VMG "
-        "numbers from other protocols. Longer training moves kin8nm and power toward them. Issue 30 replaces the "
-        "protocol (learned noise; not run yet).",
+        "numbers from other protocols. Longer training moves kin8nm and power toward them. Issue 30's learned-noise "
+        "protocol is the main table now (uci-learned).",
         sources=(J, "src/varbnn/experiments/uci.py"),
     ),
     Claim(
@@ -427,7 +427,7 @@ CLAIMS: tuple[Claim, ...] = (
         "standard error, naval by 0.16) against 5. On kin8nm, naval and protein every variant is bound by the "
         "10,000-step cap (the same budget for every family), and on power and protein every family is within 0.03 "
         "of the others and 0.03-0.12 below the references. The baselines do better: MC dropout is above every family "
-        "on concrete, wine, power and protein, and the 5-member ensemble is the best column on six sets. On yacht the "
+        "on yacht (by 0.57), concrete (0.04), power (0.005), wine and protein (0.002 each), and the 5-member ensemble is the best column on six sets. On yacht the "
         "ensemble and MC dropout are above both references, the Bayesian families with the full ELBO below them. A "
         "trace of energy split 0's search run (rdp-trace.md, reproducing the saved run) points at RDP's one "
         "concentration per layer and grouping: it settles at nearly the same point from both starts (A = 0.92, the "
