@@ -88,8 +88,10 @@ def test_vcl_quick_run_writes_results_and_resumes(tmp_path):
     last = [r for r in rows if r["after_task"] == 5]
     assert all(0.0 <= r["mean"][0] <= 1.0 for r in last)
     assert all(f"head{j}" in last[0] for j in range(1, 6))
-    for suffix in (".json", ".md", ".png", "_runs.jsonl"):
+    for suffix in (".json", ".md", ".png", "_heads.png", "_runs.jsonl"):
         assert (tmp_path / f"{config.name}{suffix}").exists()
+    page = (tmp_path / f"{config.name}.md").read_text()
+    assert f"]({config.name}.png)" in page and f"]({config.name}_heads.png)" in page
     # a rerun trains nothing new: the cached runs are reused
     lines = (tmp_path / f"{config.name}_runs.jsonl").read_text().splitlines()
     again = run_vcl(config, out_dir=tmp_path, progress=False, command="test")
@@ -215,3 +217,15 @@ def test_set_posterior_as_prior_on_a_multihead_net_updates_the_trunk_and_the_nam
     assert set_posterior_as_prior(net, task=1) == 4  # trunk weight + bias, head 1 weight + bias
     assert net.heads[0].priors["weight"] is before[0] and net.heads[2].priors["weight"] is before[2]
     assert net.heads[1].priors["weight"] is not before[1] and abs(float(varbnn.kl(net.task_model(1)))) < 1e-4
+
+
+def test_the_per_variant_figure_draws_each_head_and_refuses_more_variants_than_panels(tmp_path):
+    from varbnn.plots import continual_heads_figure
+
+    rows = [{"variant": f"v{k}", "after_task": t, **{f"head{j}": (0.9, 0.01) for j in range(1, t + 1)}, "mean": (0.9, 0.01)}
+            for k in range(2) for t in (1, 2)]  # fmt: skip
+    assert continual_heads_figure({"name": "x", "rows": rows}, tmp_path / "x.png").exists()
+    with pytest.raises(ValueError, match="2 variants, more than max_panels=1"):
+        continual_heads_figure({"name": "x", "rows": rows}, tmp_path / "y.png", max_panels=1)
+    with pytest.raises(ValueError, match="no rows"):
+        continual_heads_figure({"name": "x", "rows": []}, tmp_path / "z.png")

@@ -35,6 +35,7 @@ __all__ = [
     "std_heatmaps",
     "trace_figure",
     "continual_figure",
+    "continual_heads_figure",
     "referral_figure",
     "robustness_figure",
     "soap_bubble_figures",
@@ -383,6 +384,41 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def continual_heads_figure(result: Mapping[str, object], path: str | os.PathLike[str], max_panels: int = 6) -> Path:
+    """Continual learning laid out as Farquhar et al. 2020's Fig. 5: one panel per variant, one line per task head (its
+    test accuracy against the number of tasks trained so far; mean over seeds, band: mean ± standard error) and the
+    mean over the heads seen so far (dashed). ``result`` as for :func:`continual_figure`; at most ``max_panels``
+    variants (a search's many settings belong in :func:`continual_figure`)."""
+    rows = list(result["rows"])  # type: ignore[call-overload]
+    variants = list(dict.fromkeys(str(r["variant"]) for r in rows))
+    if not variants:
+        raise ValueError("result: no rows to draw")
+    if len(variants) > max_panels:
+        raise ValueError(f"result: {len(variants)} variants, more than max_panels={max_panels} panels")
+    n_tasks = max(int(r["after_task"]) for r in rows)
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.3), sharey=True, squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, variant in zip(axes[0], variants):
+        for j, key in enumerate([*(f"head{j + 1}" for j in range(n_tasks)), "mean"]):
+            points = [(int(r["after_task"]), r[key]) for r in rows if r["variant"] == variant and r.get(key) is not None]
+            if not points:
+                continue
+            x = [p[0] for p in points]
+            mean = torch.tensor([float(p[1][0]) for p in points])
+            se = torch.tensor([float(p[1][1]) for p in points]).nan_to_num(0.0)
+            style = dict(color="black", linestyle="--", label="mean over heads seen") if key == "mean" else dict(
+                color=colors(j % 10), label=f"task {j + 1} head")
+            ax.plot(x, mean.numpy(), marker="o", markersize=3, **style)  # type: ignore[arg-type]
+            ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), alpha=0.15, color=style["color"])
+        ax.set_title(variant, fontsize=9)
+        ax.set_xlabel("tasks trained")
+        ax.set_xticks(range(1, n_tasks + 1))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    return _save(fig, path, str(result.get("name", "")), dpi=110)
 
 
 def referral_figure(records: Sequence[Mapping[str, object]], path: str | os.PathLike[str], fractions: Sequence[float]) -> Path:

@@ -68,6 +68,11 @@ def _soap_page(result: dict[str, Any], folder: Path | None) -> str:
     return _attr("soap_bubble", "render_soap_bubble_markdown")(result, [f for f in files if f is not None])
 
 
+def _vcl_page(result: dict[str, Any], folder: Path | None) -> str:
+    files = [_figure(result, folder, suffix) for suffix in (".png", "_heads.png")]
+    return _attr("pages.continual", "render_vcl_markdown")(result, [f for f in files if f is not None])
+
+
 def _page(module: str, renderer: str) -> Callable[[dict[str, Any], Path | None], str]:
     """A page renderer ``renderer(result, figure)`` of ``module`` as ``render(result, folder)``."""
     return lambda result, folder: _attr(module, renderer)(result, _figure(result, folder))
@@ -106,7 +111,7 @@ _SPECIAL = (
     *(
         Experiment(
             name, text, lambda name, quick: _attr("continual", "vcl_config")(quick, name), _lazy("continual", "run_vcl"),
-            lambda result, folder: _attr("pages.continual", "render_vcl_markdown")(result, _figure(result, folder)),
+            _vcl_page,
         )
         for name, text in (
             ("vcl-split-fmnist", "VCL on Split Fashion-MNIST, radial vs mean-field (Farquhar et al. 2020)"),

@@ -255,8 +255,9 @@ def run_vcl(
         "rows": rows,
     }
     call.write_result(result)
-    figure = call.out / f"{config.name}.png"
-    from varbnn.plots import continual_figure
+    from varbnn.plots import continual_figure, continual_heads_figure
 
-    continual_figure(result, figure)
-    return call.write_page(result, render_vcl_markdown(result, figure.name))
+    figures = [continual_figure(result, call.out / f"{config.name}.png").name]
+    if len(config.variants) <= 6:  # the paper's layout, one panel per variant (a search's settings are too many)
+        figures.append(continual_heads_figure(result, call.out / f"{config.name}_heads.png").name)
+    return call.write_page(result, render_vcl_markdown(result, figures))

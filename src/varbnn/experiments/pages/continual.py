@@ -4,7 +4,7 @@ the search's choice per family, and the Markdown page."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
@@ -48,9 +48,11 @@ def summarise_vcl(config: VCLConfig, done: Mapping[RunKey, dict[str, Any]]) -> l
     return rows
 
 
-def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> str:
+def render_vcl_markdown(result: dict[str, Any], figures: str | Sequence[str] | None = None) -> str:
     """The page of a saved ``vcl-split-fmnist*`` result: the accuracy of every head after every task per variant
-    (``mean ± se`` over seeds), the final mean accuracies and, for the search, each family's choice."""
+    (``mean ± se`` over seeds), the final mean accuracies and, for the search, each family's choice; ``figures``: the
+    file names of the figures to link (:func:`varbnn.plots.continual_figure`, then
+    :func:`varbnn.plots.continual_heads_figure`'s)."""
     n_tasks = len(result["config"]["tasks"])
     lines = [
         f"# {result['name']}",
@@ -80,6 +82,8 @@ def render_vcl_markdown(result: dict[str, Any], figure: str | None = None) -> st
         lines += ["", "Selected by the validation mean accuracy after the last task (the test columns play no part): "
                   + "; ".join(f"{family}: {label} ({value:.4f})" for family, (label, value) in selection(result).items())
                   + "."]  # fmt: skip
-    if figure:
-        lines += ["", f"![{figure}]({figure})"]
+    for name in [figures] if isinstance(figures, str) else figures or ():
+        caption = ("Per variant (Farquhar et al.'s Fig. 5 layout): each head's accuracy as tasks are added, and the mean."
+                   if name.endswith("_heads.png") else "Per head: the variants side by side.")  # fmt: skip
+        lines += ["", caption, "", f"![{name}]({name})"]
     return "\n".join(lines) + "\n"
