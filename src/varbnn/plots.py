@@ -360,7 +360,9 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
     rows = list(result["rows"])  # type: ignore[call-overload]
     n_tasks = max(int(r["after_task"]) for r in rows)
     variants = list(dict.fromkeys(str(r["variant"]) for r in rows))
-    fig, axes = plt.subplots(1, n_tasks + 1, figsize=(2.6 * (n_tasks + 1), 3.0), sharey=True)
+    rows_of_legend = -(-len(variants) // 4)
+    fig, axes = plt.subplots(1, n_tasks + 1, figsize=(2.6 * (n_tasks + 1), 3.0 + 0.22 * rows_of_legend), sharey=True)
+    colors = plt.get_cmap("tab10")
     for panel, ax in enumerate(axes):
         key = f"head{panel + 1}" if panel < n_tasks else "mean"
         for variant in variants:
@@ -370,20 +372,21 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
             x = [p[0] for p in points]
             mean = torch.tensor([float(p[1][0]) for p in points])
             se = torch.tensor([float(p[1][1]) for p in points]).nan_to_num(0.0)
-            ax.plot(x, mean.numpy(), marker="o", markersize=3, label=variant)
-            ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), alpha=0.2)
+            index = variants.index(variant)  # more variants than colours (a search): the line style tells them apart
+            line = ax.plot(x, mean.numpy(), marker="o", markersize=3, label=variant, color=colors(index % 10),
+                           linestyle=("-", "--", ":", "-.")[index // 10 % 4])  # fmt: skip
+            ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), alpha=0.2, color=line[0].get_color())
         ax.set_title(f"task {panel + 1} head" if panel < n_tasks else "mean over heads seen", fontsize=9)
         ax.set_xlabel("tasks trained")
         ax.set_xticks(range(1, n_tasks + 1))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy")
-    axes[-1].legend(fontsize=7)
-    fig.suptitle(str(result.get("name", "")))
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    # the legend below the panels, where it hides no line
+    handles, labels = axes[-1].get_legend_handles_labels()
+    columns = min(4, max(1, len(labels)))
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False)
+    rows_of_legend = -(-len(labels) // columns)
+    return _save(fig, path, str(result.get("name", "")), dpi=110, bottom=min(0.6, 0.03 + 0.05 * rows_of_legend))
 
 
 def continual_heads_figure(result: Mapping[str, object], path: str | os.PathLike[str], max_panels: int = 6) -> Path:
