@@ -341,7 +341,8 @@ CLAIMS: tuple[Claim, ...] = (
         why="No prior of the five leaves 4-8 conv1 filters: the four scale changes keep all 20, the even split keeps 1 "
         "(as the published run did) at about twice the error. The knob moves conv1 from all to one filter with "
         "nothing between, so lenet5-front keeps lenet5-prune's prior and reaches its small budgets by the staged "
-        "rule.",
+        "rule. Not tried: the annealing the issue also names (every run keeps lenet5-prune's KL annealing over its "
+        "first 20 epochs), and more than one seed per prior.",
         sources=(J, R + "lenet5-radius-prior/lenet5-radius-prior.md"),
     ),
     Claim(
