@@ -19,12 +19,9 @@
 # are merged into one runs file with the first seed's figure data and the page is rendered there (--no-train): $OUT
 # holds NAME_runs.jsonl, the page (NAME.md, NAME.json, its figures) and log.txt, and $OUT/logs.tgz the processes' logs.
 #
-# Issue 30's LeNet-5 front is complete (seeds 0-2 on the CPU, 2026-11-28). A further seed could train here, its
-# checkpoint brought back and pruned on the CPU (the epoch checkpoints are not kept between sessions):
-#   device tool:  run(command="NAME=lenet5-front GROUPS_SPEC='4|' ONLY_SHARDS='3' COMPILE=reduce-overhead
-#                     CHECKPOINTS=1 LIMIT=540 bash scripts/gpu_reproduce.sh", carry=[".data"], timeout_s=590)
-#   then here:    bash scripts/restore_checkpoints.sh FILES_AT benchmarks/results/lenet5-front, and
-#                 SEED=3 scripts/cpu_queue.sh (with the config's seeds raised to 4) resumes it at its last epoch and prunes
+# Issue 30's LeNet-5 front is complete: seeds 0-2 trained and pruned on the CPU (2026-11-28); the last seed's GPU
+# command (ONLY_SHARDS='2', CHECKPOINTS=1, then scripts/restore_checkpoints.sh and the CPU queue to prune) is in this
+# file's history (commit 3146bb7).
 #
 # The runs share the GPU with each other, so their train_seconds are not speed measurements. COMPILE=1 trains with
 # fit(compile=True) (--compile): RDP's LeNet-5 step is 6.7x (row) / 8.6x (double) faster compiled on an H200
