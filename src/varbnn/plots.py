@@ -352,6 +352,18 @@ def trace_figure(
     return path
 
 
+def _continual_series(
+    rows: Sequence[Mapping[str, Any]], variant: str, key: str
+) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
+    """One variant's ``key`` (a head, or the mean) against the tasks trained: (tasks, means, standard errors; NaN as
+    0), or None where it has no such entry."""
+    points = [(int(r["after_task"]), r[key]) for r in rows if r["variant"] == variant and r.get(key) is not None]
+    if not points:
+        return None
+    mean = torch.tensor([float(p[1][0]) for p in points])
+    return [p[0] for p in points], mean, torch.tensor([float(p[1][1]) for p in points]).nan_to_num(0.0)
+
+
 def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str]) -> Path:
     """Continual learning (Farquhar et al. 2020, Fig. 5): one panel per task head, its test accuracy against the
     number of tasks trained so far, one line per variant (mean over seeds, band: mean ± standard error); a last
@@ -366,12 +378,10 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
     for panel, ax in enumerate(axes):
         key = f"head{panel + 1}" if panel < n_tasks else "mean"
         for variant in variants:
-            points = [(int(r["after_task"]), r[key]) for r in rows if r["variant"] == variant and r.get(key) is not None]
-            if not points:
+            series = _continual_series(rows, variant, key)
+            if series is None:
                 continue
-            x = [p[0] for p in points]
-            mean = torch.tensor([float(p[1][0]) for p in points])
-            se = torch.tensor([float(p[1][1]) for p in points]).nan_to_num(0.0)
+            x, mean, se = series
             index = variants.index(variant)  # more variants than colours (a search): the line style tells them apart
             line = ax.plot(x, mean.numpy(), marker="o", markersize=3, label=variant, color=colors(index % 10),
                            linestyle=("-", "--", ":", "-.")[index // 10 % 4])  # fmt: skip
@@ -405,12 +415,10 @@ def continual_heads_figure(result: Mapping[str, object], path: str | os.PathLike
     colors = plt.get_cmap("tab10")
     for ax, variant in zip(axes[0], variants):
         for j, key in enumerate([*(f"head{j + 1}" for j in range(n_tasks)), "mean"]):
-            points = [(int(r["after_task"]), r[key]) for r in rows if r["variant"] == variant and r.get(key) is not None]
-            if not points:
+            series = _continual_series(rows, variant, key)
+            if series is None:
                 continue
-            x = [p[0] for p in points]
-            mean = torch.tensor([float(p[1][0]) for p in points])
-            se = torch.tensor([float(p[1][1]) for p in points]).nan_to_num(0.0)
+            x, mean, se = series
             style = dict(color="black", linestyle="--", label="mean over heads seen") if key == "mean" else dict(
                 color=colors(j % 10), label=f"task {j + 1} head")
             ax.plot(x, mean.numpy(), marker="o", markersize=3, **style)  # type: ignore[arg-type]
