@@ -229,3 +229,11 @@ def test_the_per_variant_figure_draws_each_head_and_refuses_more_variants_than_p
         continual_heads_figure({"name": "x", "rows": rows}, tmp_path / "y.png", max_panels=1)
     with pytest.raises(ValueError, match="no rows"):
         continual_heads_figure({"name": "x", "rows": []}, tmp_path / "z.png")
+
+
+def test_rendering_without_saved_runs_is_refused_not_a_page_of_nans(tmp_path):
+    from varbnn.experiments.continual import run_vcl, vcl_config
+
+    with pytest.raises(ValueError, match=r"--no-train\): none of this experiment's \d+ runs is saved in"):
+        run_vcl(vcl_config(quick=True), out_dir=tmp_path, progress=False, train=False)
+    assert not list(tmp_path.glob("*.md"))

@@ -80,9 +80,10 @@ def test_uci_quick_run_writes_results_and_resumes(data_dir, tmp_path):
         again = run_uci(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False, command="test")
     assert len((tmp_path / "uci-quick_runs.jsonl").read_text().splitlines()) == len(lines)  # nothing recomputed
     assert first["rows"] == again["rows"]
-    # train=False only renders
-    run_uci(config, out_dir=tmp_path / "render", data_dir=str(data_dir), progress=False, command="test", train=False)
-    assert not (tmp_path / "render" / "uci-quick_runs.jsonl").exists()
+    # train=False only renders: from a folder without saved runs it trains nothing and refuses to write a page
+    with pytest.raises(ValueError, match="nothing to render"):
+        run_uci(config, out_dir=tmp_path / "render", data_dir=str(data_dir), progress=False, command="test", train=False)
+    assert not list((tmp_path / "render").glob("uci-quick*"))
     row = first["rows"][0]
     assert row["dataset"] == "yacht" and all(row[v.label]["splits"] == 2 for v in config.variants)
     assert all(math.isfinite(row[v.label]["ll"][0]) and row[v.label]["rmse"][0] > 0 for v in config.variants)

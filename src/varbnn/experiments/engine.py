@@ -404,8 +404,15 @@ class Invocation:
         the saved records are read) on this call's device, workers and commit, appending to ``store`` on rank 0 only
         (:func:`for_this_rank`)."""
         pending = select_shard(runs, shard) if train else []
-        return execute(pending, run, for_this_rank(store), device=self.device, workers=self.workers, commit=self.commit,
+        done = execute(pending, run, for_this_rank(store), device=self.device, workers=self.workers, commit=self.commit,
                        on_record=on_record)  # fmt: skip
+        keys = list(runs)
+        if not train and keys and not any(key in done for key in keys):  # a page of NaNs otherwise
+            raise ValueError(
+                f"train=False (--no-train): none of this experiment's {len(keys)} runs is saved in {self.out}, so there "
+                "is nothing to render; pass the folder that holds its _runs.jsonl as out_dir (--out), or train the runs"
+            )
+        return done
 
     def writes(self, shard: tuple[int, int] | None = None) -> bool:
         """Whether this call writes the page: on rank 0 (or a single process) of a call that ran every shard (a
