@@ -20,8 +20,9 @@
 #   with --compile: 200 epochs in about 90 minutes), its five front points then in the two worker processes (about an
 #   hour): one seed fits in a session, where two seeds side by side (one thread each, about 4 CPU-thread hours a
 #   seed) did not. Seed 0 trained in a lane of its own before, eager; seeds 1 and 2 this way (2026-11-28): the
-#   front's three seeds are complete, so the default entry has nothing left to train (SEED picks the seed, default 2). The 200-epoch training runs as fit(compile=True) (on the CPU the
-#   compiled step draws the eager step's random numbers; it resumes an eager checkpoint), the pruning stays eager.
+#   front's three seeds are complete, so the default entry has nothing left to train (SEED picks the seed, default
+#   2). The 200-epoch training runs as fit(compile=True) (on the CPU the compiled step draws the eager step's random
+#   numbers; it resumes an eager checkpoint), the pruning stays eager.
 # The UCI learned-noise table (issues 26 and 30) is complete (1,155 runs, the last at 6f8ddc7) and out of the queue.
 # At code 0340ef4 the two ran side by side in single-process lanes. The radius-prior search that could have
 # added a prior to the front is complete and out of the queue (a rerun with nothing to train would rewrite its page).

@@ -372,7 +372,8 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
     rows = list(result["rows"])  # type: ignore[call-overload]
     n_tasks = max(int(r["after_task"]) for r in rows)
     variants = list(dict.fromkeys(str(r["variant"]) for r in rows))
-    rows_of_legend = -(-len(variants) // 4)
+    columns = min(4, max(1, len(variants)))  # of the legend below the panels, where it hides no line
+    rows_of_legend = -(-len(variants) // columns)
     fig, axes = plt.subplots(1, n_tasks + 1, figsize=(2.6 * (n_tasks + 1), 3.0 + 0.22 * rows_of_legend), sharey=True)
     colors = plt.get_cmap("tab10")
     for panel, ax in enumerate(axes):
@@ -391,11 +392,7 @@ def continual_figure(result: Mapping[str, object], path: str | os.PathLike[str])
         ax.set_xticks(range(1, n_tasks + 1))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy")
-    # the legend below the panels, where it hides no line
-    handles, labels = axes[-1].get_legend_handles_labels()
-    columns = min(4, max(1, len(labels)))
-    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False)
-    rows_of_legend = -(-len(labels) // columns)
+    fig.legend(*axes[-1].get_legend_handles_labels(), loc="lower center", ncol=columns, fontsize=7, frameon=False)
     return _save(fig, path, str(result.get("name", "")), dpi=110, bottom=min(0.6, 0.03 + 0.05 * rows_of_legend))
 
 
