@@ -1,7 +1,7 @@
 """Profile training steps of one step_time candidate with torch.profiler: where the time goes, how many kernels
 are launched and how many times the host waits for the device.
 
-Usage: python benchmarks/profile_step.py --model mlp --device cuda --candidate "RadialDirectional(row)" [--steps 5]
+Usage: python benchmarks/profile_step.py --model mlp --device cuda --candidate "RadialDirectional(row)" [--steps 5] [--compile]
 Prints the operators sorted by self CPU time (and self CUDA time on a GPU), the kernel launches and the
 synchronising calls per step; with --out, writes the tables to OUT/profile_<model>_<device>_<candidate>.txt.
 """
@@ -30,9 +30,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--compile", action="store_true", help="also offer the fit(compile=True) candidates")
     args = parser.parse_args()
     device = resolve_device(args.device)
-    table = candidates(args.model, device)
+    table = candidates(args.model, device, compiled=args.compile)
     matches = [args.candidate] if args.candidate in table else [k for k in table if args.candidate in k]
     if len(matches) != 1:
         parser.error(f"--candidate must match exactly one of {sorted(table)}, matched {matches}")

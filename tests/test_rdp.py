@@ -86,6 +86,29 @@ def test_mean_formula_matches_the_sample_average(grouping):
     assert bool(((samples.mean(0) - mean).abs() < 5 * stderr + 1e-4).all())
 
 
+@pytest.mark.parametrize("sample_shape", [(), (3,)])
+def test_a_dense_column_factor_draws_its_noise_in_the_weights_layout(monkeypatch, sample_shape):
+    """Columns of a dense (out, in) weight are drawn as N(0, 1) noise of the weight's own shape, read transposed (the
+    factor's output pass and the double grouping's product then run along memory, ~1.7 ms a step less for the MNIST
+    MLP on 2 CPU threads); the column directions' gradient comes back in the parameter's layout. The distribution is
+    checked by test_mean_formula_matches_the_sample_average."""
+    family = rdp((5, 9), "double")
+    shapes = []
+    randn = torch.randn
+
+    def recording(*args, **kwargs):
+        shapes.append(tuple(args[0]) if len(args) == 1 and not isinstance(args[0], int) else tuple(args))
+        return randn(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randn", recording)
+    w = family.rsample(sample_shape)
+    weight, transposed = tuple(sample_shape) + (5, 9), tuple(sample_shape) + (9, 5)
+    assert shapes.count(weight) == 2 and transposed not in shapes, shapes  # the row and the column factor's noise
+    assert w.shape == weight and w.is_contiguous()
+    (w * torch.arange(w.numel(), dtype=w.dtype).reshape(w.shape)).sum().backward()
+    assert family.col_direction.grad is not None and family.col_direction.grad.is_contiguous()
+
+
 def test_groups_round_trip_and_conv_grouping_follows_the_paper():
     w = torch.randn(4, 3, 2, 5)
     for grouping in ("row", "column"):

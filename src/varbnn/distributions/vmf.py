@@ -468,6 +468,8 @@ class _HouseholderMap(torch.autograd.Function):
                 g_sq, g_first = g_sq.sum_to_size(mu.shape[:-1]), g_first.sum_to_size(mu.shape[:-1])
             g_mu.addcmul_(mu, 2 * g_sq.unsqueeze(-1))
             g_mu[..., 0] = g_first + 2 * g_sq * mu[..., 0]
+            if mu.is_contiguous():  # in the parameter's layout (a transposed gradient, e.g. a column grouping's, would
+                g_mu = g_mu.contiguous()  # be copied by autograd's accumulation, outside the compiled graph)
         return (
             g_mu,
             None,
