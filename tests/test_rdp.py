@@ -89,9 +89,8 @@ def test_mean_formula_matches_the_sample_average(grouping):
 @pytest.mark.parametrize("sample_shape", [(), (3,)])
 def test_a_dense_column_factor_draws_its_noise_in_the_weights_layout(monkeypatch, sample_shape):
     """Columns of a dense (out, in) weight are drawn as N(0, 1) noise of the weight's own shape, read transposed (the
-    factor's output pass and the double grouping's product then run along memory, ~1.7 ms a step less for the MNIST
-    MLP on 2 CPU threads); the column directions' gradient comes back in the parameter's layout. The distribution is
-    checked by test_mean_formula_matches_the_sample_average."""
+    factor's output pass and the double grouping's product then run along memory); the column directions' gradient
+    comes back in the parameter's layout. The distribution is checked by test_mean_formula_matches_the_sample_average."""
     family = rdp((5, 9), "double")
     shapes = []
     randn = torch.randn

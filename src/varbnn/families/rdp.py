@@ -396,12 +396,12 @@ class RadialDirectional(VariationalFamily):
             radius = _log_normal_radius(local_loc, local_rho, global_loc, global_rho, noise)
         else:
             radius = _LogNormalRadius.apply(local_loc, local_rho, global_loc, global_rho, noise)
-        noise = None
+        tangent = None
         if grouping == "column" and len(self._require_built()) == 2:  # a dense weight's columns: drawn in the weight's
             # layout, so the factor's output pass and the product with the row factor (double grouping) run along
-            # memory (1.7 ms a step less for the MNIST MLP on 2 CPU threads); i.i.d. draws, the same distribution
-            noise = torch.randn(sample_shape + (dim, groups), dtype=param.dtype, device=param.device).transpose(-1, -2)
-        matrix = householder_sample(param, omega, sin_theta, radius, normalize=True, noise=noise)
+            # memory (benchmarks/results/step-time); i.i.d. draws, the same distribution
+            tangent = torch.randn(sample_shape + (dim, groups), dtype=param.dtype, device=param.device).transpose(-1, -2)
+        matrix = householder_sample(param, omega, sin_theta, radius, normalize=True, noise=tangent)
         return _from_groups(matrix, self._require_built(), grouping), score
 
     def _point(self, grouping: str, kind: str) -> torch.Tensor:
