@@ -280,11 +280,45 @@ def test_validation_can_be_switched_off():
     assert q.rsample().shape == (3,)
 
 
-def test_bounded_rejection_rounds_raise_a_clear_error():
+def test_bounded_rejection_rounds_raise_a_clear_error(monkeypatch):
+    from varbnn.distributions import vmf
+
     torch.manual_seed(0)
-    q = VonMisesFisher(_unit(3), torch.tensor(1e4, dtype=torch.float64), max_rejection_rounds=1)  # ~68% acceptance
+    kappa = torch.full((100_000,), 1e4, dtype=torch.float64)  # one per element: the per-element rounds
+    q = VonMisesFisher(_unit(3).expand(100_000, 3), kappa, max_rejection_rounds=1)  # ~68% acceptance
     with pytest.raises(RejectionSamplingError, match="max_rejection_rounds=1"):
-        q.rsample((100_000,))  # 8 first-round proposals: P(all rejected) ~ 0.32^8 per element
+        q.rsample()  # 8 first-round proposals: P(all rejected) ~ 0.32^8 per element
+    shared = VonMisesFisher(_unit(3), torch.tensor(1e4, dtype=torch.float64), max_rejection_rounds=1)
+    assert shared.rsample((1000,)).shape == (1000, 3)  # the shared pool's first round suffices
+    monkeypatch.setattr(vmf, "POOL_FACTOR", 1.0)  # ~0.68 n accepted of n proposals
+    monkeypatch.setattr(vmf, "POOL_EXTRA", 0)
+    with pytest.raises(RejectionSamplingError, match=r"left \d+ of 1000 elements .* max_rejection_rounds=1"):
+        shared.rsample((1000,))
+    monkeypatch.setattr(vmf, "POOL_FACTOR", 0.01)  # one proposal a round: many rounds, the draws still all there
+    assert VonMisesFisher(_unit(3), torch.tensor(2.0, dtype=torch.float64)).rsample((50,)).isfinite().all()
+
+
+def test_a_shared_concentration_draws_from_one_pool_of_about_1_6_proposals_per_element(monkeypatch):
+    """On the CPU the elements of a shared (expanded) concentration take the accepted proposals of one sequence, in
+    order: about POOL_FACTOR Gamma draws per element where the per-element rounds draw 8; a per-element concentration
+    still takes the rounds. The pool's draws are the target distribution: the S^2 marginal against its exact CDF."""
+    from varbnn.distributions import vmf
+
+    drawn = []
+    gamma = torch._standard_gamma
+    monkeypatch.setattr(torch, "_standard_gamma", lambda a, *args, **kw: drawn.append(a.numel()) or gamma(a, *args, **kw))
+    torch.manual_seed(0)
+    n, d = 2000, 50
+    vmf.wood_accepted_proposals(d, torch.tensor(30.0, dtype=torch.float64).expand(n))
+    assert n < sum(drawn) <= math.ceil(vmf.POOL_FACTOR * n) + vmf.POOL_EXTRA + 100, drawn  # a rare second round
+    drawn.clear()
+    vmf.wood_accepted_proposals(d, torch.full((n,), 30.0, dtype=torch.float64))
+    assert sum(drawn) >= vmf.PROPOSALS_FIRST_ROUND * n
+    for kappa in (1.0, 50.0):
+        q = VonMisesFisher(_unit(3), torch.tensor(kappa, dtype=torch.float64))
+        w = (q.rsample((5000,)) @ q.loc).numpy()
+        cdf = lambda t, k=kappa: np.expm1(k * (t + 1)) / np.expm1(2 * k)  # noqa: E731
+        assert stats.kstest(w, cdf).pvalue > 1e-3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -330,8 +364,9 @@ def test_rsample_synchronises_with_the_host_once_when_the_first_round_accepts_al
 
     with CountSyncs():
         x = q.rsample((200,))
-    # on the CPU (only) the shared concentration is read once as a Python float for the envelope's constants
-    assert x.shape == (200, 50) and syncs == ["__float__", "__bool__"]
+    # on the CPU (only) the shared concentration is read once as a Python float for the envelope's constants, and its
+    # pool of proposals keeps the accepted ones (one boolean index)
+    assert x.shape == (200, 50) and syncs == ["__float__", "__getitem__"]
 
 
 class _CountSyncs(TorchFunctionMode):
@@ -589,6 +624,11 @@ def test_the_compiled_cpu_rejection_op_passes_torch_library_opcheck(dtype):
     kappa = torch.rand(4, 3, dtype=dtype) * 10 + 0.1
     cases = [(kappa, 5), (kappa.t(), 5), (torch.full((), 2.0, dtype=dtype).expand(6, 3), 3),
              (kappa[:, :1].expand(4, 7), 2), (torch.empty(0, 3, dtype=dtype), 50)]  # fmt: skip
+    for dim, n in ((3, 7), (50, 400), (5, 0)):
+        shared = torch.tensor(4.0, dtype=dtype)
+        torch.library.opcheck(torch.ops.varbnn.wood_pool.default, (shared, dim, n, 1000))
+        out = torch.ops.varbnn.wood_pool(shared, dim, n, 1000)
+        assert out.shape == (n,) and out.dtype == dtype and bool(((out > 0) & (out < 1)).all())
     for k, dim in cases:
         torch.library.opcheck(torch.ops.varbnn.wood_accepted_proposals.default, (k, dim, 1000))
         out = torch.ops.varbnn.wood_accepted_proposals(k, dim, 1000)

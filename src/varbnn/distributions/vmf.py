@@ -188,6 +188,18 @@ def _(kappa: Tensor, dim: int, max_rounds: int) -> Tensor:
     return kappa.new_empty(kappa.shape)  # contiguous, as the rounds' result, whatever kappa's strides
 
 
+@torch.library.custom_op("varbnn::wood_pool", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def _wood_pool_op(kappa: Tensor, dim: int, n: int, max_rounds: int) -> Tensor:
+    """:func:`_wood_pool` for ``n`` draws of one concentration (0-d ``kappa``) as one opaque operation of a compiled CPU
+    graph, drawing what the eager step draws."""
+    return _wood_pool(dim, float(kappa), n, kappa.dtype, kappa.device, max_rounds)
+
+
+@_wood_pool_op.register_fake
+def _(kappa: Tensor, dim: int, n: int, max_rounds: int) -> Tensor:
+    return kappa.new_empty((n,))
+
+
 def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> Tensor:
     """Draw eps ~ Beta((d-1)/2, (d-1)/2) until Wood's acceptance test passes, for every element of ``kappa``
     (detached, any shape; the result has its shape).
@@ -197,15 +209,20 @@ def wood_accepted_proposals(dim: int, kappa: Tensor, max_rounds: int = 1000) -> 
     element without any boolean indexing, so the common case costs one host synchronisation (the check that all
     were accepted): with an acceptance rate >= 0.63 for all d and kappa (see ``PROPOSALS_FIXED``), an element needs
     a second round with probability <= 0.37^8 ~ 4e-4; those go through rounds of ``PROPOSALS_PER_ROUND`` (4)
-    proposals. A concentration expanded from one value (a layer's) is used as that value (on the CPU as a Python
-    float). That loop runs on the CPU, where Gamma draws are dear and a host read is free; inside torch.compile on
-    the CPU it runs as one opaque operation of the graph (``varbnn::wood_accepted_proposals``), drawing what the
-    eager step draws. On every other device (compiled or not), under a torch.func transform (e.g.
-    ``varbnn.predict``'s vmap over draws, where the proposals are batched) and within :func:`fixed_rejection_rounds`,
-    it is replaced by ``PROPOSALS_FIXED`` (32) proposals drawn at once, without a host synchronisation
-    (:func:`_without_host_sync`).
+    proposals. On the CPU a concentration expanded from one value (a layer's) is read once as a Python float and its
+    elements share one pool of proposals instead (:func:`_wood_pool`: the accepted ones of ~1.6 proposals per element,
+    in order; a fifth of the Gamma draws). That loop runs on the CPU, where Gamma draws are dear and a host read is
+    free; inside torch.compile on the CPU it runs as one opaque operation of the graph (``varbnn::wood_pool`` or
+    ``varbnn::wood_accepted_proposals``), drawing what the eager step draws. On every other device (compiled or
+    not), under a torch.func transform (e.g. ``varbnn.predict``'s vmap over draws, where the proposals are batched)
+    and within :func:`fixed_rejection_rounds`, it is replaced by ``PROPOSALS_FIXED`` (32) proposals drawn at once,
+    without a host synchronisation (:func:`_without_host_sync`).
     """
     if not _fixed_rounds and kappa.device.type == "cpu" and torch.compiler.is_compiling() and not functorch_active():
+        shared = _compact(kappa.detach())
+        if shared.dim() == 0:  # a shared concentration (e.g. a layer's): the eager pool, as a 0-d input (a graph would
+            # pass the expanded tensor materialised, and the op could no longer tell that it is shared)
+            return _wood_pool_op(shared, dim, kappa.numel(), max_rounds).reshape(kappa.shape)
         return _wood_rounds_op(kappa.detach(), dim, max_rounds)  # compiled on the CPU: the eager rounds, opaque
     if _fixed_rounds or _without_host_sync(kappa.device):
         return _wood_fixed(dim, kappa)
@@ -239,7 +256,9 @@ def _wood_rounds(dim: int, kappa: Tensor, max_rounds: int) -> Tensor:
     kappa_all: Tensor | None = None
     kappa_arg: Tensor | float
     if shared.dim() == 0:
-        kappa_arg = float(shared) if device.type == "cpu" else shared
+        if device.type == "cpu":
+            return _wood_pool(dim, float(shared), n, work, device, max_rounds).reshape(shape)
+        kappa_arg = shared
     else:
         kappa_all = kappa_arg = shared.reshape(-1)
     e, accept = _wood_proposals(dim, kappa_arg, PROPOSALS_FIRST_ROUND, n, work, device)
@@ -263,6 +282,35 @@ def _wood_rounds(dim: int, kappa: Tensor, max_rounds: int) -> Tensor:
         f"max_rejection_rounds={max_rounds} rounds (d={dim}, kappa in "
         f"[{float(shared.min()):.3g}, {float(shared.max()):.3g}])"
     )
+
+
+POOL_FACTOR = 1.6
+POOL_EXTRA = 16
+"""A shared concentration's pool (:func:`_wood_pool`): ``ceil(POOL_FACTOR * n) + POOL_EXTRA`` proposals for ``n``
+pending draws, enough at Wood's acceptance rate of 0.63 or more (0.7-0.75 at a BNN layer's d and kappa) that a
+second round is rare."""
+
+
+def _wood_pool(dim: int, kappa: float, n: int, work: torch.dtype, device: torch.device, max_rounds: int) -> Tensor:
+    """``n`` accepted proposals (``[n]``) of ONE concentration shared by every element: the accepted ones of a flat
+    sequence of i.i.d. proposals, in order, which are i.i.d. draws of Wood's target like the sequential sampler's.
+    About ``POOL_FACTOR`` proposals per element (Gamma draws are the dearest part of an RDP step on the CPU) where
+    per-element rounds draw ``PROPOSALS_FIRST_ROUND``; a round draws again for the draws still missing."""
+    parts: list[Tensor] = [torch.empty(0, dtype=work, device=device)]
+    missing = n
+    for _ in range(max_rounds):
+        if missing == 0:
+            break
+        e, accept = _wood_proposals(dim, kappa, 1, math.ceil(POOL_FACTOR * missing) + POOL_EXTRA, work, device)
+        accepted = e[accept][:missing]
+        parts.append(accepted)
+        missing -= accepted.numel()
+    if missing:
+        raise RejectionSamplingError(
+            f"VonMisesFisher.rsample: Wood's sampler left {missing} of {n} elements unaccepted after "
+            f"max_rejection_rounds={max_rounds} rounds (d={dim}, kappa={kappa:.3g})"
+        )
+    return parts[1] if len(parts) == 2 else torch.cat(parts)
 
 
 @contextlib.contextmanager
@@ -519,9 +567,10 @@ class VonMisesFisher(Distribution):
         ``entropy``, KLs and gradients: ``"accurate"`` (default) or the paper's ``"bounds"`` (see
         :func:`varbnn.special.bessel_ratio`).
     :param max_rejection_rounds: rounds of Wood's sampler on the CPU (8 proposals per element, then 4 per pending
-        element) before :class:`RejectionSamplingError` (default 1000; the acceptance rate is above 0.5 for every d
-        and kappa, so more than ~15 rounds never happens in practice). Off the CPU, under torch.compile and under
-        torch.func transforms the sampler draws 32 proposals at once instead and never raises (an element with none
+        element; with one concentration for all, a pool of ~1.6 proposals per missing draw) before
+        :class:`RejectionSamplingError` (default 1000; the acceptance rate is above 0.5 for every d and kappa, so more
+        than ~15 rounds never happens in practice). Off the CPU (compiled or not) and under torch.func
+        transforms the sampler draws 32 proposals at once instead and never raises (an element with none
         accepted, probability <= 2e-14, keeps its last proposal; see ``PROPOSALS_FIXED``).
     :param validate_args: as in ``torch.distributions``; when on (the default), a non-unit ``loc`` or a
         non-positive / non-finite ``concentration`` raises ``ValueError`` naming the argument.
