@@ -509,7 +509,11 @@ CLAIMS: tuple[Claim, ...] = (
         paper="varbnn",
         claim="CPU MLP targets (issue 8): MeanField-local <= 1.8x the deterministic step, Radial <= 2.5x, RDP <= 3.5x, "
         "KTied not slower than MeanField, every family faster than the fastest peer.",
-        result="AMD EPYC, 2 threads, code 09517f4 (deterministic 2.50 ms): compiled MeanField reparam 2.94x, local "
+        result="AMD EPYC, 2 threads, code e6aaffe (deterministic 2.61 ms): compiled MeanField reparam 2.57x, local "
+        "2.82x, KTied 2.80x / 3.06x, Radial 2.76x, RDP row 3.39x, double 7.06x; eager MeanField reparam 3.47x, RDP "
+        "5.47x / 9.77x; torchbnn 4.31x, bayesian-torch 4.98x; floors 1.90x / 2.11x. RDP alone at e6aaffe, two runs: "
+        "compiled row 2.48x / 2.62x, double 4.54x / 5.03x (13.48 ms at a 2.68 ms deterministic step; 17.53 ms at "
+        "534cd08 with 2.39 ms). Code 09517f4 (deterministic 2.50 ms): compiled MeanField reparam 2.94x, local "
         "3.40x, KTied 3.04x / 3.36x, Radial 3.10x, RDP row 3.81x, double 10.21x; eager MeanField reparam 3.73x, local "
         "4.14x, KTied 3.89x / 4.39x, Radial 4.13x, RDP 5.60x / 11.93x; torchbnn 4.65x, bayesian-torch 5.34x; floors "
         "1.86x / 1.99x. Code a17286e (a noisier machine: floors 1.94x / 1.96x): eager MeanField reparam "
@@ -529,10 +533,15 @@ CLAIMS: tuple[Claim, ...] = (
         "same way 0.54x); bayesian-torch 3.85x, torchbnn 3.43x in the same process.",
         verdict="no",
         why="The local target lies below the cost of the estimator's own mandatory work (its floor row). Issue 29's "
-        "CPU targets at 09517f4: compiled, MeanField reparam, local, KTied (reparam / local) and Radial take 37%, 27%, "
+        "CPU targets at e6aaffe (the RDP sampler's pool of Wood proposals and the column factor's layout; the other "
+        "families unchanged): compiled MeanField reparam, local, KTied and Radial are 29-40% faster than torchbnn (met) "
+        "and 1.34x-1.48x their floors (1.3x: not met); RDP row 3.39x (3.5x: met) and double 7.06x in the full table, "
+        "4.54x and 5.03x in two RDP-only tables (5x: met in one of three). Earlier, at 09517f4: compiled, "
+        "MeanField reparam, local, KTied (reparam / local) and Radial take 37%, 27%, "
         "35% / 28% and 33% less time than the fastest peer (torchbnn; the target, 15%, is met; at 5b9c81e KTied was at "
         "9%), eager 20%, 11%, 16% / 6% and 11%; none is within 1.3x of its floor (1.58x to 1.71x). RDP's CPU targets (3.5x "
-        "row, 5x double): at 534cd08 (step_time_rdp_compiled.md) compiled RDP row is 3.47x and double 7.34x, and in a "
+        "row, 5x double): at 534cd08 (history/step_time_rdp_compiled_534cd08.md) compiled RDP row is 3.47x and double "
+        "7.34x, and in a "
         "repeat minutes later (a slower deterministic step, 4.03 ms against 2.39) 2.68x and 5.90x: the row's target is "
         "met in both, within the ratio's run-to-run spread (3.68x and 3.81x before), double's in neither; compiled "
         "MeanField reparam is 1.52x and 1.42x its floor. The softplus parameterisation's per-weight work is most of that "
