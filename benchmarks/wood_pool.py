@@ -54,11 +54,15 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     kappas = [torch.tensor(banerjee_concentration(d, INIT_RESULTANT), dtype=torch.float64) for _, d in SAMPLERS]
-    calls: dict[str, Callable[[], None]] = {
-        "pool": lambda: [wood_accepted_proposals(d, k.expand(g)) for (g, d), k in zip(SAMPLERS, kappas)] and None,
-        "rounds": lambda: [wood_accepted_proposals(d, k.expand(g).contiguous()) for (g, d), k in zip(SAMPLERS, kappas)]
-        and None,
-    }
+    def step(shared: bool) -> Callable[[], None]:
+        def call() -> None:
+            for (groups, dim), kappa in zip(SAMPLERS, kappas):
+                expanded = kappa.expand(groups)
+                wood_accepted_proposals(dim, expanded if shared else expanded.contiguous())
+
+        return call
+
+    calls = {"pool": step(True), "rounds": step(False)}
     for call in calls.values():
         for _ in range(20):
             call()
