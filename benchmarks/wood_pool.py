@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     kappas = [torch.tensor(banerjee_concentration(d, INIT_RESULTANT), dtype=torch.float64) for _, d in SAMPLERS]
+
     def step(shared: bool) -> Callable[[], None]:
         def call() -> None:
             for (groups, dim), kappa in zip(SAMPLERS, kappas):
