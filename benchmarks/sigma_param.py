@@ -65,15 +65,36 @@ def _time(fn: Callable[[], None], steps: int, repeats: int) -> float:
     return statistics.median(rounds)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def timing_args(doc: str | None, argv: list[str] | None, repeats: int) -> argparse.Namespace:
+    """``--threads`` / ``--steps`` / ``--repeats`` of a CPU micro-benchmark, parsed, with torch's threads set."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=repeats)
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def provenance(script: str, argv: list[str] | None) -> dict[str, Any]:
+    """The command, commit, device and torch version a result file records."""
     from varbnn.experiments.engine import describe_device, git_commit
 
-    torch.set_num_threads(args.threads)
+    command = " ".join([f"python benchmarks/{script}", *(argv or sys.argv[1:])])
+    device = describe_device(torch.device("cpu"))
+    return {"command": command, "commit": git_commit(), "device": device, "torch": torch.__version__}
+
+
+def write_result(out: Path, name: str, result: dict[str, Any], lines: list[str]) -> None:
+    """``out/name.json`` (the result) and ``out/name.md`` (its page, also printed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = timing_args(__doc__, argv, repeats=3)
     start = time.perf_counter()
     g = torch.Generator().manual_seed(0)
     mus = [(0.05 * torch.randn(s, generator=g)).requires_grad_() for s in SHAPES]
@@ -98,13 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     weights = sum(torch.Size(s).numel() for s in SHAPES)
     result: dict[str, Any] = {
-        "name": "sigma_param", "command": " ".join(["python benchmarks/sigma_param.py", *(argv or sys.argv[1:])]),
-        "commit": git_commit(), "device": describe_device(torch.device("cpu")),
-        "torch": torch.__version__, "weights": weights, "steps": args.steps, "repeats": args.repeats,
+        "name": "sigma_param", **provenance("sigma_param.py", argv), "weights": weights, "steps": args.steps,
+        "repeats": args.repeats,
         "ms": rows, "seconds": round(time.perf_counter() - start, 1),
     }  # fmt: skip
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "sigma_param.json").write_text(json.dumps(result, indent=2) + "\n")
     softplus, exp = (rows[f"sigma = {p}(rho): draw, KL sums, backward"] for p in ("softplus", "exp"))
     lines = [
         "# sigma_param: the per-weight work of a Gaussian posterior step, softplus against exp", "",
@@ -117,8 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         f"({softplus - exp:.2f} ms per step more), against {rows[draw]:.2f} ms "
         "for the floor's draw. A diagnostic for issue 29's 1.3x-of-floor target: MeanField keeps softplus.", "",
     ]  # fmt: skip
-    (OUT / "sigma_param.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_result(OUT, "sigma_param", result, lines)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ Writes ``benchmarks/results/step-time/wood_pool.json`` / ``.md``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sigma_param import provenance, timing_args, write_result  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -41,17 +40,11 @@ SAMPLERS = ((400, 784), (400, 400), (10, 400), (784, 400), (400, 400), (400, 10)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
+    args = timing_args(__doc__, argv, repeats=5)
     from varbnn.distributions.vmf import wood_accepted_proposals
-    from varbnn.experiments.engine import describe_device, git_commit
     from varbnn.families.rdp import INIT_RESULTANT
     from varbnn.priors import banerjee_concentration
 
-    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     kappas = [torch.tensor(banerjee_concentration(d, INIT_RESULTANT), dtype=torch.float64) for _, d in SAMPLERS]
 
@@ -76,13 +69,10 @@ def main(argv: list[str] | None = None) -> None:
             rounds[name].append((time.perf_counter() - t0) / args.steps * 1e3)
     ms = {name: statistics.median(values) for name, values in rounds.items()}
     result: dict[str, Any] = {
-        "name": "wood_pool", "command": " ".join(["python benchmarks/wood_pool.py", *(argv or sys.argv[1:])]),
-        "commit": git_commit(), "device": describe_device(torch.device("cpu")), "torch": torch.__version__,
+        "name": "wood_pool", **provenance("wood_pool.py", argv),
         "samplers": [list(s) for s in SAMPLERS], "init_resultant": INIT_RESULTANT, "steps": args.steps,
         "repeats": args.repeats, "ms_per_step": ms, "seconds": round(time.perf_counter() - start, 1),
     }  # fmt: skip
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "wood_pool.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# wood_pool: Wood's sampler per RDP (double) step of the MNIST MLP, shared pool against per-element rounds", "",
         f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
@@ -95,8 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         f"The pool takes {ms['pool'] / ms['rounds']:.2f}x the rounds' time ({ms['rounds'] - ms['pool']:.2f} ms per "
         "step less).", "",
     ]  # fmt: skip
-    (OUT / "wood_pool.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_result(OUT, "wood_pool", result, lines)
 
 
 if __name__ == "__main__":
