@@ -117,8 +117,8 @@ PROPOSALS_FIRST_ROUND = 8
 PROPOSALS_PER_ROUND = 4
 PROPOSALS_FIXED = 32
 """Proposals per element when the rejection loop does not wait on the host (off the CPU, compiled or not, and under
-torch.func transforms: :func:`_without_host_sync`; a compiled step on the CPU runs the eager rounds as one opaque
-operation instead, :func:`_wood_rounds_op`): all drawn at once and the first accepted kept. Wood's
+torch.func transforms: :func:`_without_host_sync`; a compiled step on the CPU runs the eager sampler as one opaque
+operation instead, :func:`_wood_pool_op` or :func:`_wood_rounds_op`): all drawn at once and the first accepted kept. Wood's
 acceptance rate is at least 0.63 for every d and kappa (tests/test_vmf.py checks d from 2 to 1000 over kappa in
 [1e-3, 1e6]; the lowest is on the circle, d = 2): an element has none accepted with probability <= 0.37^32 ~ 2e-14;
 it then keeps its last proposal (a draw from Wood's envelope, not the target).
