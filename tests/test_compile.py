@@ -283,3 +283,22 @@ def test_a_checkpoint_resumes_across_compile_and_eager(tmp_path, monkeypatch, fi
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
     for a, b in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,softplus_calls", [("meanfield", 4), ("meanfield-local", 4), ("radial", 4), ("ktied", 2)])
+def test_the_forward_pass_and_the_kl_share_one_sigma_per_tensor(name, softplus_calls):
+    """Inside the compiled step the eager step's per-step sigma node does not trace, so the step shares each family's
+    sigma itself: one softplus per rho tensor in the graph (two weights and two biases; KTied's weights are tied, their
+    biases are not), where the forward pass and the KL computed one each before (and their backwards ran twice)."""
+    from collections import Counter
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = _model(name)
+    x, y = _batch()
+    backend = CompileCounterWithBackend("aot_eager")
+    _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)(x, y, 0.5, 1)
+    assert len(backend.graphs) == 1
+    calls = Counter(node.target for node in backend.graphs[0].graph.nodes if node.op == "call_function")
+    assert calls[F.softplus] == softplus_calls, dict(calls)

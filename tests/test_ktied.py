@@ -160,6 +160,24 @@ def test_exp_outer_stats_node_gradcheck_float64(with_square, used, stats_objecti
     assert (square is None) != with_square
 
 
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_outer_product_node_gradcheck_float64(rank):
+    """The compiled step's ``U V^T`` (its backward hands the thin factors to the GEMMs in other layouts) against finite
+    differences, and its value and gradients against autograd's ``u @ v.T``."""
+    from varbnn.families.ktied import _OuterProduct
+
+    u = torch.randn(5, rank, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(7, rank, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 7, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b: (_OuterProduct.apply(a, b) * weight).sum(), (u, v))
+    out = _OuterProduct.apply(u, v)
+    reference = u @ v.T
+    torch.testing.assert_close(out, reference)
+    grads = torch.autograd.grad((out * weight).sum(), (u, v))
+    for got, expected in zip(grads, torch.autograd.grad((reference * weight).sum(), (u, v))):
+        torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.parametrize("estimator", ["local", "reparam"])
 def test_ktied_step_through_the_fused_node_equals_plain_autograd(estimator):
     family = KTied(rank=2, init_std=0.1).build((6, 5), torch.randn(6, 5, dtype=torch.float64))

@@ -1420,14 +1420,14 @@ def _compiled_elbo_step(
     graves: bool = False,
     distributed: bool = False,
     in_graph_random: bool | None = None,
-    backend: str = "inductor",
+    backend: str | Callable[..., Any] = "inductor",
 ) -> Callable[[torch.Tensor, torch.Tensor, float, int], ELBOTerms]:
     """``fit(compile=...)``'s step: ``step(x, y, beta, samples)`` accumulates the same ``.grad`` as
     :func:`_accumulated_elbo_gradient` from a :func:`torch.compile`-d loss (the forward, the NLL, the KL and the score
     correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``in_graph_random`` (default:
     on every device but the CPU) lets inductor draw the noise in its kernels; otherwise eager's generator draws it.
-    ``backend`` another torch.compile backend (the tests trace every family with ``"aot_eager"``: the same graph
-    capture and compiled backward, without inductor's slow code generation)."""
+    ``backend`` another torch.compile backend, a name or a callable (the tests trace every family with
+    ``"aot_eager"``: the same graph capture and compiled backward, without inductor's slow code generation)."""
     mode = compile_mode(compile)
     if graves:
         raise ValueError(
@@ -1437,6 +1437,7 @@ def _compiled_elbo_step(
     if distributed:
         raise ValueError("compile= is not available with distributed training yet: train with compile=False")
     from varbnn.families.base import VariationalFamily
+    from varbnn.families.gaussian import share_sigmas_in_trace
     from varbnn.objectives import elbo_objective
 
     refused = {type(m).__name__: m.compile_unsupported for m in model.modules()
@@ -1446,10 +1447,14 @@ def _compiled_elbo_step(
         raise ValueError(f"compile= is not available yet for this model ({reasons}); train it with compile=False")
 
     def loss_terms(x: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        nll_value = nll(model(x), y)
-        if not isinstance(nll_value, torch.Tensor) or nll_value.dim() != 0:
-            raise ValueError("nll must return a scalar tensor (the batch-mean NLL)")
-        loss, kl_total = elbo_objective(nll_value, model, n_data, beta)
+        share_sigmas_in_trace(True)  # one sigma per Gaussian family for the forward pass and the KL
+        try:
+            nll_value = nll(model(x), y)
+            if not isinstance(nll_value, torch.Tensor) or nll_value.dim() != 0:
+                raise ValueError("nll must return a scalar tensor (the batch-mean NLL)")
+            loss, kl_total = elbo_objective(nll_value, model, n_data, beta)
+        finally:
+            share_sigmas_in_trace(False)
         return loss, nll_value.detach(), kl_total.detach()
 
     import torch._inductor

@@ -91,6 +91,28 @@ def cache_until_backward(family: Any, attribute: str, tensors: Any) -> None:
 
 ScaleStats = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor]
 
+_step_sigmas: dict[int, torch.Tensor] | None = None  # a compiled training step's sigmas while torch.compile traces it
+
+
+def share_sigmas_in_trace(active: bool) -> None:
+    """Start (``True``) or end (``False``) sharing each Gaussian family's sigma within the compiled training step being
+    traced (``fit(compile=...)``'s loss). Inside it the eager step's per-step node and cache are not used (they do not
+    trace), so without sharing the forward pass and the KL would each compute sigma, and autograd would run sigma's
+    backward once for each: for KTied, two pairs of its ``G V`` / ``G^T U`` products per tensor and step."""
+    global _step_sigmas
+    _step_sigmas = {} if active else None
+
+
+def _shared_sigma(family: Any, compute: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+    """The family's sigma shared within a compiled step's trace (computed by ``compute`` on first use), or None
+    outside one."""
+    if _step_sigmas is None or not torch.compiler.is_compiling():
+        return None
+    sigma = _step_sigmas.get(id(family))
+    if sigma is None:
+        sigma = _step_sigmas[id(family)] = compute()
+    return sigma
+
 
 def stats_per_step(
     family: Any,
@@ -111,7 +133,8 @@ def stats_per_step(
     ``_scale_cache`` in ``__getstate__`` (copies, pickling).
     """
     if not _records_step(sources):
-        return plain(with_square)
+        shared = _shared_sigma(family, lambda: plain(False)[0])
+        return plain(with_square) if shared is None else plain_stats(shared, with_square)
     key = step_key(sources)
     cached = _cached_stats(family, key)
     if cached is not None:
@@ -295,7 +318,8 @@ def cached_softplus(family: Any) -> torch.Tensor:
     one softplus and one fused backward per step; outside training steps the softplus alone."""
     rho = family.rho
     if not _records_step((rho,)):
-        return F.softplus(rho)
+        shared = _shared_sigma(family, lambda: F.softplus(rho))
+        return F.softplus(rho) if shared is None else shared
     return softplus_stats(family)[0]
 
 
@@ -488,7 +512,8 @@ class MeanField(VariationalFamily):
         statistics (:func:`stats_per_step`); outside training steps (no gradients recorded, e.g. prediction) sigma
         alone."""
         if self._plain_scale_applies() and not _records_step(self._scale_sources()):
-            return self._plain_scale()
+            shared = _shared_sigma(self, self._plain_scale)
+            return self._plain_scale() if shared is None else shared
         return self._scale_stats()[0]
 
     def _plain_scale_applies(self) -> bool:
@@ -523,7 +548,8 @@ class MeanField(VariationalFamily):
     def variance(self) -> torch.Tensor:
         """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node."""
         if self._plain_scale_applies() and not _records_step(self._scale_sources()):
-            return self._plain_scale().square()
+            shared = _shared_sigma(self, self._plain_scale)
+            return (self._plain_scale() if shared is None else shared).square()
         square = self._scale_stats(with_square=True)[1]
         assert square is not None
         return square

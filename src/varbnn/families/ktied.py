@@ -27,6 +27,38 @@ from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, ScaleStats, fuse
 __all__ = ["KTied"]
 
 
+def _times_v(grad: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``grad @ v`` for a (m, n) ``grad`` and a thin (n, k) ``v``, with ``v`` handed to the GEMM column-major: the BLAS
+    then takes row dot products (5x faster for the MLP's 400 x 784 layer with k = 2 on the CPU than ``grad @ v``)."""
+    return grad @ v.T.contiguous().T
+
+
+def _u_times(u: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``grad.T @ u`` for a (m, k) ``u``, computed as ``(u.T @ grad).T`` (4x faster on the CPU for a thin ``u``)."""
+    return (u.T @ grad).T
+
+
+class _OuterProduct(torch.autograd.Function):
+    """``u @ v.T`` whose backward takes the fast layouts of :func:`_times_v` and :func:`_u_times` (autograd's mm
+    backward runs ``G @ v`` and ``G^T @ u`` as they are): the compiled step's k-tied sigma."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(u, v)
+        return u @ v.T
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        u, v = ctx.saved_tensors
+        return _times_v(grad, v), _u_times(u, grad)
+
+
+def _outer(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``u @ v.T``; while torch.compile traces, through :class:`_OuterProduct` (elsewhere the plain product: outside
+    training steps nothing differentiates it, and torch.func transforms need plain operations)."""
+    return _OuterProduct.apply(u, v) if torch.compiler.is_compiling() else u @ v.T
+
+
 class _ExpOuterStats(torch.autograd.Function):
     """The k-tied stds ``sigma = exp(log_u) @ exp(log_v).T`` (returned in the weight's shape), optionally ``sigma^2``,
     and the KL's statistics ``sum(log sigma)`` and ``sum(sigma^2) = sum((U^T U) * (V^T V))`` (from k x k matrices) as
@@ -73,9 +105,10 @@ class _ExpOuterStats(torch.autograd.Function):
             g_u, g_v = u @ (gram_v * (2 * g_sq)), v @ (gram_u * (2 * g_sq))
         if grad is not None:  # + factor G V, + factor G^T U, added by the same GEMM (addmm)
             if g_u is None or g_v is None:
-                g_u, g_v = (grad @ v).mul_(factor), (grad.T @ u).mul_(factor)
+                g_u, g_v = _times_v(grad, v).mul_(factor), _u_times(u, grad).mul_(factor)
             else:
-                g_u, g_v = torch.addmm(g_u, grad, v, alpha=factor), torch.addmm(g_v, grad.T, u, alpha=factor)
+                g_u = torch.addmm(g_u, grad, v.T.contiguous().T, alpha=factor)
+                g_v = torch.addmm(g_v.T, u.T, grad, alpha=factor).T
         return (g_u * u if g_u is not None else None), (g_v * v if g_v is not None else None), None, None
 
 
@@ -180,7 +213,7 @@ class KTied(MeanField):
 
         def plain(square: bool) -> ScaleStats:
             u, v = self.u, self.v
-            sigma = (u @ v.T).reshape(shape)
+            sigma = _outer(u, v).reshape(shape)
             return sigma, sigma.square() if square else None, torch.log(sigma).sum(), ((u.T @ u) * (v.T @ v)).sum()
 
         return stats_per_step(
@@ -197,7 +230,7 @@ class KTied(MeanField):
     def _plain_scale(self) -> torch.Tensor:
         if not self.tied:
             return super()._plain_scale()
-        return (self.u @ self.v.T).reshape(self._require_built())
+        return _outer(self.u, self.v).reshape(self._require_built())
 
     def _fused_sample(self) -> torch.Tensor | None:
         if type(self)._scale_stats is not KTied._scale_stats or type(self).scale is not MeanField.scale:
