@@ -285,20 +285,35 @@ def test_a_checkpoint_resumes_across_compile_and_eager(tmp_path, monkeypatch, fi
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,softplus_calls", [("meanfield", 4), ("meanfield-local", 4), ("radial", 4), ("ktied", 2)])
-def test_the_forward_pass_and_the_kl_share_one_sigma_per_tensor(name, softplus_calls):
-    """Inside the compiled step the eager step's per-step sigma node does not trace, so the step shares each family's
-    sigma itself: one softplus per rho tensor in the graph (two weights and two biases; KTied's weights are tied, their
-    biases are not), where the forward pass and the KL computed one each before (and their backwards ran twice)."""
+
+def _traced_calls(name, share=True):
+    """The call_function targets (as strings) of the compiled step's one graph, traced with aot_eager."""
     from collections import Counter
 
     from torch._dynamo.testing import CompileCounterWithBackend
+
+    import varbnn.families.gaussian as gaussian
 
     torch._dynamo.reset()
     model = _model(name)
     x, y = _batch()
     backend = CompileCounterWithBackend("aot_eager")
-    _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)(x, y, 0.5, 1)
+    real = gaussian.share_sigmas_in_trace
+    gaussian.share_sigmas_in_trace = real if share else (lambda active: None)
+    try:  # the step binds the function when it is built
+        step = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)
+    finally:
+        gaussian.share_sigmas_in_trace = real
+    step(x, y, 0.5, 1)
     assert len(backend.graphs) == 1
-    calls = Counter(node.target for node in backend.graphs[0].graph.nodes if node.op == "call_function")
-    assert calls[F.softplus] == softplus_calls, dict(calls)
+    return Counter(str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function")
+
+
+def test_a_tied_sigma_is_computed_once_for_the_forward_pass_and_the_kl():
+    """Inside the compiled step the eager step's per-step sigma node does not trace, so the step shares KTied's tied
+    sigma (a GEMM whose backward is two more) itself: one ``U V^T`` node per tied tensor (the model's two weights) where
+    the forward pass and the KL built one each. MeanField's elementwise softplus is left to inductor, which recomputes
+    it inside each kernel that reads it: one softplus per use (weights and biases, draw and KL)."""
+    shared, unshared = _traced_calls("ktied"), _traced_calls("ktied", share=False)
+    assert shared["autograd_function_apply"] == unshared["autograd_function_apply"] - 2, (dict(shared), dict(unshared))
+    assert _traced_calls("meanfield")[str(F.softplus)] == 8

@@ -95,10 +95,13 @@ _step_sigmas: dict[int, torch.Tensor] | None = None  # a compiled training step'
 
 
 def share_sigmas_in_trace(active: bool) -> None:
-    """Start (``True``) or end (``False``) sharing each Gaussian family's sigma within the compiled training step being
-    traced (``fit(compile=...)``'s loss). Inside it the eager step's per-step node and cache are not used (they do not
-    trace), so without sharing the forward pass and the KL would each compute sigma, and autograd would run sigma's
-    backward once for each: for KTied, two pairs of its ``G V`` / ``G^T U`` products per tensor and step."""
+    """Start (``True``) or end (``False``) sharing sigma within the compiled training step being traced
+    (``fit(compile=...)``'s loss), for the families whose ``share_sigma_in_trace`` is true (KTied's tied tensors).
+    Inside it the eager step's per-step node and cache are not used (they do not trace), so without sharing the forward
+    pass and the KL each compute sigma and autograd runs sigma's backward once for each: for KTied, two pairs of its
+    ``G V`` / ``G^T U`` GEMMs per tensor and step. An elementwise sigma (``softplus(rho)``) is not shared: inductor
+    recomputes it inside the kernels that read it, where one shared node would be written out and read back (3.6%
+    slower compiled MeanField steps, measured on the CPU)."""
     global _step_sigmas
     _step_sigmas = {} if active else None
 
@@ -106,7 +109,7 @@ def share_sigmas_in_trace(active: bool) -> None:
 def _shared_sigma(family: Any, compute: Callable[[], torch.Tensor]) -> torch.Tensor | None:
     """The family's sigma shared within a compiled step's trace (computed by ``compute`` on first use), or None
     outside one."""
-    if _step_sigmas is None or not torch.compiler.is_compiling():
+    if _step_sigmas is None or not getattr(family, "share_sigma_in_trace", False) or not torch.compiler.is_compiling():
         return None
     sigma = _step_sigmas.get(id(family))
     if sigma is None:
