@@ -1,0 +1,171 @@
+"""Interleaved A/B timing of one step_time candidate under two code variants (issue 29).
+
+The 2-core CPU's speed moves by 20-40% within minutes, more than most single changes to a step are worth, so tables
+taken one after the other cannot tell such a change from the machine. Here each variant runs in its own long-lived
+process (a variant patches the library before the step is built and traced, which one process could not undo: dynamo
+guards on the patched globals and would recompile); the parent lets them take turns, ``--steps`` steps each, for
+``--rounds`` rounds, so that both see the same machine, and reports the median of the per-round ratios.
+
+    .venv/bin/python benchmarks/ab_step.py --candidate "KTied(rank=2)-reparam, fit(compile=True)" \\
+        --variants current,ktied-plain-outer [--rounds 20] [--steps 30] [--name ktied_outer]
+
+Variants (``VARIANTS``): ``current`` (the code as it is) and the alternatives this file names, each the earlier or an
+alternative form of one change. Writes ``benchmarks/results/step-time/ab_<name>.json`` / ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+OUT = ROOT / "benchmarks" / "results" / "step-time"
+
+
+def _plain_outer() -> None:
+    import varbnn.families.ktied as ktied
+
+    ktied._outer = lambda u, v: u @ v.T
+
+
+def _plain_thin_gemms() -> None:
+    import varbnn.families.ktied as ktied
+
+    def times_v(grad: torch.Tensor, v: torch.Tensor, base: torch.Tensor | None = None, alpha: float = 1.0) -> torch.Tensor:
+        return grad @ v * alpha if base is None else torch.addmm(base, grad, v, alpha=alpha)
+
+    def u_times(u: torch.Tensor, grad: torch.Tensor, base: torch.Tensor | None = None, alpha: float = 1.0) -> torch.Tensor:
+        return grad.T @ u * alpha if base is None else torch.addmm(base, grad.T, u, alpha=alpha)
+
+    ktied._times_v, ktied._u_times = times_v, u_times
+
+
+def _unshared_sigma() -> None:
+    import varbnn.families.ktied as ktied
+
+    ktied.KTied.share_sigma_in_trace = False  # type: ignore[assignment,misc]
+
+
+def _shared_softplus() -> None:
+    from varbnn.families.gaussian import MeanField
+
+    MeanField.share_sigma_in_trace = True  # type: ignore[attr-defined]
+
+
+def _realize_8() -> None:
+    import torch._inductor.config
+
+    torch._inductor.config.realize_opcount_threshold = 8
+
+
+VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
+    "current": ("the code as it is", lambda: None),
+    "ktied-plain-outer": ("KTied's compiled sigma as a plain `u @ v.T` (autograd's mm backward: `G @ v`, `G^T @ u`)",
+                          _plain_outer),
+    "ktied-plain-thin-gemms": ("KTied's eager node with `G @ v` and `G^T @ u` as they are (and as addmm)",
+                               _plain_thin_gemms),
+    "ktied-unshared-sigma": ("KTied's tied sigma computed twice in a compiled step (forward pass and KL)", _unshared_sigma),
+    "meanfield-shared-sigma": ("MeanField's softplus sigma shared by the forward pass and the KL in a compiled step",
+                               _shared_softplus),
+    "inductor-realize-8": ("inductor's realize_opcount_threshold 8 (default 30)", _realize_8),
+}  # fmt: skip
+
+
+def _child(candidate: str, variant: str, steps: int) -> None:
+    """A contestant: patch, build and warm the step, then on each line of stdin time ``steps`` steps."""
+    torch.set_num_threads(2)
+    VARIANTS[variant][1]()
+    from step_time import candidates  # type: ignore[import-not-found]
+
+    table = candidates("mlp", torch.device("cpu"), compiled="compile" in candidate)
+    step = table[candidate]()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(128, 784, generator=g), torch.randint(0, 10, (128,), generator=g)
+    for _ in range(20):
+        step(x, y)
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(x, y)
+        print((time.perf_counter() - start) / steps * 1e3, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidate", required=True, help="a step_time candidate name (MLP, CPU), exactly")
+    parser.add_argument("--variants", default="current", help=f"two of {sorted(VARIANTS)}, comma-separated")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--name", default=None, help="the result file's name: ab_NAME (default: from the variants)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        _child(args.candidate, args.child, args.steps)
+        return
+    variants = [v.strip() for v in args.variants.split(",")]
+    if len(variants) != 2 or any(v not in VARIANTS for v in variants):
+        parser.error(f"--variants must name two of {sorted(VARIANTS)}, got {args.variants!r}")
+    from step_time import candidates  # type: ignore[import-not-found]
+
+    if args.candidate not in candidates("mlp", torch.device("cpu"), compiled=True):
+        parser.error(f"--candidate must be a step_time candidate name, got {args.candidate!r}")
+    from sigma_param import provenance, write_result  # type: ignore[import-not-found]
+
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--candidate", args.candidate, "--child", v, "--steps", str(args.steps)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        for v in variants
+    ]  # fmt: skip
+    try:
+        for proc in procs:
+            line = proc.stdout.readline() if proc.stdout else ""
+            if line.strip() != "ready":
+                raise RuntimeError(f"a contestant failed to start (got {line!r}); run it alone with --child to see why")
+        times: list[list[float]] = [[], []]
+        for _ in range(args.rounds):
+            for i, proc in enumerate(procs):
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                times[i].append(float(proc.stdout.readline()))
+    finally:
+        for proc in procs:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+    ratios = [a / b for a, b in zip(*times)]
+    name = args.name or "_".join(v.replace("-", "_") for v in variants)
+    result: dict[str, Any] = {
+        "name": f"ab_{name}", **provenance("ab_step.py", argv), "candidate": args.candidate, "variants": variants,
+        "rounds": args.rounds, "steps": args.steps, "ms": dict(zip(variants, times)),
+        "median_ms": {v: statistics.median(t) for v, t in zip(variants, times)},
+        "median_ratio": statistics.median(ratios), "seconds": round(time.perf_counter() - start, 1),
+    }  # fmt: skip
+    a, b = variants
+    lines = [
+        f"# A/B: {args.candidate}, {a} against {b}", "",
+        f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
+        f"- torch {result['torch']}; two processes taking turns, {args.rounds} rounds of {args.steps} steps each; "
+        f"wall time {result['seconds']:.0f} s", "",
+        "| variant | what it is | median step (ms) |", "|---|---|---:|",
+        *(f"| {v} | {VARIANTS[v][0]} | {result['median_ms'][v]:.2f} |" for v in variants), "",
+        f"Median of the per-round ratios {a} / {b}: **{result['median_ratio']:.3f}** (range "
+        f"{min(ratios):.3f}-{max(ratios):.3f}).", "",
+    ]  # fmt: skip
+    write_result(OUT, f"ab_{name}", result, lines)
+
+
+if __name__ == "__main__":
+    main()
