@@ -68,6 +68,12 @@ def _realize_8() -> None:
     torch._inductor.config.realize_opcount_threshold = 8
 
 
+def _no_family_options() -> None:
+    import varbnn.train
+
+    varbnn.train._family_inductor_options = lambda model: {}
+
+
 VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "current": ("the code as it is", lambda: None),
     "ktied-plain-outer": ("KTied's compiled sigma as a plain `u @ v.T` (autograd's mm backward: `G @ v`, `G^T @ u`)",
@@ -78,6 +84,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "meanfield-shared-sigma": ("MeanField's softplus sigma shared by the forward pass and the KL in a compiled step",
                                _shared_softplus),
     "inductor-realize-8": ("inductor's realize_opcount_threshold 8 (default 30)", _realize_8),
+    "no-family-inductor-options": ("fit(compile=True) without the families' inductor options (inductor's defaults)",
+                                   _no_family_options),
 }  # fmt: skip
 
 

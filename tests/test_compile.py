@@ -317,3 +317,16 @@ def test_a_tied_sigma_is_computed_once_for_the_forward_pass_and_the_kl():
     shared, unshared = _traced_calls("ktied"), _traced_calls("ktied", share=False)
     assert shared["autograd_function_apply"] == unshared["autograd_function_apply"] - 2, (dict(shared), dict(unshared))
     assert _traced_calls("meanfield")[str(F.softplus)] == 8
+
+
+def test_families_ask_inductor_for_their_options_and_fit_merges_them():
+    """RDP's double grouping asks for realize_opcount_threshold 8 (its column factor's per-column values then go to a
+    buffer once instead of into every row's output pass); the row grouping and the Gaussian families ask for nothing,
+    and a model mixing them gets the one request."""
+    from varbnn.train import _family_inductor_options
+
+    assert _family_inductor_options(_model("rdp-double")) == {"realize_opcount_threshold": 8}
+    assert _family_inductor_options(_model("rdp-row")) == {}
+    assert _family_inductor_options(_model("meanfield")) == {}
+    mixed = nn.Sequential(_model("meanfield"), _model("rdp-double"))
+    assert _family_inductor_options(mixed) == {"realize_opcount_threshold": 8}

@@ -1410,6 +1410,20 @@ def _own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
+def _family_inductor_options(model: nn.Module) -> dict[str, Any]:
+    """The inductor options a model's families ask for (:attr:`~varbnn.families.VariationalFamily.inductor_options`),
+    merged; ``realize_opcount_threshold`` takes the lowest asked for (every family asks for a lower one than
+    inductor's default or none)."""
+    from varbnn.families.base import VariationalFamily
+
+    options: dict[str, Any] = {}
+    for module in model.modules():
+        if isinstance(module, VariationalFamily):
+            for key, value in module.inductor_options.items():
+                options[key] = min(options[key], value) if key == "realize_opcount_threshold" and key in options else value
+    return options
+
+
 def _compiled_elbo_step(
     model: nn.Module,
     nll: NLLFunction,
@@ -1463,6 +1477,8 @@ def _compiled_elbo_step(
         in_graph_random = device.type != "cpu"
     options = dict(torch._inductor.list_mode_options(mode))
     options["fallback_random"] = not in_graph_random
+    if device.type == "cpu":
+        options.update(_family_inductor_options(model))
     # CUDA graphs ("reduce-overhead", "max-autotune"): each step is a new generation of torch's cudagraph trees (the
     # previous step's outputs may be overwritten), so the step marks its start and returns copies of its 0-d outputs
     cudagraphs = _uses_cudagraphs(mode, device)
