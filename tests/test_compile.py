@@ -21,7 +21,7 @@ FAMILIES = {
     "radial": lambda: (Radial(), {}),
     "radial-flipout": lambda: (Radial(estimator="flipout"), {}),
     "radial-closed-form": lambda: (Radial(cross_entropy="closed_form"), {}),
-    "rdp-row": lambda: (RadialDirectional(), {"prior": RadialDirectionalPrior()}),
+    "rdp-row": lambda: (RadialDirectional(grouping="row"), {"prior": RadialDirectionalPrior()}),
     "rdp-double": lambda: (RadialDirectional(grouping="double"), {"prior": RadialDirectionalPrior()}),
     "rdp-per-group": lambda: (RadialDirectional(grouping="row", shared_concentration=False), {"prior": RadialDirectionalPrior()}),
 }
