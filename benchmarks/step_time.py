@@ -4,7 +4,7 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 (32x32 inputs, batch 32) and ``host`` (11 layers of 8 units at batch 4: a step's host time, which bounds an eager GPU
 step), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
-Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 100] [--warmup 20] [--threads 2]
+Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 30] [--repeats 10] [--warmup 20] [--threads 2]
        [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--skip SUBSTRING]
        [--out benchmarks/results/step-time]
 Every candidate (the deterministic baseline and the peers too) steps with the same optimizer: by default what
@@ -314,10 +314,14 @@ def main() -> None:
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: cpu)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: mlp 128, lenet5 100, resnet18 32, host 4)")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=30, help="steps per candidate and round (default 30)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median over all steps is reported")
+    parser.add_argument(
+        "--repeats", type=int, default=10,
+        help="interleaved rounds (default 10: short rounds, so that every candidate meets the CPU's slow and fast phases "
+        "alike; three rounds of 100 steps caught phase changes mid-run); the median over all steps is reported",
+    )  # fmt: skip
     parser.add_argument(
         "--optimizer",
         default="fit",
