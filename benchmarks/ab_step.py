@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--name", default=None, help="the result file's name: ab_NAME (default: from the variants)")
+    parser.add_argument("--out", default=str(OUT), help="the results folder (default: benchmarks/results/step-time)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Median of the per-round ratios {a} / {b}: **{result['median_ratio']:.3f}** (range "
         f"{min(ratios):.3f}-{max(ratios):.3f}).", "",
     ]  # fmt: skip
-    write_result(OUT, f"ab_{name}", result, lines)
+    write_result(Path(args.out), f"ab_{name}", result, lines)
 
 
 if __name__ == "__main__":

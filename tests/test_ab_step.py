@@ -1,0 +1,40 @@
+"""benchmarks/ab_step.py: two contestant processes take turns and the result records every round of both."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_step.py"), *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)  # fmt: skip
+
+
+def test_two_contestants_take_turns_and_every_round_is_recorded(tmp_path):
+    done = _run("--candidate", "deterministic", "--variants", "current,inductor-realize-8", "--rounds", "3",
+                "--steps", "2", "--name", "t", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "ab_t.json").read_text())
+    assert result["variants"] == ["current", "inductor-realize-8"]
+    assert [len(result["ms"][v]) for v in result["variants"]] == [3, 3]
+    assert all(math.isfinite(t) and t > 0 for v in result["variants"] for t in result["ms"][v])
+    ratios = sorted(a / b for a, b in zip(*result["ms"].values()))
+    assert math.isclose(result["median_ratio"], ratios[1])
+    page = (tmp_path / "ab_t.md").read_text()
+    assert "| current |" in page and "| inductor-realize-8 |" in page and "Median of the per-round ratios" in page
+
+
+def test_bad_variants_and_candidates_are_refused_naming_the_argument(tmp_path):
+    for args, flag in ((("--variants", "current,nope"), "--variants"), (("--variants", "current"), "--variants"),
+                       (("--candidate", "no such step", "--variants", "current,current"), "--candidate")):  # fmt: skip
+        done = _run("--candidate", "deterministic", *args, "--out", str(tmp_path))
+        assert done.returncode == 2 and flag in done.stderr, done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
