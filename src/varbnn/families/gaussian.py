@@ -100,8 +100,8 @@ def share_sigmas_in_trace(active: bool) -> None:
     Inside it the eager step's per-step node and cache are not used (they do not trace), so without sharing the forward
     pass and the KL each compute sigma and autograd runs sigma's backward once for each: for KTied, two pairs of its
     ``G V`` / ``G^T U`` GEMMs per tensor and step. An elementwise sigma (``softplus(rho)``) is not shared: inductor
-    recomputes it inside the kernels that read it, where one shared node would be written out and read back (3.6%
-    slower compiled MeanField steps, measured on the CPU)."""
+    recomputes it inside the kernels that read it, where one shared node would be written out and read back (shared,
+    a compiled MeanField step was 2.2% slower on the CPU: ``benchmarks/results/step-time/ab_meanfield_shared_sigma.md``)."""
     global _step_sigmas
     _step_sigmas = {} if active else None
 
