@@ -68,6 +68,15 @@ def _realize_8() -> None:
     torch._inductor.config.realize_opcount_threshold = 8
 
 
+def _glibc_keep_heap() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters (malloc.h)
+    if not (libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20)):
+        raise RuntimeError("mallopt refused the thresholds")
+
+
 def _no_family_options() -> None:
     import varbnn.train
 
@@ -84,6 +93,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "meanfield-shared-sigma": ("MeanField's softplus sigma shared by the forward pass and the KL in a compiled step",
                                _shared_softplus),
     "inductor-realize-8": ("inductor's realize_opcount_threshold 8 (default 30)", _realize_8),
+    "glibc-keep-heap": ("glibc keeps freed memory in its heap (mallopt: trim threshold 1 GiB, mmap threshold 32 MiB) "
+                        "instead of returning the heap's top to the system after each step", _glibc_keep_heap),
     "no-family-inductor-options": ("fit(compile=True) without the families' inductor options (inductor's defaults)",
                                    _no_family_options),
 }  # fmt: skip
