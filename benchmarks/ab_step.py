@@ -69,12 +69,10 @@ def _realize_8() -> None:
 
 
 def _glibc_keep_heap() -> None:
-    import ctypes
+    from varbnn.train import keep_freed_memory
 
-    libc = ctypes.CDLL("libc.so.6")
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters (malloc.h)
-    if not (libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20)):
-        raise RuntimeError("mallopt refused the thresholds")
+    if not keep_freed_memory():  # trim threshold 1 GiB, mmap threshold 32 MiB
+        raise RuntimeError("glibc's mallopt refused the thresholds (or this is not glibc)")
 
 
 def _no_family_options() -> None:

@@ -243,3 +243,48 @@ def test_fit_and_evaluate_default_to_the_models_device(monkeypatch):
     fit(net, DataLoader(TensorDataset(x, y), batch_size=8), n_data=16, epochs=1, progress=False)
     varbnn.evaluate(net, x, y, samples=2)
     assert seen == [("model", net), ("model", net)]
+
+
+class _FakeMallopt:
+    """Records mallopt calls; ``accept`` is what it returns (glibc: 1 on success, 0 on refusal)."""
+
+    def __init__(self, accept):
+        self.calls, self.accept = [], accept
+
+    def __call__(self, param, value):
+        self.calls.append((param, value))
+        return self.accept
+
+
+class _FakeLibc:
+    def __init__(self, accept=1):
+        self.mallopt = _FakeMallopt(accept)
+        self.calls = self.mallopt.calls
+
+
+def test_keep_freed_memory_sets_glibcs_trim_and_mmap_thresholds(monkeypatch):
+    """The two mallopt calls with glibc's parameter numbers (M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3), a refusal
+    reported as False, no call at all off Linux, and bad values refused naming the argument (checked first)."""
+    import ctypes
+    import sys
+
+    from varbnn.train import keep_freed_memory
+
+    fake = _FakeLibc()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: fake)
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert keep_freed_memory() is True
+    assert fake.calls == [(-1, 1 << 30), (-3, 32 << 20)]
+    fake.calls.clear()
+    assert keep_freed_memory(trim_threshold=1 << 40, mmap_threshold=0) is True
+    assert fake.calls == [(-1, 2**31 - 1), (-3, 0)]  # an int's worth: mallopt takes a C int
+    refusing = _FakeLibc(accept=0)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: refusing)
+    assert keep_freed_memory() is False
+    monkeypatch.setattr(sys, "platform", "darwin")
+    fake.calls.clear()
+    assert keep_freed_memory() is False and fake.calls == []
+    for kwargs, name in (({"trim_threshold": -1}, "trim_threshold"), ({"mmap_threshold": 64 << 20}, "mmap_threshold"),
+                         ({"mmap_threshold": 1.5}, "mmap_threshold"), ({"trim_threshold": True}, "trim_threshold")):  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            keep_freed_memory(**kwargs)

@@ -18,6 +18,7 @@ import pickle
 import random
 import re
 import struct
+import sys
 import tempfile
 import types
 import warnings
@@ -63,6 +64,7 @@ __all__ = [
     "load_checkpoint",
     "seed_everything",
     "resolve_device",
+    "keep_freed_memory",
 ]
 
 logger = logging.getLogger("varbnn.train")
@@ -70,6 +72,50 @@ logger = logging.getLogger("varbnn.train")
 
 NLLFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BetaSchedule = Callable[[int], float]
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit systems
+
+
+def keep_freed_memory(trim_threshold: int = 1 << 30, mmap_threshold: int = _MMAP_THRESHOLD_MAX) -> bool:
+    """Ask glibc's allocator (Linux) to keep the memory a training step frees for the next step, instead of returning
+    the top of its heap to the system after each step and faulting it back in, page by page, on the next: a process-wide
+    setting, for CPU training, made once before training (it does not affect GPU memory).
+
+    A Bayesian step allocates and frees tensors of its weights' size every step (noise, draws, gradients), which glibc's
+    defaults return to the system and fault back in, page by page. In interleaved A/B runs
+    (``benchmarks/ab_step.py``, ``benchmarks/results/step-time/ab_*_glibc_keep_heap.md``) the setting made compiled
+    MeanField reparam steps 12% faster, eager ones 7%, compiled RadialDirectional (double grouping) 18%, torchbnn's
+    5%, and left the plain network's step unchanged. The process keeps up to ``trim_threshold`` bytes of freed heap
+    that it would otherwise give back (its resident memory stays at its peak), and tensors up to ``mmap_threshold``
+    bytes come from the heap rather than from their own mappings. The same from the shell, without code:
+    ``MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 python train.py``.
+
+    :param trim_threshold: bytes of free memory at the heap's top that glibc keeps (default 1 GiB), an int >= 0.
+    :param mmap_threshold: allocations of at least this many bytes get their own mapping (default 32 MiB, glibc's
+        largest), an int in ``[0, 32 MiB]``.
+    :returns: ``True`` when glibc took both settings, ``False`` where there is no glibc (macOS, Windows, musl):
+        nothing changes there.
+    """
+    for name, value, high in (("trim_threshold", trim_threshold, None), ("mmap_threshold", mmap_threshold, _MMAP_THRESHOLD_MAX)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+            allowed = "an int >= 0" if high is None else f"an int in [0, {high}]"
+            raise ValueError(f"keep_freed_memory: {name} must be {allowed}, got {value!r}")
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # no C library with mallopt (e.g. musl)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1))) and bool(
+        mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+    )
 
 
 def seed_everything(seed: int) -> None:
