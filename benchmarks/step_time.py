@@ -39,6 +39,7 @@ from varbnn.train import (
     _compiled_elbo_step,
     _uses_cudagraphs,
     default_optimizer,
+    keep_freed_memory,
     resolve_device,
 )
 
@@ -318,6 +319,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
+        "--keep-freed-memory", action="store_true",
+        help="call varbnn.train.keep_freed_memory() first (glibc keeps the memory a step frees; files get a "
+        "_keep_heap suffix)",
+    )  # fmt: skip
+    parser.add_argument(
         "--repeats", type=int, default=10,
         help="interleaved rounds (default 10: short rounds, so that every candidate meets the CPU's slow and fast phases "
         "alike; three rounds of 100 steps caught phase changes mid-run); the median over all steps is reported",
@@ -355,6 +361,8 @@ def main() -> None:
     if batch < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1:
         parser.error("--batch, --steps and --repeats must be positive, --warmup >= 0")
     torch.set_num_threads(args.threads)
+    if args.keep_freed_memory and not keep_freed_memory():
+        parser.error("--keep-freed-memory: glibc's mallopt refused the thresholds (or this is not glibc)")
     OPTIMIZER["name"] = args.optimizer
     COMPILE["mode"] = args.compile_mode
     torch.manual_seed(0)
@@ -401,6 +409,7 @@ def main() -> None:
             "steps": args.steps,
             "warmup": args.warmup,
             "repeats": args.repeats,
+            "keep_freed_memory": args.keep_freed_memory,
             "torch": torch.__version__,
         },
         "rows": rows,
@@ -408,10 +417,13 @@ def main() -> None:
     stem = "step_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
     stem += "" if args.optimizer == "fit" else "_plain_adam"
     stem += "" if args.compile_mode == "default" or not args.compile else "_" + args.compile_mode.replace("-", "_")
+    stem += "_keep_heap" if args.keep_freed_memory else ""
     notes = [
         f"wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps "
         f"(the Graves-estimator row: {args.repeats} x {min(args.steps, SLOW_STEPS)} steps)"
     ]
+    if args.keep_freed_memory:
+        notes.append("allocator: varbnn.train.keep_freed_memory() (glibc keeps the memory a step frees)")
     if not any("graves" in name for name in samples):
         notes.append(
             "no Graves-estimator row: the model has BatchNorm, under which per-example gradients are undefined"

@@ -3,14 +3,14 @@
 Usage: python benchmarks/step_time_summary.py [--results benchmarks/results/step-time] [--profiles
        benchmarks/results/profiles] [--out benchmarks/results/step-time]
 
-Reads the current ``step_time*.json`` files of ``--results`` (not ``history/``), which ``benchmarks/step_time.py`` and
-``scripts/gpu_speed.sh`` wrote, groups them by network, batch, optimizer and device, and writes OUT/step_time_summary.md
-and .json: one row per candidate (the deterministic network, each family and estimator, the floor rows, the peers) and,
-per group, its eager and its compiled (``fit(compile=True)``) ratio to the deterministic eager step. Each ratio is read
-from its own table, against the deterministic step measured in the same process; where a candidate is in several tables
-of a group, the first file (sorted by name) gives it. Below it, the profile summary of ``--profiles``' files
-(``benchmarks/profile_step.py``): aten operations, kernel launches and host synchronisations per step. Nothing is
-measured here.
+Reads the current ``step_time*.json`` files of ``--results`` (not ``history/``, not ``*_keep_heap``), which
+``benchmarks/step_time.py`` and ``scripts/gpu_speed.sh`` wrote, groups them by network, batch, optimizer and device,
+and writes OUT/step_time_summary.md and .json: one row per candidate (the deterministic network, each family and
+estimator, the floor rows, the peers) and, per group, its eager and its compiled (``fit(compile=True)``) ratio to the
+deterministic eager step. Each ratio is read from its own table, against the deterministic step measured in the same
+process; where a candidate is in several tables of a group, the first file (sorted by name) gives it. Below it, the
+profile summary of ``--profiles``' files (``benchmarks/profile_step.py``): aten operations, kernel launches and host
+synchronisations per step. Nothing is measured here.
 """
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     folder = Path(args.results)
-    files = sorted(p for p in folder.glob("step_time*.json") if p.stem != "step_time_summary")
+    # a table taken with another allocator setting (step_time.py --keep-freed-memory) is not one of the group's
+    files = sorted(p for p in folder.glob("step_time*.json") if p.stem != "step_time_summary" and "_keep_heap" not in p.stem)
     if not files:
         parser.error(f"--results {folder} holds no step_time*.json files")
     groups, names, cells = summarise(files)

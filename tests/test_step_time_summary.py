@@ -30,6 +30,9 @@ def test_summary_puts_eager_and_compiled_rows_of_each_device_side_by_side(tmp_pa
            "varbnn MeanField-reparam, fit(compile=True)": 1.78, "varbnn MeanField-reparam, S=2 draws per step": 7.0})  # fmt: skip
     _table(results / "step_time_lenet5.json", "cpu: AMD EPYC 7B13, 2 threads", {"deterministic": 1.0,
            "varbnn MeanField-reparam": 1.27, "floor: deterministic + one N(0, 1) draw per weight": 0.99})  # fmt: skip
+    # a table taken with another allocator setting is not one of the group's
+    _table(results / "step_time_lenet5_keep_heap.json", "cpu: AMD EPYC 7B13, 2 threads", {"deterministic": 1.0,
+           "varbnn MeanField-reparam": 0.5, "varbnn KTied(rank=2)-reparam": 0.6})  # fmt: skip
     (profiles / "profile_mlp_cuda_varbnn_MeanField_local.txt").write_text(
         "# varbnn MeanField-local, mlp, cuda, 5 steps\nkernel launches per step: 277\n"
         "cudaDeviceSynchronize per step: 0.2\naten ops per step: 528\n"
@@ -50,6 +53,7 @@ def test_summary_puts_eager_and_compiled_rows_of_each_device_side_by_side(tmp_pa
     assert rows["MeanField-reparam"] == ["1.27x", "3.57x", "1.78x"]
     assert rows["torchbnn"] == ["", "3.30x", ""]
     assert not any("S=2" in name for name in rows)  # several-draws rows are left out
+    assert not any("KTied" in name for name in rows)  # the _keep_heap table is not read
     order = list(rows)
     assert order.index("MeanField-reparam") < order.index("floor: deterministic + one N(0, 1) draw per weight")
     assert order.index("floor: deterministic + one N(0, 1) draw per weight") < order.index("torchbnn")
