@@ -34,7 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics
-from varbnn._checks import as_positive_int
+from varbnn._checks import as_int, as_positive_int
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.objectives import (
@@ -98,10 +98,8 @@ def keep_freed_memory(trim_threshold: int = 1 << 30, mmap_threshold: int = _MMAP
     :returns: ``True`` when glibc took both settings, ``False`` where there is no glibc (macOS, Windows, musl):
         nothing changes there.
     """
-    for name, value, high in (("trim_threshold", trim_threshold, None), ("mmap_threshold", mmap_threshold, _MMAP_THRESHOLD_MAX)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
-            allowed = "an int >= 0" if high is None else f"an int in [0, {high}]"
-            raise ValueError(f"keep_freed_memory: {name} must be {allowed}, got {value!r}")
+    trim_threshold = as_int(trim_threshold, "trim_threshold", low=0, owner="keep_freed_memory")
+    mmap_threshold = as_int(mmap_threshold, "mmap_threshold", low=0, high=_MMAP_THRESHOLD_MAX, owner="keep_freed_memory")
     import ctypes
     import ctypes.util
 

@@ -29,8 +29,8 @@ __all__ = ["KTied"]
 
 def _times_v(grad: torch.Tensor, v: torch.Tensor, base: torch.Tensor | None = None, alpha: float = 1.0) -> torch.Tensor:
     """``base + alpha grad @ v`` (``base`` None: 0) for a (m, n) ``grad`` and a thin (n, k) ``v``, with ``v`` handed to
-    the GEMM column-major: the BLAS then takes row dot products (5x faster on the 2-core CPU than ``grad @ v`` for the
-    MNIST MLP's 400 x 784 layer with k = 2)."""
+    the GEMM column-major: the BLAS then takes row dot products, where ``grad @ v`` as it is runs a slow path for thin
+    outputs on the CPU (the step's effect: ``benchmarks/results/step-time/ab_ktied_eager_gemms.md``)."""
     v_columns = v.T.contiguous().T
     if base is None:
         return torch.mm(grad, v_columns).mul_(alpha) if alpha != 1.0 else torch.mm(grad, v_columns)
@@ -38,8 +38,8 @@ def _times_v(grad: torch.Tensor, v: torch.Tensor, base: torch.Tensor | None = No
 
 
 def _u_times(u: torch.Tensor, grad: torch.Tensor, base: torch.Tensor | None = None, alpha: float = 1.0) -> torch.Tensor:
-    """``base + alpha grad.T @ u`` for a thin (m, k) ``u``, computed transposed as ``u.T @ grad`` (4x faster on the CPU
-    than ``grad.T @ u``)."""
+    """``base + alpha grad.T @ u`` for a thin (m, k) ``u``, computed transposed as ``u.T @ grad`` (the BLAS's fast
+    layout for a thin output on the CPU, as :func:`_times_v`)."""
     if base is None:
         out = torch.mm(u.T, grad)
         return (out.mul_(alpha) if alpha != 1.0 else out).T
