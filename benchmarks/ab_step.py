@@ -16,6 +16,7 @@ alternative form of one change. Writes ``benchmarks/results/step-time/ab_<name>.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,12 @@ def _no_family_options() -> None:
     varbnn.train._family_inductor_options = lambda model: {}
 
 
+def _generator_draws() -> None:
+    import varbnn.train
+
+    varbnn.train._compiled_elbo_step = functools.partial(varbnn.train._compiled_elbo_step, draws="generator")
+
+
 VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "current": ("the code as it is", lambda: None),
     "ktied-plain-outer": ("KTied's compiled sigma as a plain `u @ v.T` (autograd's mm backward: `G @ v`, `G^T @ u`)",
@@ -95,6 +102,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
                         "instead of returning the heap's top to the system after each step", _glibc_keep_heap),
     "no-family-inductor-options": ("fit(compile=True) without the families' inductor options (inductor's defaults)",
                                    _no_family_options),
+    "generator-draws": ("a compiled step's weight noise from torch's generator, called as the eager step calls it "
+                        "(fit(compile=True)'s CPU draws until 2026-11-28)", _generator_draws),
 }  # fmt: skip
 
 

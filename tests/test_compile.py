@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
-from varbnn import Delta, KTied, MeanField, Radial, RadialDirectional, RadialDirectionalPrior
+from varbnn import Delta, KTied, MeanField, Radial, RadialDirectional, RadialDirectionalPrior, philox
 from varbnn.train import _accumulated_elbo_gradient, _compiled_elbo_step, fit
 
 FAMILIES = {
@@ -71,6 +71,17 @@ def _batch():
     return torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
 
 
+def _counter(step):
+    """An eager step with the compiled CPU step's draws: after the step's key (drawn first from torch's generator),
+    every weight noise from varbnn.philox with that key, in call order."""
+
+    def counted(seed):
+        with philox.counter_draws(philox.new_key()):
+            return step(seed)
+
+    return counted
+
+
 def _run(step, model, seed):
     """Loss, NLL, KL and the gradients of one step from ``seed``."""
     model.zero_grad(set_to_none=True)
@@ -91,10 +102,12 @@ def _assert_same_step(eager, compiled, seed):
 
 @pytest.mark.parametrize("name,backend", CASES)
 def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
-    """On the CPU the compiled step draws from torch's generator (inductor's fallback_random), in eager's order: the
-    same seed gives the same noise, so loss and gradients agree to float rounding, for sampled and mean weights. RDP's
-    directions too: Wood's eager rejection rounds run inside the graph as one opaque operation
-    (``varbnn::wood_accepted_proposals``)."""
+    """On the CPU the compiled step draws its weight noise from varbnn.philox with one key per step from torch's
+    generator (``draws="counter"``); the eager step with those draws (:func:`_counter`) gets the same noise for the
+    same seed, so loss and gradients agree to float rounding, for sampled and mean weights. RDP's directions too:
+    Wood's eager rejection rounds run inside the graph as one opaque operation (``varbnn::wood_accepted_proposals``),
+    drawing from torch's generator. With ``draws="generator"`` the compiled step draws what the plain eager step draws
+    (checked with mc_samples=2, whose samples each draw a key in the counter mode)."""
     torch._dynamo.reset()
     counts = torch._dynamo.utils.counters
     counts.clear()
@@ -102,6 +115,7 @@ def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
     x, y = _batch()
     compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)
 
+    @_counter
     def eager_step(_seed):  # RDP: on the CPU the compiled step runs Wood's eager rejection rounds as one opaque op
         return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 1)
 
@@ -124,7 +138,10 @@ def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
         def eager_two(_seed):
             return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 2)
 
-        _assert_same_step(_run(eager_two, model, 9), _run(lambda _seed: compiled(x, y, 0.5, 2), model, 9), "mc_samples=2")
+        torch._dynamo.reset()
+        plain = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, draws="generator",
+                                    backend=backend)  # fmt: skip
+        _assert_same_step(_run(eager_two, model, 9), _run(lambda _seed: plain(x, y, 0.5, 2), model, 9), "mc_samples=2")
 
 
 @pytest.mark.parametrize("name", ["rdp-row", pytest.param("rdp-double", marks=pytest.mark.slow)])
@@ -141,21 +158,23 @@ def test_the_fixed_proposal_path_of_other_devices_compiles_into_one_graph_and_eq
     with fixed_rejection_rounds():
         compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend="aot_eager")
         for seed in (3, 4):
-            eager = _run(lambda _s: _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 1), model, seed)
+            eager_step = _counter(lambda _s: _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, N_DATA, 0.5, 1))
+            eager = _run(eager_step, model, seed)
             _assert_same_step(eager, _run(lambda _s: compiled(x, y, 0.5, 1), model, seed), seed)
     assert not counts["graph_break"], dict(counts["graph_break"])
     assert counts["stats"]["unique_graphs"] == 1
 
 
-def test_in_graph_random_is_equal_in_distribution():
-    """Inductor's own generator (as on a GPU) draws another stream: the loss over N seeds must match eager's in mean
-    and variance. Two-sample z statistic of the means, |z| < 4; log of the variance ratio within 4 standard errors,
+@pytest.mark.parametrize("draws,backend", [("inductor", "inductor"), ("counter", "aot_eager")])
+def test_in_graph_random_is_equal_in_distribution(draws, backend):
+    """Inductor's own generator (as on a GPU) and varbnn.philox's (the CPU's default; that inductor computes it as
+    eager does is test_philox's) draw other streams: the loss over N seeds must match eager's in mean and variance. Two-sample z statistic of the means, |z| < 4; log of the variance ratio within 4 standard errors,
     sqrt(2/(N-1) + 2/(N-1)) for near-normal losses: a false alarm has probability < 1e-4 per check (fixed seeds, so
     the outcome is deterministic). A step whose draws were not random (zero variance) or shifted fails."""
     torch._dynamo.reset()
     model = _model("meanfield")
     x, y = _batch()
-    compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, in_graph_random=True)
+    compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, draws=draws, backend=backend)
     n = 200
     eager, graph = [], []
     with torch.no_grad():
@@ -247,17 +266,21 @@ def test_fit_compile_refusals():
             progress=False, compile=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("first, then", [(False, True), (True, False)])
+@pytest.mark.parametrize("first, then", [(False, True), (True, False), (True, True)])
 def test_a_checkpoint_resumes_across_compile_and_eager(tmp_path, monkeypatch, first, then):
     """``compile`` is a runtime choice (the experiment runner resumes an eager run's checkpoint compiled, e.g. the
     LeNet-5 front's seeds): a run stopped after 2 epochs and resumed the other way ends where one straight eager run
-    ends, to rounding (on the CPU the compiled step draws the eager step's random numbers)."""
+    ends, to rounding, when the compiled step draws the eager step's random numbers (``draws="generator"``); a
+    compiled run (its default draws: one key per step from torch's generator) resumed compiled ends where one straight
+    compiled run ends."""
     import functools
 
     from varbnn import train
 
     # the checkpoint's side of compile is the step function, whatever the backend: aot_eager spares inductor's compiles
-    monkeypatch.setattr(train, "_compiled_elbo_step", functools.partial(train._compiled_elbo_step, backend="aot_eager"))
+    draws = "generator" if first != then else None
+    monkeypatch.setattr(train, "_compiled_elbo_step", functools.partial(train._compiled_elbo_step, backend="aot_eager",
+                                                                        draws=draws))  # fmt: skip
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=g)
     y = (x[:, 0] > 0).long()
@@ -275,7 +298,7 @@ def test_a_checkpoint_resumes_across_compile_and_eager(tmp_path, monkeypatch, fi
                       checkpoint=path, resume=resume, compile=compile)  # fmt: skip
         return model, history
 
-    straight, straight_history = run(4, tmp_path / "straight.pt", False, False)
+    straight, straight_history = run(4, tmp_path / "straight.pt", False, first and then)
     run(2, tmp_path / "cut.pt", False, first)  # "killed" after 2 epochs
     resumed, history = run(4, tmp_path / "cut.pt", True, then)
     assert [h["epoch"] for h in history] == [1, 2, 3, 4]

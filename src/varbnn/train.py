@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from varbnn import metrics
+from varbnn import metrics, philox
 from varbnn._checks import as_int, as_positive_int
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
@@ -1468,6 +1468,10 @@ def _family_inductor_options(model: nn.Module) -> dict[str, Any]:
     return options
 
 
+COMPILED_DRAWS = ("counter", "generator", "inductor")
+"""Where a compiled step's weight noise can come from (``_compiled_elbo_step``'s ``draws``)."""
+
+
 def _compiled_elbo_step(
     model: nn.Module,
     nll: NLLFunction,
@@ -1477,13 +1481,17 @@ def _compiled_elbo_step(
     *,
     graves: bool = False,
     distributed: bool = False,
-    in_graph_random: bool | None = None,
+    draws: str | None = None,
     backend: str | Callable[..., Any] = "inductor",
 ) -> Callable[[torch.Tensor, torch.Tensor, float, int], ELBOTerms]:
     """``fit(compile=...)``'s step: ``step(x, y, beta, samples)`` accumulates the same ``.grad`` as
     :func:`_accumulated_elbo_gradient` from a :func:`torch.compile`-d loss (the forward, the NLL, the KL and the score
-    correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``in_graph_random`` (default:
-    on every device but the CPU) lets inductor draw the noise in its kernels; otherwise eager's generator draws it.
+    correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``draws``: where the weight
+    noise comes from: ``"counter"`` (the CPU's default) :mod:`varbnn.philox`'s generator inside the compiled kernels,
+    one key per call drawn from torch's generator; ``"inductor"`` (every other device's default) inductor's own
+    in-kernel generator; ``"generator"`` torch's generator, called as the eager step calls it (the same numbers for
+    the same seed). Other random calls (RDP's rejection rounds) use torch's generator in every mode but
+    ``"inductor"``.
     ``backend`` another torch.compile backend, a name or a callable (the tests trace every family with
     ``"aot_eager"``: the same graph capture and compiled backward, without inductor's slow code generation)."""
     mode = compile_mode(compile)
@@ -1504,8 +1512,18 @@ def _compiled_elbo_step(
         reasons = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
         raise ValueError(f"compile= is not available yet for this model ({reasons}); train it with compile=False")
 
-    def loss_terms(x: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if draws is None:
+        draws = "counter" if device.type == "cpu" else "inductor"
+    if draws not in COMPILED_DRAWS:
+        raise ValueError(f"draws must be one of {COMPILED_DRAWS}, got {draws!r}")
+    counter = draws == "counter"
+
+    def loss_terms(
+        x: torch.Tensor, y: torch.Tensor, beta: torch.Tensor, key: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
         share_sigmas_in_trace(True)  # one sigma per Gaussian family for the forward pass and the KL
+        if key is not None:
+            philox.begin_counter_draws(key)
         try:
             nll_value = nll(model(x), y)
             if not isinstance(nll_value, torch.Tensor) or nll_value.dim() != 0:
@@ -1513,14 +1531,14 @@ def _compiled_elbo_step(
             loss, kl_total = elbo_objective(nll_value, model, n_data, beta)
         finally:
             share_sigmas_in_trace(False)
+            if key is not None:
+                philox.end_counter_draws()
         return loss, nll_value.detach(), kl_total.detach()
 
     import torch._inductor
 
-    if in_graph_random is None:
-        in_graph_random = device.type != "cpu"
     options = dict(torch._inductor.list_mode_options(mode))
-    options["fallback_random"] = not in_graph_random
+    options["fallback_random"] = draws != "inductor"
     if device.type == "cpu":
         options.update(_family_inductor_options(model))
     # CUDA graphs ("reduce-overhead", "max-autotune"): each step is a new generation of torch's cudagraph trees (the
@@ -1551,7 +1569,8 @@ def _compiled_elbo_step(
         parts = []
         for _ in range(samples):
             try:
-                loss, nll_value, kl_total = compiled(x, y, beta_t)
+                key = philox.new_key(device) if counter else None
+                loss, nll_value, kl_total = compiled(x, y, beta_t, key)
                 (loss / samples if samples > 1 else loss).backward()
             finally:
                 torch.distributions.Distribution.set_default_validate_args(validate)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
+from varbnn import philox
 from varbnn._checks import as_bool, as_float_in
 from varbnn.divergence import NormalKLParts, _functorch_active, register_family_kl, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
@@ -292,7 +293,7 @@ def fused_sample(
     if _cached_stats(family, key) is not None:
         return None
     loc = family.loc
-    eps = noise() if noise is not None else torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+    eps = noise() if noise is not None else philox.randn(loc.shape, dtype=loc.dtype, device=loc.device)
     w, sigma, sum_log, sum_sq = draw(eps)
     _cache_stats(family, key, (sigma, None, sum_log, sum_sq), sources)
     return w
@@ -407,7 +408,7 @@ class _SquaredDistance(torch.autograd.Function):
 
 def _rademacher(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
     # Out of place, so that it also draws independent signs under torch.func.vmap(randomness="different").
-    uniform = torch.rand(shape, dtype=like.dtype, device=like.device)
+    uniform = philox.rand(shape, dtype=like.dtype, device=like.device)
     return torch.where(uniform < 0.5, -1.0, 1.0).to(like.dtype)
 
 
@@ -594,7 +595,7 @@ class MeanField(VariationalFamily):
             weight = self._fused_sample()  # a training step's first draw: the draw and sigma's statistics in one node
             if weight is not None:
                 return weight
-        eps = torch.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
+        eps = philox.randn(torch.Size(sample_shape) + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
         if sample_shape:
             weight = torch.addcmul(self.loc, self.scale, eps)
         else:
@@ -622,13 +623,13 @@ class MeanField(VariationalFamily):
                     sampled_bias = bias.weight("sample")
             mean = op(x, loc, bias_mean)
             var = op(op.squared_input(x), variance, bias_var)
-            out = mean + var.clamp_min(1e-30).sqrt() * torch.randn_like(mean)
+            out = mean + var.clamp_min(1e-30).sqrt() * philox.randn(mean.shape, dtype=mean.dtype, device=mean.device)
             return op.add_bias(out, sampled_bias) if sampled_bias is not None else out
         # flipout
         sigma = self.scale if self.weight_mask is None else self.scale * self.weight_mask
         b = bias.weight("sample") if bias is not None else None
         mean = op(x, loc, b)
-        delta = sigma * torch.randn_like(sigma)
+        delta = sigma * philox.randn(sigma.shape, dtype=sigma.dtype, device=sigma.device)
         perturbation = op(x * _rademacher(op.input_sign_shape(x), x), delta, None)
         return mean + perturbation * _rademacher(op.output_sign_shape(perturbation), perturbation)
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 
+from varbnn import philox
 from varbnn._checks import as_float_in, as_positive_int
 from varbnn.distributions.radial import Radial as RadialDistribution
 from varbnn.distributions.radial import radial_entropy_constant
@@ -158,8 +159,8 @@ class Radial(VariationalFamily):
     def _noise(self, sample_shape: torch.Size) -> torch.Tensor:
         """``(eps / ||eps||) * r`` of shape ``sample_shape + shape``: one direction and one radius per draw."""
         n = self.loc.dim()
-        eps = torch.randn(sample_shape + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
-        r = torch.randn(sample_shape + (1,) * n, dtype=self.loc.dtype, device=self.loc.device)
+        eps = philox.randn(sample_shape + self.loc.shape, dtype=self.loc.dtype, device=self.loc.device)
+        r = philox.randn(sample_shape + (1,) * n, dtype=self.loc.dtype, device=self.loc.device)
         dims = tuple(range(eps.dim() - n, eps.dim()))
         norm = torch.linalg.vector_norm(eps, dim=dims, keepdim=True).clamp_min(torch.finfo(eps.dtype).tiny)
         return eps.mul_(r / norm)  # the radius folded into one scalar per draw: one pass over the tensor

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
+from varbnn import philox
 from varbnn._checks import as_bool, as_float_in
 from varbnn._transforms import functorch_active
 from varbnn.distributions.vmf import (
@@ -399,7 +400,7 @@ class RadialDirectional(VariationalFamily):
         omega, sin_theta, score_terms = wood_sample(dim, kappa, 1000, with_score, self.ratio_method, resultant)  # type: ignore[arg-type]
         if score_terms is not None:
             score = score_terms.sum().to(param.dtype) / max(1, math.prod(sample_shape))  # score of the draws' average
-        noise = torch.randn(sample_shape + (groups,), dtype=param.dtype, device=param.device)
+        noise = philox.randn(sample_shape + (groups,), dtype=param.dtype, device=param.device)
         local_loc, local_rho, global_loc, global_rho = (self._param(grouping, name) for name in _RADIUS_PARAMS)
         if functorch_active():  # e.g. predict's vmap over draws: plain operations (the Function is not transform-ready)
             radius = _log_normal_radius(local_loc, local_rho, global_loc, global_rho, noise)
@@ -409,7 +410,7 @@ class RadialDirectional(VariationalFamily):
         if grouping == "column" and len(self._require_built()) == 2:  # a dense weight's columns: drawn in the weight's
             # layout, so the factor's output pass and the product with the row factor (double grouping) run along
             # memory (benchmarks/results/step-time); i.i.d. draws, the same distribution
-            tangent = torch.randn(sample_shape + (dim, groups), dtype=param.dtype, device=param.device).transpose(-1, -2)
+            tangent = philox.randn(sample_shape + (dim, groups), dtype=param.dtype, device=param.device).transpose(-1, -2)
         matrix = householder_sample(param, omega, sin_theta, radius, normalize=True, noise=tangent)
         return _from_groups(matrix, self._require_built(), grouping), score
 
