@@ -168,7 +168,8 @@ def test_the_fixed_proposal_path_of_other_devices_compiles_into_one_graph_and_eq
 @pytest.mark.parametrize("draws,backend", [("inductor", "inductor"), ("counter", "aot_eager")])
 def test_in_graph_random_is_equal_in_distribution(draws, backend):
     """Inductor's own generator (as on a GPU) and varbnn.philox's (the CPU's default; that inductor computes it as
-    eager does is test_philox's) draw other streams: the loss over N seeds must match eager's in mean and variance. Two-sample z statistic of the means, |z| < 4; log of the variance ratio within 4 standard errors,
+    eager does is test_philox's) draw other streams: the loss over N seeds must match eager's in mean and variance.
+    Two-sample z statistic of the means, |z| < 4; log of the variance ratio within 4 standard errors,
     sqrt(2/(N-1) + 2/(N-1)) for near-normal losses: a false alarm has probability < 1e-4 per check (fixed seeds, so
     the outcome is deterministic). A step whose draws were not random (zero variance) or shifted fails."""
     torch._dynamo.reset()
