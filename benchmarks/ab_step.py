@@ -82,6 +82,14 @@ def _no_family_options() -> None:
     varbnn.train._family_inductor_options = lambda model: {}
 
 
+def _plain_softplus() -> None:
+    import torch.nn.functional as F
+
+    import varbnn.families.gaussian as gaussian
+
+    gaussian.softplus = F.softplus
+
+
 def _generator_draws() -> None:
     import varbnn.train
 
@@ -102,6 +110,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
                         "instead of returning the heap's top to the system after each step", _glibc_keep_heap),
     "no-family-inductor-options": ("fit(compile=True) without the families' inductor options (inductor's defaults)",
                                    _no_family_options),
+    "plain-softplus": ("F.softplus in a compiled step (its backward formula's own exp(rho) beside sigma's)",
+                       _plain_softplus),
     "generator-draws": ("a compiled step's weight noise from torch's generator, called as the eager step calls it "
                         "(fit(compile=True)'s CPU draws until 2026-11-28)", _generator_draws),
 }  # fmt: skip

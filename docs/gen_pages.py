@@ -47,6 +47,7 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.analysis", "analysis", "Post-hoc analyses: SVD of trained stds, gradient signal-to-noise ratio."),
     ("varbnn.distributed", "distributed", "Data-parallel training under torchrun."),
     ("varbnn.ops", "ops", "Fused elementwise operations."),
+    ("varbnn.philox", "philox", "Counter-based random numbers (Philox4x32-10): fit(compile=True)'s CPU draws."),
     ("varbnn.experiments", "experiments", "The experiment configs and the runner."),
     ("varbnn.experiments.catalog", "experiments-catalog", "Every experiment of varbnn reproduce: config, run, page."),
     ("varbnn.experiments.engine", "experiments-engine", "Runs, records, resuming, workers, shards, provenance."),

@@ -730,3 +730,35 @@ def test_meanfield_subclasses_with_their_own_sigma_keep_it_in_training_and_predi
         torch.testing.assert_close(exp.scale, torch.ones(3, 3))
         torch.testing.assert_close(exp.variance, torch.ones(3, 3))
     torch.testing.assert_close(exp.scale, torch.ones(3, 3))
+
+
+def test_traced_softplus_equals_softplus_with_its_gradient():
+    """While torch.compile traces, sigma is ``log1p(exp(min(rho, 20)))`` (rho above 20): the same values as F.softplus
+    everywhere (far below, at and around the threshold, far above), and the same gradient, finite where exp(rho)
+    overflows; eager calls F.softplus itself."""
+    import torch._dynamo
+    import torch.nn.functional as F
+
+    from varbnn.families.gaussian import softplus
+
+    rho = torch.tensor([-200.0, -30.0, -5.0, 0.0, 3.0, 19.99, 20.0, 20.01, 88.0, 100.0, 1e4], dtype=torch.float64)
+    weights = torch.linspace(0.5, 2.0, len(rho), dtype=rho.dtype)
+
+    def value_and_grad(fn):
+        x = rho.clone().requires_grad_()
+        y = fn(x)
+        (g,) = torch.autograd.grad((y * weights).sum(), x)
+        return y.detach(), g
+
+    reference, reference_grad = value_and_grad(F.softplus)
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("aot_eager")
+    traced = torch.compile(softplus, backend=backend, fullgraph=True)
+    for y, g in (value_and_grad(softplus), value_and_grad(traced)):
+        assert torch.equal(y, reference)
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, reference_grad, rtol=1e-12, atol=0)
+    targets = {str(node.target) for node in backend.graphs[0].graph.nodes}
+    assert str(torch.log1p) in targets and str(F.softplus) not in targets  # the traced branch was the one compared

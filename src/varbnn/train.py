@@ -724,14 +724,16 @@ def fit(
     the plain network's eager step for every family, against 1.78x-3.71x without graphs), elsewhere in the default
     mode. A string (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``) is
     passed as its ``mode`` as it is. ``beta`` enters as a tensor, so an annealing schedule does not recompile. The
-    weight noise is drawn where it is cheapest: on the CPU by torch's own generator (inductor's ``fallback_random``),
-    so a compiled step draws exactly the numbers the eager step draws for the same seed; on other devices inside the
-    compiled kernels (a different stream, equal in distribution). The first steps are slow (compilation); a new batch
+    weight noise is drawn where it is cheapest: inside the compiled kernels, on the CPU by :mod:`varbnn.philox`'s
+    counter-based generator (one key per step from torch's generator, so ``torch.manual_seed`` still makes a run
+    reproducible; torch's own CPU generator fills a tensor on one thread), on other devices by inductor's. Either is
+    another random stream than the eager step's, equal in distribution; RDP's rejection rounds draw from torch's
+    generator on the CPU as the eager step does. The first steps are slow (compilation); a new batch
     shape (e.g. a last, smaller batch) compiles once more. Refused (``ValueError``) with the Graves estimator (its
     per-example gradients bypass the loss and its backward), with ``distributed`` training, and with any family whose
-    ``compile_unsupported`` says why. Verified against the eager step on the CPU (same seed, same loss and gradients):
-    MeanField (every estimator but Graves'), KTied, Delta, Radial and RadialDirectional (its rejection rounds run as
-    one opaque op).
+    ``compile_unsupported`` says why. Verified against the eager step on the CPU (same seed and the same draws, same
+    loss and gradients): MeanField (every estimator but Graves'), KTied, Delta, Radial and RadialDirectional (its
+    rejection rounds run as one opaque op).
 
     Every finished epoch is also logged at INFO level on the ``varbnn.train`` logger (loss, NLL, KL, beta).
 

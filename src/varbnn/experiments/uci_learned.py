@@ -266,8 +266,9 @@ def run_uci_learned(
     ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes.
     ``compile``: every training step through ``fit(compile=...)`` (``True`` or a torch.compile mode; a runtime choice
     like ``device``: the protocol hash does not change, each record names its mode, the page counts them). On the CPU
-    the compiled step draws the eager step's random numbers (RDP's Wood proposals too since commit 7128299; before it,
-    in one fixed batch: the same distribution, another random stream)."""
+    the compiled step drew the eager step's random numbers until 2026-11-28 (RDP's Wood proposals too since commit
+    7128299; before it, in one fixed batch); since then its weight noise comes from :mod:`varbnn.philox`: the same
+    distribution, another random stream."""
     if compile is not False:
         compile_mode(compile)  # a ValueError naming the allowed values before any run
         if distributed:  # what fit would refuse in the first run, after the data are loaded: refused before it

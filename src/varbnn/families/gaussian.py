@@ -171,6 +171,21 @@ def _cache_stats(family: Any, key: tuple[Any, ...], outputs: Any, sources: tuple
     object.__setattr__(family, "_scale_cache", (key, outputs, sources))
 
 
+SOFTPLUS_THRESHOLD = 20.0
+"""Above it ``softplus(x) = x`` in float arithmetic (torch's default threshold)."""
+
+
+def softplus(rho: torch.Tensor) -> torch.Tensor:
+    """``F.softplus(rho)``; while :func:`torch.compile` traces, the same values as ``log1p(t)`` with
+    ``t = exp(min(rho, 20))`` (``rho`` itself above 20), so that autograd's derivative ``t / (1 + t)`` reuses ``t``:
+    a compiled backward evaluates one exponential per element where softplus's own backward formula recomputes
+    ``exp(rho)`` beside the ``exp(rho)`` of sigma's recomputation (inductor did not merge the two)."""
+    if not torch.compiler.is_compiling():
+        return F.softplus(rho)
+    t = torch.exp(rho.clamp_max(SOFTPLUS_THRESHOLD))  # clamped: exp of a large rho would be inf, and 0 * inf NaN
+    return torch.where(rho > SOFTPLUS_THRESHOLD, rho, torch.log1p(t))
+
+
 def plain_stats(sigma: torch.Tensor, with_square: bool) -> ScaleStats:
     """The same four values computed directly from ``sigma`` (no fusion; outside training steps)."""
     flat = sigma.reshape(-1)
@@ -312,7 +327,7 @@ def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
         family,
         (rho,),
         lambda square: _SoftplusStats.apply(rho, square),
-        lambda square: plain_stats(F.softplus(rho), square),
+        lambda square: plain_stats(softplus(rho), square),
         with_square,
     )
 
@@ -322,8 +337,8 @@ def cached_softplus(family: Any) -> torch.Tensor:
     one softplus and one fused backward per step; outside training steps the softplus alone."""
     rho = family.rho
     if not _records_step((rho,)):
-        shared = _shared_sigma(family, lambda: F.softplus(rho))
-        return F.softplus(rho) if shared is None else shared
+        shared = _shared_sigma(family, lambda: softplus(rho))
+        return softplus(rho) if shared is None else shared
     return softplus_stats(family)[0]
 
 
@@ -533,7 +548,7 @@ class MeanField(VariationalFamily):
 
     def _plain_scale(self) -> torch.Tensor:
         """sigma computed directly, without statistics or cache (outside training steps)."""
-        return F.softplus(self.rho)
+        return softplus(self.rho)
 
     def _fused_sample(self) -> torch.Tensor | None:
         """A training step's first draw through a node that also gives sigma's statistics (:func:`fused_sample`), or

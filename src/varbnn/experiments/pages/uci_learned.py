@@ -104,8 +104,9 @@ def _compiled_line(rows: list[dict[str, Any]], labels: list[str]) -> str:
     return (
         f"- training steps: `fit(compile=...)` in {where}: a runtime choice, not the protocol (each record names "
         "it); on the CPU the compiled step "
-        "draws the eager step's random numbers (RDP's Wood proposals too since commit 7128299; before it, in one fixed "
-        "batch: the same distribution, another random stream)"
+        "drew the eager step's random numbers until 2026-11-28 (RDP's Wood proposals too since commit 7128299; before "
+        "it, in one fixed batch), its weight noise from varbnn.philox since: the same distribution, another random "
+        "stream"
     )
 
 
