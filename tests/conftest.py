@@ -38,6 +38,15 @@ def _seed() -> None:
     torch.manual_seed(1234)
 
 
+@pytest.fixture(autouse=True)
+def _keep_distribution_validation():
+    """A direct torch.compile call turns torch.distributions' global argument validation off and leaves it off; every
+    test gets it back as it was, so that a later test (e.g. the vMF bad-input table) sees what a user has."""
+    validating = torch.distributions.Distribution._validate_args
+    yield
+    torch.distributions.Distribution.set_default_validate_args(validating)
+
+
 @pytest.fixture
 def data_dir() -> Path:
     if not (DATA_DIR / "mnist").exists():

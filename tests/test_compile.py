@@ -45,15 +45,6 @@ CASES = [
 N_DATA = 100
 
 
-@pytest.fixture(autouse=True)
-def _keep_distribution_validation():
-    """Direct torch.compile calls in these tests leave torch.distributions' validation off; the later tests (e.g. the
-    vMF bad-input table) need it as the user has it."""
-    validating = torch.distributions.Distribution._validate_args
-    yield
-    torch.distributions.Distribution.set_default_validate_args(validating)
-
-
 def _model(name):
     torch.manual_seed(0)
     family, kwargs = FAMILIES[name]()
