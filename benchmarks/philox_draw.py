@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from sigma_param import OUT, SHAPES, _time, provenance, timing_args, write_result  # type: ignore[import-not-found]  # noqa: E402
+from sigma_param import OUT, SHAPES, _time, header_lines, provenance, timing_args, write_result  # type: ignore[import-not-found]  # noqa: E402
 
 from varbnn import philox  # noqa: E402
 
@@ -64,10 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     torch_ms, compiled_ms = list(rows.values())[:2]
     lines = [
-        "# philox_draw: one N(0, 1) draw per weight, torch's CPU generator against varbnn.philox", "",
-        f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
-        f"- torch {result['torch']}; {args.threads} threads; {weights:,} numbers per call (the MNIST MLP's weights); "
-        f"median of {args.repeats} rounds of {args.steps} calls; wall time {result['seconds']:.0f} s", "",
+        *header_lines("philox_draw: one N(0, 1) draw per weight, torch's CPU generator against varbnn.philox", result,
+                      f"{args.threads} threads; {weights:,} numbers per call (the MNIST MLP's weights); median of "
+                      f"{args.repeats} rounds of {args.steps} calls"),
         "| draw per call | ms |", "|---|---:|",
         *(f"| {name} | {ms:.3f} |" for name, ms in rows.items()), "",
         f"Compiled, the Philox draw takes {compiled_ms / torch_ms:.2f}x the time of torch's generator "

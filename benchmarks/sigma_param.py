@@ -85,6 +85,14 @@ def provenance(script: str, argv: list[str] | None) -> dict[str, Any]:
     return {"command": command, "commit": git_commit(), "device": device, "torch": torch.__version__}
 
 
+def header_lines(title: str, result: dict[str, Any], setting: str) -> list[str]:
+    """A result page's title and its command, commit, device and ``setting`` lines."""
+    return [
+        f"# {title}", "", f"- command: `{result['command']}`", f"- commit: `{result['commit']}`",
+        f"- device: {result['device']}", f"- torch {result['torch']}; {setting}; wall time {result['seconds']:.0f} s", "",
+    ]  # fmt: skip
+
+
 def write_result(out: Path, name: str, result: dict[str, Any], lines: list[str]) -> None:
     """``out/name.json`` (the result) and ``out/name.md`` (its page, also printed)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -125,10 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     softplus, exp = (rows[f"sigma = {p}(rho): draw, KL sums, backward"] for p in ("softplus", "exp"))
     lines = [
-        "# sigma_param: the per-weight work of a Gaussian posterior step, softplus against exp", "",
-        f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
-        f"- torch {result['torch']}; {weights:,} weights (the MNIST MLP's); median of {args.repeats} x {args.steps} "
-        f"calls; wall time {result['seconds']:.0f} s", "",
+        *header_lines("sigma_param: the per-weight work of a Gaussian posterior step, softplus against exp", result,
+                      f"{weights:,} weights (the MNIST MLP's); median of {args.repeats} x {args.steps} calls"),
         "| work per step (compiled by inductor) | ms |", "|---|---:|",
         *(f"| {name} | {ms:.3f} |" for name, ms in rows.items()), "",
         f"The softplus parameterisation's per-weight work costs {softplus / exp:.1f}x the exp parameterisation's "

@@ -20,7 +20,7 @@ that no operation overflows (signed overflow is undefined in the C++ that both e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -181,19 +181,26 @@ def counter_draws(key: torch.Tensor) -> Iterator[None]:
         end_counter_draws()
 
 
+def _draw(
+    shape: Sequence[int] | torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+    counter: Callable[[Sequence[int] | torch.Size, torch.Tensor, int, torch.dtype], torch.Tensor],
+    plain: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    draws = _active
+    if draws is None or draws.key.device != device:
+        return plain(shape, dtype=dtype, device=device)
+    return counter(shape, draws.key, draws.next_stream(), dtype)
+
+
 def randn(shape: Sequence[int] | torch.Size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.randn(shape, dtype=dtype, device=device)``, or the next stream's :func:`standard_normal` inside
     :func:`counter_draws` (for a key on ``device``)."""
-    draws = _active
-    if draws is None or draws.key.device != device:
-        return torch.randn(shape, dtype=dtype, device=device)
-    return standard_normal(shape, draws.key, draws.next_stream(), dtype)
+    return _draw(shape, dtype, device, standard_normal, torch.randn)
 
 
 def rand(shape: Sequence[int] | torch.Size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.rand(shape, dtype=dtype, device=device)``, or the next stream's :func:`uniform` inside
     :func:`counter_draws` (for a key on ``device``)."""
-    draws = _active
-    if draws is None or draws.key.device != device:
-        return torch.rand(shape, dtype=dtype, device=device)
-    return uniform(shape, draws.key, draws.next_stream(), dtype)
+    return _draw(shape, dtype, device, uniform, torch.rand)
