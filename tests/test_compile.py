@@ -135,6 +135,22 @@ def test_compiled_step_equals_eager_for_the_same_seed(name, backend):
         _assert_same_step(_run(eager_two, model, 9), _run(lambda _seed: plain(x, y, 0.5, 2), model, 9), "mc_samples=2")
 
 
+@pytest.mark.parametrize("name", ["meanfield-local", "radial-flipout"])
+def test_a_smaller_last_batch_recompiles_with_the_same_draws(name):
+    """A last, smaller batch makes dynamo recompile with symbolic sizes: the Philox draws' sizes (the local estimator's
+    noise per output, flipout's signs per example) are then symbols, and the step still equals eager's with the same
+    draws, for the full batch and the short one."""
+    torch._dynamo.reset()
+    model = _model(name)
+    x, y = _batch()
+    compiled = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend="aot_eager")
+    for rows, seed in ((8, 3), (5, 4)):
+        xs, ys = x[:rows], y[:rows]
+        eager = _counter(lambda _s, xs=xs, ys=ys: _accumulated_elbo_gradient(model, model, xs, ys, F.cross_entropy,
+                                                                             N_DATA, 0.5, 1))  # fmt: skip
+        _assert_same_step(_run(eager, model, seed), _run(lambda _s, xs=xs, ys=ys: compiled(xs, ys, 0.5, 1), model, seed), rows)
+
+
 @pytest.mark.parametrize("name", ["rdp-row", pytest.param("rdp-double", marks=pytest.mark.slow)])
 def test_the_fixed_proposal_path_of_other_devices_compiles_into_one_graph_and_equals_its_eager_form(name):
     """Off the CPU a compiled RDP step draws Wood's ``PROPOSALS_FIXED`` proposals at once (no host read); within
