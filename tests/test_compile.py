@@ -263,6 +263,8 @@ def test_fit_compile_refusals():
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 3)), MeanField(estimator="graves"))
     with pytest.raises(ValueError, match="compile=.*graves.*per-example"):
         fit(model, loader, n_data=8, epochs=1, progress=False, compile=True)
+    with pytest.raises(ValueError, match=r"draws must be one of \('counter', 'generator', 'inductor'\)"):
+        _compiled_elbo_step(_model("meanfield"), F.cross_entropy, N_DATA, torch.device("cpu"), True, draws="fast")
     with pytest.raises(ValueError, match="compile must be True, False or one of the modes"):
         fit(_model("meanfield"), loader, n_data=8, epochs=1, progress=False, compile="fast")
     # a family not verified under compile is refused by name rather than trained with a possibly different gradient

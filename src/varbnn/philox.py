@@ -107,7 +107,7 @@ def standard_normal(
 ) -> torch.Tensor:
     """``N(0, 1)`` numbers of ``shape`` from Philox's words for ``key`` (a 0-d int64 tensor, on the device to draw on)
     and ``stream``, by the Box-Muller transform: each counter's four words give two radii ``sqrt(-2 log u)`` with
-    ``u = (w + 1) / 2^32`` in ``(0, 1]`` (so the largest |z| is 6.66, torch's float32 CPU draw stops at 5.77) and two
+    ``u = (w + 1) / 2^32`` in ``(0, 1]`` (so the largest |z| is ``sqrt(64 ln 2)`` = 6.66) and two
     angles ``2 pi w / 2^32``; four normals per counter, in counter order. Computed in float32 (float64 for float64)."""
     numel, size = _shape(shape)
     work = _floats(dtype)
@@ -124,15 +124,17 @@ def standard_normal(
 def uniform(
     shape: Sequence[int] | torch.Size, key: torch.Tensor, stream: int = 0, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Uniform numbers in ``[0, 1)`` of ``shape``: each word's upper 24 bits (53 from two words for float64) over
-    2^24 (2^53), as torch's own ``rand`` resolves them."""
+    """Uniform numbers in ``[0, 1)`` of ``shape``: each word's upper ``p`` bits over ``2^p``, ``p`` the dtype's
+    significand bits (24 for float32, 11 for float16, 8 for bfloat16, so that every value is exact and below 1; 53
+    from two words for float64)."""
     numel, size = _shape(shape)
     work = _floats(dtype)
     if work == torch.float64:  # two words per number: 26 + 27 bits
         pairs = torch.stack(_blocks(2 * numel, key, stream), dim=-1).reshape(-1)[: 2 * numel].reshape(-1, 2)
         u = (((pairs[:, 0] >> 6) << 27) | (pairs[:, 1] >> 5)).to(work) * 2.0**-53
     else:
-        u = (torch.stack(_blocks(numel, key, stream), dim=-1) >> 8).to(work) * 2.0**-24
+        bits = 1 - round(math.log2(torch.finfo(dtype).eps))  # significand bits: float32 24, float16 11, bfloat16 8
+        u = (torch.stack(_blocks(numel, key, stream), dim=-1) >> (32 - bits)).to(work) * 2.0**-bits
     return u.reshape(-1)[:numel].reshape(size).to(dtype)
 
 
