@@ -10,8 +10,7 @@ guards on the patched globals and would recompile); the parent lets them take tu
         --variants current,ktied-plain-outer [--rounds 20] [--steps 30] [--name ktied_outer]
 
 Variants (``VARIANTS``): ``current`` (the code as it is) and the alternatives this file names, each the earlier or an
-alternative form of one change; ``a+b`` applies both (e.g. ``current+glibc-keep-heap``). Writes
-``benchmarks/results/step-time/ab_<name>.json`` / ``.md``.
+alternative form of one change. Writes ``benchmarks/results/step-time/ab_<name>.json`` / ``.md``.
 """
 
 from __future__ import annotations
@@ -88,25 +87,7 @@ def _plain_softplus() -> None:
 
     import varbnn.families.gaussian as gaussian
 
-    gaussian.softplus = lambda rho, save=True: F.softplus(rho)
-
-
-def _recomputed_softplus() -> None:
-    import varbnn.families.gaussian as gaussian
-    import varbnn.families.radial as radial
-
-    traced = gaussian.softplus
-    gaussian.softplus = lambda rho, save=True: traced(rho, save=False)
-    gaussian.MeanField.share_sigma_in_trace = False
-    radial.Radial.share_sigma_in_trace = False  # type: ignore[assignment]
-
-
-def _saved_softplus_every_estimator() -> None:
-    import varbnn.families.gaussian as gaussian
-    import varbnn.families.radial as radial
-
-    for cls in (gaussian.MeanField, radial.Radial):
-        cls.save_softplus_in_trace = cls.share_sigma_in_trace = True  # type: ignore[assignment,misc]
+    gaussian.softplus = F.softplus
 
 
 def _generator_draws() -> None:
@@ -131,27 +112,15 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
                                    _no_family_options),
     "plain-softplus": ("F.softplus in a compiled step (its backward formula's own exp(rho) beside sigma's)",
                        _plain_softplus),
-    "recomputed-softplus": ("the traced softplus without its saved exp(rho) and sigma (the backward recomputes both "
-                            "from rho), not shared by the forward pass and the KL, for every estimator "
-                            "(fit(compile=True) until 2026-11-29)",
-                            _recomputed_softplus),
-    "saved-softplus-every-estimator": ("the traced softplus saved (and sigma shared) for every estimator, not only "
-                                       "reparam", _saved_softplus_every_estimator),
     "generator-draws": ("a compiled step's weight noise from torch's generator, called as the eager step calls it "
                         "(fit(compile=True)'s CPU draws until 2026-11-28)", _generator_draws),
 }  # fmt: skip
 
 
-def _describe(variant: str) -> str:
-    """A variant's description; a '+'-joined set's descriptions joined by '; and '."""
-    return "; and ".join(VARIANTS[part][0] for part in variant.split("+"))
-
-
 def _child(candidate: str, variant: str, steps: int) -> None:
     """A contestant: patch, build and warm the step, then on each line of stdin time ``steps`` steps."""
     torch.set_num_threads(2)
-    for part in variant.split("+"):
-        VARIANTS[part][1]()
+    VARIANTS[variant][1]()
     from step_time import candidates  # type: ignore[import-not-found]
 
     table = candidates("mlp", torch.device("cpu"), compiled="compile" in candidate)
@@ -182,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         _child(args.candidate, args.child, args.steps)
         return
     variants = [v.strip() for v in args.variants.split(",")]
-    if len(variants) != 2 or any(part not in VARIANTS for v in variants for part in v.split("+")):
-        parser.error(f"--variants must name two of {sorted(VARIANTS)} (or '+'-joined sets of them), got {args.variants!r}")
+    if len(variants) != 2 or any(v not in VARIANTS for v in variants):
+        parser.error(f"--variants must name two of {sorted(VARIANTS)}, got {args.variants!r}")
     from step_time import candidates  # type: ignore[import-not-found]
 
     if args.candidate not in candidates("mlp", torch.device("cpu"), compiled=True):
@@ -228,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         f"- torch {result['torch']}; two processes taking turns, {args.rounds} rounds of {args.steps} steps each; "
         f"wall time {result['seconds']:.0f} s", "",
         "| variant | what it is | median step (ms) |", "|---|---|---:|",
-        *(f"| {v} | {_describe(v)} | {result['median_ms'][v]:.2f} |" for v in variants), "",
+        *(f"| {v} | {VARIANTS[v][0]} | {result['median_ms'][v]:.2f} |" for v in variants), "",
         f"Median of the per-round ratios {a} / {b}: **{result['median_ratio']:.3f}** (range "
         f"{min(ratios):.3f}-{max(ratios):.3f}).", "",
     ]  # fmt: skip

@@ -345,68 +345,13 @@ def _traced_calls(name, share=True):
 def test_a_tied_sigma_is_computed_once_for_the_forward_pass_and_the_kl():
     """Inside the compiled step the eager step's per-step sigma node does not trace, so the step shares KTied's tied
     sigma (a GEMM whose backward is two more) itself: one ``U V^T`` node per tied tensor (the model's two weights) where
-    the forward pass and the KL built one each. MeanField-reparam's softplus, saved for the backward, is shared too: one
-    checkpointed region per tensor (weights and biases), where the draw and the KL would each save their own. A
-    MeanField-local softplus is not saved and is left to inductor, which recomputes it inside each kernel that reads
-    it: one softplus per use (weights and biases, draw and KL), traced as ``log1p(exp(min(rho, 20)))``
-    (:func:`varbnn.families.gaussian.softplus`); F.softplus nowhere."""
+    the forward pass and the KL built one each. MeanField's elementwise softplus is left to inductor, which recomputes
+    it inside each kernel that reads it: one softplus per use (weights and biases, draw and KL), traced as
+    ``log1p(exp(min(rho, 20)))`` (:func:`varbnn.families.gaussian.softplus`), F.softplus nowhere."""
     shared, unshared = _traced_calls("ktied"), _traced_calls("ktied", share=False)
     assert shared["autograd_function_apply"] == unshared["autograd_function_apply"] - 2, (dict(shared), dict(unshared))
-    reparam, local = _traced_calls("meanfield"), _traced_calls("meanfield-local")
-    assert reparam["tag_activation_checkpoint"] == 4 and not reparam[str(torch.log1p)], dict(reparam)
-    assert local[str(torch.log1p)] == 8 and not local["tag_activation_checkpoint"], dict(local)
-    assert not reparam[str(F.softplus)] and not local[str(F.softplus)]
-
-
-def _backward_targets(name, save=None):
-    """The aten targets of the compiled step's backward graph, as inductor's partitioner (min-cut, which recomputes
-    what it can from the parameters) splits the joint graph; ``save`` overrides MeanField's choice to save the softplus's
-    tensors."""
-    from collections import Counter
-
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-
-    from varbnn.families.gaussian import MeanField as GaussianMeanField
-
-    graphs = {}
-
-    def keep(kind):
-        def compiler(gm, example_inputs):
-            graphs[kind] = gm
-            return make_boxed_func(gm.forward)
-
-        return compiler
-
-    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
-                           partition_fn=min_cut_rematerialization_partition)  # fmt: skip
-    torch._dynamo.reset()
-    model = _model(name)
-    x, y = _batch()
-    real = GaussianMeanField.__dict__["save_softplus_in_trace"]
-    if save is not None:
-        GaussianMeanField.save_softplus_in_trace = save
-    try:  # traced at the first call
-        step = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)
-        step(x, y, 0.5, 1)
-    finally:
-        GaussianMeanField.save_softplus_in_trace = real
-    return Counter(str(node.target) for node in graphs["backward"].graph.nodes if node.op == "call_function")
-
-
-@pytest.mark.parametrize("name", ["meanfield", "radial"])
-def test_a_compiled_step_saves_the_softplus_for_its_backward(name):
-    """The softplus's ``exp(rho)`` and sigma are saved by the forward graph (a selective activation-checkpoint region,
-    ``MUST_SAVE``), so the backward graph evaluates no exponential and no logarithm per weight; without the region the
-    partitioner, for which parameters are free to keep, recomputes sigma (``log1p``; on the MLP step of the benchmarks
-    ``exp(rho)`` too) from rho in the backward, as it does for MeanField-local, which does not save them
-    (``save_softplus_in_trace``: slower so, measured)."""
-    saved = _backward_targets(name)
-    assert not saved["aten.exp.default"] and not saved["aten.log1p.default"], dict(saved)
-    if name == "meanfield":
-        recomputed = _backward_targets(name, save=False)
-        assert recomputed["aten.log1p.default"] == 4, dict(recomputed)  # weights and biases
-        assert _backward_targets("meanfield-local")["aten.log1p.default"] == 4
+    meanfield = _traced_calls("meanfield")
+    assert meanfield[str(torch.log1p)] == 8 and not meanfield[str(F.softplus)], dict(meanfield)
 
 
 def test_families_ask_inductor_for_their_options_and_fit_merges_them():

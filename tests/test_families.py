@@ -732,12 +732,10 @@ def test_meanfield_subclasses_with_their_own_sigma_keep_it_in_training_and_predi
     torch.testing.assert_close(exp.scale, torch.ones(3, 3))
 
 
-@pytest.mark.parametrize("save", [True, False])
-def test_traced_softplus_equals_softplus_with_its_gradient(save):
+def test_traced_softplus_equals_softplus_with_its_gradient():
     """While torch.compile traces, sigma is ``log1p(exp(min(rho, 20)))`` (rho above 20): the same values as F.softplus
     everywhere (far below, at and around the threshold, far above), and the same gradient, finite where exp(rho)
-    overflows, with its tensors saved for the backward (a checkpointed region, ``save=True``) or not; eager calls
-    F.softplus itself."""
+    overflows; eager calls F.softplus itself."""
     import torch._dynamo
     import torch.nn.functional as F
 
@@ -748,11 +746,11 @@ def test_traced_softplus_equals_softplus_with_its_gradient(save):
 
     def value_and_grad(fn):
         x = rho.clone().requires_grad_()
-        y = fn(x, save=save)
+        y = fn(x)
         (g,) = torch.autograd.grad((y * weights).sum(), x)
         return y.detach(), g
 
-    reference, reference_grad = value_and_grad(lambda x, save: F.softplus(x))
+    reference, reference_grad = value_and_grad(F.softplus)
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
@@ -762,32 +760,5 @@ def test_traced_softplus_equals_softplus_with_its_gradient(save):
         assert torch.equal(y, reference)
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, reference_grad, rtol=1e-12, atol=0)
-    top = {str(node.target) for node in backend.graphs[0].graph.nodes}
-    every = {str(node.target) for module in backend.graphs[0].modules() for node in module.graph.nodes}
-    assert str(torch.log1p) in every and str(F.softplus) not in every  # the traced branch was the one compared
-    assert ("tag_activation_checkpoint" in top) == save and (str(torch.log1p) in top) != save
-
-
-def test_torchs_checkpoint_advice_is_dropped_once_the_saved_softplus_traced():
-    """torch advises, once per process, against in-place operations in a selective-checkpoint region under
-    torch.compile; the filter varbnn puts on that logger drops exactly that advice once the saved softplus (a region
-    with none) has been traced, and nothing else."""
-    import logging
-
-    import torch._dynamo
-
-    import varbnn.families.gaussian as gaussian
-
-    filters = logging.getLogger("torch._higher_order_ops.wrap").filters
-    (own,) = [f for f in filters if isinstance(f, gaussian._OwnCheckpointWarning)]
-    advice = "\nDetected that context_fn is passed to torch.utils.checkpoint under torch.compile.\nPlease make sure ..."
-
-    def record(message):
-        return logging.LogRecord("torch._higher_order_ops.wrap", logging.WARNING, __file__, 1, message, None, None)
-
-    torch._dynamo.reset()
-    rho = torch.randn(5, requires_grad=True)
-    torch.compile(gaussian.softplus, backend="aot_eager")(rho).sum().backward()
-    assert gaussian._traced_a_saved_softplus and rho.grad is not None
-    assert not own.filter(record(advice))
-    assert own.filter(record("any other warning of that module"))
+    targets = {str(node.target) for node in backend.graphs[0].graph.nodes}
+    assert str(torch.log1p) in targets and str(F.softplus) not in targets  # the traced branch was the one compared

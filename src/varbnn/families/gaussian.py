@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import weakref
 from collections.abc import Callable
@@ -13,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Distribution, Independent, Normal
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from varbnn import philox
 from varbnn._checks import as_bool, as_float_in
@@ -99,14 +97,12 @@ _step_sigmas: dict[int, torch.Tensor] | None = None  # a compiled training step'
 
 def share_sigmas_in_trace(active: bool) -> None:
     """Start (``True``) or end (``False``) sharing sigma within the compiled training step being traced
-    (``fit(compile=...)``'s loss), for the families whose ``share_sigma_in_trace`` is true (KTied's tied tensors, and
-    the softplus sigmas a step saves: MeanField's and Radial's with the reparam estimator).
+    (``fit(compile=...)``'s loss), for the families whose ``share_sigma_in_trace`` is true (KTied's tied tensors).
     Inside it the eager step's per-step node and cache are not used (they do not trace), so without sharing the forward
     pass and the KL each compute sigma and autograd runs sigma's backward once for each: for KTied, two pairs of its
-    ``G V`` / ``G^T U`` GEMMs per tensor and step; for a saved softplus sigma, two checkpointed regions, each saving its
-    own ``exp(rho)`` and sigma (:func:`softplus`). A softplus sigma that is not saved is not shared either: inductor
-    recomputes it inside the kernels that read it (shared, a compiled MeanField step was no faster:
-    ``benchmarks/results/step-time/ab_meanfield_shared_sigma.md``)."""
+    ``G V`` / ``G^T U`` GEMMs per tensor and step. An elementwise sigma (``softplus(rho)``) is not shared: inductor
+    recomputes it inside the kernels that read it, where one shared node would be written out and read back (shared,
+    a compiled MeanField step was 2.2% slower on the CPU: ``benchmarks/results/step-time/ab_meanfield_shared_sigma.md``)."""
     global _step_sigmas
     _step_sigmas = {} if active else None
 
@@ -179,65 +175,15 @@ SOFTPLUS_THRESHOLD = 20.0
 """Above it ``softplus(x) = x`` in float arithmetic (torch's default threshold)."""
 
 
-def softplus(rho: torch.Tensor, save: bool = True) -> torch.Tensor:
+def softplus(rho: torch.Tensor) -> torch.Tensor:
     """``F.softplus(rho)``; while :func:`torch.compile` traces, the same values as ``log1p(t)`` with
-    ``t = exp(min(rho, 20))`` (``rho`` itself above 20), so that autograd's derivative ``t / (1 + t)`` reuses ``t``
-    (softplus's own backward formula recomputes ``exp(rho)``), and, with ``save`` (default) when ``rho`` has a
-    gradient, with ``t`` and sigma saved for the backward (:func:`_saved_softplus`)."""
+    ``t = exp(min(rho, 20))`` (``rho`` itself above 20), so that autograd's derivative ``t / (1 + t)`` reuses ``t``:
+    a compiled backward evaluates one exponential per element where softplus's own backward formula recomputes
+    ``exp(rho)`` beside the ``exp(rho)`` of sigma's recomputation (inductor did not merge the two)."""
     if not torch.compiler.is_compiling():
         return F.softplus(rho)
-    if save and torch.is_grad_enabled() and rho.requires_grad:
-        return _saved_softplus(rho)
-    return _traced_softplus(rho)
-
-
-def family_softplus(family: Any) -> torch.Tensor:
-    """``softplus(family.rho)``, saving its tensors in a compiled step as the family asks
-    (``family.save_softplus_in_trace``; no if it has none)."""
-    return softplus(family.rho, save=getattr(family, "save_softplus_in_trace", False))
-
-
-def _traced_softplus(rho: torch.Tensor) -> torch.Tensor:
     t = torch.exp(rho.clamp_max(SOFTPLUS_THRESHOLD))  # clamped: exp of a large rho would be inf, and 0 * inf NaN
     return torch.where(rho > SOFTPLUS_THRESHOLD, rho, torch.log1p(t))
-
-
-_SAVED_SOFTPLUS_OPS = (torch.ops.aten.exp.default, torch.ops.aten.where.self)
-
-
-def _save_exp_and_sigma(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVED_SOFTPLUS_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _saved_softplus(rho: torch.Tensor) -> torch.Tensor:
-    """The traced softplus as a selective activation-checkpoint region whose ``exp(rho)`` and sigma are saved for the
-    backward (``MUST_SAVE``). Without it inductor's partitioner, for which parameters are free to keep, recomputes both
-    from ``rho`` in the backward: an ``exp`` and a ``log1p`` per weight, where reading two saved tensors back is
-    cheaper on the CPU for some estimators (:attr:`MeanField.save_softplus_in_trace`)."""
-    global _traced_a_saved_softplus
-    _traced_a_saved_softplus = True
-    return checkpoint(
-        _traced_softplus,
-        rho,
-        use_reentrant=False,
-        context_fn=functools.partial(create_selective_checkpoint_contexts, _save_exp_and_sigma),
-    )
-
-
-_traced_a_saved_softplus = False
-_CONTEXT_FN_WARNING = "context_fn is passed to torch.utils.checkpoint under torch.compile"
-
-
-class _OwnCheckpointWarning(logging.Filter):
-    """Drops torch's once-per-process advice to keep in-place operations out of a selective activation-checkpoint region
-    under torch.compile once :func:`_saved_softplus` has been traced (its region has none), so that
-    ``fit(compile=True)`` does not print it to every user."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_traced_a_saved_softplus and _CONTEXT_FN_WARNING in record.getMessage())
-
-
-logging.getLogger("torch._higher_order_ops.wrap").addFilter(_OwnCheckpointWarning())
 
 
 def plain_stats(sigma: torch.Tensor, with_square: bool) -> ScaleStats:
@@ -381,7 +327,7 @@ def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
         family,
         (rho,),
         lambda square: _SoftplusStats.apply(rho, square),
-        lambda square: plain_stats(family_softplus(family), square),
+        lambda square: plain_stats(softplus(rho), square),
         with_square,
     )
 
@@ -391,8 +337,8 @@ def cached_softplus(family: Any) -> torch.Tensor:
     one softplus and one fused backward per step; outside training steps the softplus alone."""
     rho = family.rho
     if not _records_step((rho,)):
-        shared = _shared_sigma(family, lambda: family_softplus(family))
-        return family_softplus(family) if shared is None else shared
+        shared = _shared_sigma(family, lambda: softplus(rho))
+        return softplus(rho) if shared is None else shared
     return softplus_stats(family)[0]
 
 
@@ -516,24 +462,6 @@ class MeanField(VariationalFamily):
 
     default_kl_weight = 0.1  # benchmarks/results/defaults: lowest mean validation NLL ratio over three tasks
 
-    @property
-    def save_softplus_in_trace(self) -> bool:
-        """Whether a compiled training step saves the softplus's ``exp(rho)`` and sigma for its backward
-        (:func:`softplus`; then sigma is also computed once for the forward pass and the KL,
-        :attr:`share_sigma_in_trace`): for the ``"reparam"`` estimator. In interleaved A/B runs of the compiled MLP step
-        on a 2-core CPU (``benchmarks/results/step-time/ab_*_saved_softplus.md``) saving made a MeanField-reparam step
-        0.82x as long and a Radial-reparam one 0.93x, but a flipout step 1.13x and a local one 1.04x (their own
-        per-weight tensors, ``sigma * eps`` and ``sigma^2``, are written anyway; two more are memory that glibc gives
-        back after each step and faults in again on the next, unless :func:`varbnn.train.keep_freed_memory`)."""
-        return self.estimator == "reparam"
-
-    @property
-    def share_sigma_in_trace(self) -> bool:
-        """A compiled training step computes sigma once for the forward pass and the KL (one checkpointed softplus, whose
-        saved tensors both read) when it saves the softplus (:attr:`save_softplus_in_trace`); see
-        :func:`share_sigmas_in_trace`."""
-        return self.save_softplus_in_trace
-
     estimators = _ESTIMATORS
     estimator_layers = {
         "reparam": LAYER_KINDS,
@@ -620,7 +548,7 @@ class MeanField(VariationalFamily):
 
     def _plain_scale(self) -> torch.Tensor:
         """sigma computed directly, without statistics or cache (outside training steps)."""
-        return family_softplus(self)
+        return softplus(self.rho)
 
     def _fused_sample(self) -> torch.Tensor | None:
         """A training step's first draw through a node that also gives sigma's statistics (:func:`fused_sample`), or

@@ -181,8 +181,8 @@ class KTied(MeanField):
     @property
     def share_sigma_in_trace(self) -> bool:
         """A compiled step computes a tied sigma (a GEMM) once for the forward pass and the KL (see
-        :func:`~varbnn.families.gaussian.share_sigmas_in_trace`); an untied one as MeanField does."""
-        return self.tied or super().share_sigma_in_trace
+        :func:`~varbnn.families.gaussian.share_sigmas_in_trace`)."""
+        return self.tied
 
     @property
     def tied(self) -> bool:

@@ -86,18 +86,6 @@ class Radial(VariationalFamily):
 
     default_kl_weight = 0.3  # benchmarks/results/defaults (with the per-element start, init_std=None)
 
-    @property
-    def save_softplus_in_trace(self) -> bool:
-        """Whether a compiled training step saves the softplus's ``exp(rho)`` and sigma for its backward, and computes
-        sigma once for the forward pass and the KL, as :class:`MeanField` does: with the ``"reparam"`` estimator (a
-        compiled Radial-reparam MLP step took 0.93x the time so; ``benchmarks/results/step-time/ab_radial_saved_softplus.md``)."""
-        return self.estimator == "reparam"
-
-    @property
-    def share_sigma_in_trace(self) -> bool:
-        """See :attr:`save_softplus_in_trace`."""
-        return self.save_softplus_in_trace
-
     estimators = _ESTIMATORS
     estimator_layers = {"reparam": LAYER_KINDS, "flipout": ("linear", "conv1d", "conv2d", "conv3d")}
 
