@@ -4,19 +4,29 @@ The 2-core CPU's speed moves by 20-40% within minutes, more than most single cha
 taken one after the other cannot tell such a change from the machine. Here each variant runs in its own long-lived
 process (a variant patches the library before the step is built and traced, which one process could not undo: dynamo
 guards on the patched globals and would recompile); the parent lets them take turns, ``--steps`` steps each, for
-``--rounds`` rounds, so that both see the same machine, and reports the median of the per-round ratios.
+``--rounds`` rounds (in a shuffled order each round), so that both see the same machine, and reports the median of the
+per-round ratios.
+
+Two processes of the same code can differ for a whole run: A/A runs (``--variants current,current-again``) of the
+compiled MeanField-reparam step gave per-process ratios of 0.91-1.09 under glibc's default allocator and 0.96-1.01 with
+``+glibc-keep-heap``. ``--processes K`` runs K processes per variant (pairs taking turns) and reports how far each
+variant's own processes differ; read a ratio inside that spread as no difference.
 
     .venv/bin/python benchmarks/ab_step.py --candidate "KTied(rank=2)-reparam, fit(compile=True)" \\
-        --variants current,ktied-plain-outer [--rounds 20] [--steps 30] [--name ktied_outer]
+        --variants current,ktied-plain-outer [--rounds 20] [--steps 30] [--processes 3] [--name ktied_outer]
 
 Variants (``VARIANTS``): ``current`` (the code as it is) and the alternatives this file names, each the earlier or an
-alternative form of one change. Writes ``benchmarks/results/step-time/ab_<name>.json`` / ``.md``.
+alternative form of one change; ``a+b`` applies both (e.g. ``current+glibc-keep-heap``: glibc's default allocator
+decides per process, from the sizes it has freed so far, which buffers get their own mappings, so a change that
+alters a step's allocations can meet a different allocator state in each process). Writes
+``benchmarks/results/step-time/ab_<name>.json`` / ``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import random
 import statistics
 import subprocess
 import sys
@@ -98,6 +108,8 @@ def _generator_draws() -> None:
 
 VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "current": ("the code as it is", lambda: None),
+    "current-again": ("the code as it is, in the other process (an A/A run: how far two processes of the same code "
+                      "differ)", lambda: None),
     "ktied-plain-outer": ("KTied's compiled sigma as a plain `u @ v.T` (autograd's mm backward: `G @ v`, `G^T @ u`)",
                           _plain_outer),
     "ktied-plain-thin-gemms": ("KTied's eager node with `G @ v` and `G^T @ u` as they are (and as addmm)",
@@ -117,10 +129,16 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
 }  # fmt: skip
 
 
+def _describe(variant: str) -> str:
+    """A variant's description; a '+'-joined set's descriptions joined by '; and '."""
+    return "; and ".join(VARIANTS[part][0] for part in variant.split("+"))
+
+
 def _child(candidate: str, variant: str, steps: int) -> None:
     """A contestant: patch, build and warm the step, then on each line of stdin time ``steps`` steps."""
     torch.set_num_threads(2)
-    VARIANTS[variant][1]()
+    for part in variant.split("+"):
+        VARIANTS[part][1]()
     from step_time import candidates  # type: ignore[import-not-found]
 
     table = candidates("mlp", torch.device("cpu"), compiled="compile" in candidate)
@@ -143,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default="current", help=f"two of {sorted(VARIANTS)}, comma-separated")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--processes", type=int, default=1,
+                        help="processes per variant (default 1): two processes of the same code can differ by several "
+                             "percent for the whole run (e.g. glibc's allocator state), which more processes average out")
     parser.add_argument("--name", default=None, help="the result file's name: ab_NAME (default: from the variants)")
     parser.add_argument("--out", default=str(OUT), help="the results folder (default: benchmarks/results/step-time)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -150,9 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.child is not None:
         _child(args.candidate, args.child, args.steps)
         return
+    if args.processes < 1:
+        parser.error(f"--processes must be an int >= 1, got {args.processes}")
     variants = [v.strip() for v in args.variants.split(",")]
-    if len(variants) != 2 or any(v not in VARIANTS for v in variants):
-        parser.error(f"--variants must name two of {sorted(VARIANTS)}, got {args.variants!r}")
+    if len(variants) != 2 or variants[0] == variants[1] or any(part not in VARIANTS for v in variants for part in v.split("+")):
+        parser.error(f"--variants must name two different ones of {sorted(VARIANTS)} (or '+'-joined sets of them; "
+                     f"current-again for an A/A run), got {args.variants!r}")
     from step_time import candidates  # type: ignore[import-not-found]
 
     if args.candidate not in candidates("mlp", torch.device("cpu"), compiled=True):
@@ -160,19 +184,23 @@ def main(argv: list[str] | None = None) -> None:
     from sigma_param import provenance, write_result  # type: ignore[import-not-found]
 
     start = time.perf_counter()
+    k = args.processes
+    order = [v for _ in range(k) for v in variants]  # A1, B1, A2, B2, ...: every process takes its turn each round
     procs = [
         subprocess.Popen([sys.executable, __file__, "--candidate", args.candidate, "--child", v, "--steps", str(args.steps)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        for v in variants
+        for v in order
     ]  # fmt: skip
     try:
         for proc in procs:
             line = proc.stdout.readline() if proc.stdout else ""
             if line.strip() != "ready":
                 raise RuntimeError(f"a contestant failed to start (got {line!r}); run it alone with --child to see why")
-        times: list[list[float]] = [[], []]
+        times: list[list[float]] = [[] for _ in procs]
+        turns = random.Random(0)
         for _ in range(args.rounds):
-            for i, proc in enumerate(procs):
+            for i in turns.sample(range(len(procs)), len(procs)):  # a new order each round: no process always first
+                proc = procs[i]
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
@@ -182,24 +210,37 @@ def main(argv: list[str] | None = None) -> None:
             if proc.stdin:
                 proc.stdin.close()
             proc.wait(timeout=60)
-    ratios = [a / b for a, b in zip(*times)]
+    by_process = {v: [times[i] for i in range(len(procs)) if order[i] == v] for v in variants}
+    ratios = [a / b for pair in range(k) for a, b in zip(times[2 * pair], times[2 * pair + 1])]
+    process_medians = {v: [statistics.median(t) for t in by_process[v]] for v in variants}
     name = args.name or "_".join(v.replace("-", "_") for v in variants)
     result: dict[str, Any] = {
         "name": f"ab_{name}", **provenance("ab_step.py", argv), "candidate": args.candidate, "variants": variants,
-        "rounds": args.rounds, "steps": args.steps, "ms": dict(zip(variants, times)),
-        "median_ms": {v: statistics.median(t) for v, t in zip(variants, times)},
+        "rounds": args.rounds, "steps": args.steps, "processes": k,
+        "ms": {v: [x for t in by_process[v] for x in t] for v in variants}, "ms_by_process": by_process,
+        "median_ms": {v: statistics.median(x for t in by_process[v] for x in t) for v in variants},
+        "process_median_ms": process_medians,
         "median_ratio": statistics.median(ratios), "seconds": round(time.perf_counter() - start, 1),
     }  # fmt: skip
     a, b = variants
+    spread = [
+        f"Each variant's {k} processes (the median step of each): "
+        + "; ".join(f"{v} {', '.join(f'{m:.2f}' for m in process_medians[v])} ms" for v in variants)
+        + ". Processes of the same code differ by up to "
+        + ", ".join(f"{max(process_medians[v]) / min(process_medians[v]):.3f}x" for v in variants)
+        + " (read a ratio inside that spread as no difference).", "",
+    ] if k > 1 else []  # fmt: skip
     lines = [
         f"# A/B: {args.candidate}, {a} against {b}", "",
         f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
-        f"- torch {result['torch']}; two processes taking turns, {args.rounds} rounds of {args.steps} steps each; "
-        f"wall time {result['seconds']:.0f} s", "",
+        f"- torch {result['torch']}; {2 * k} processes ({k} per variant) taking turns, {args.rounds} rounds of "
+        f"{args.steps} steps each; wall time {result['seconds']:.0f} s", "",
         "| variant | what it is | median step (ms) |", "|---|---|---:|",
-        *(f"| {v} | {VARIANTS[v][0]} | {result['median_ms'][v]:.2f} |" for v in variants), "",
-        f"Median of the per-round ratios {a} / {b}: **{result['median_ratio']:.3f}** (range "
-        f"{min(ratios):.3f}-{max(ratios):.3f}).", "",
+        *(f"| {v} | {_describe(v)} | {result['median_ms'][v]:.2f} |" for v in variants), "",
+        f"Median of the per-round ratios {a} / {b}"
+        + (f" (each of the {k} pairs of processes, every round)" if k > 1 else "")
+        + f": **{result['median_ratio']:.3f}** (range {min(ratios):.3f}-{max(ratios):.3f}).", "",
+        *spread,
     ]  # fmt: skip
     write_result(Path(args.out), f"ab_{name}", result, lines)
 
