@@ -7,9 +7,10 @@ guards on the patched globals and would recompile); the parent lets them take tu
 ``--rounds`` rounds (in a shuffled order each round), so that both see the same machine, and reports the median of the
 per-round ratios.
 
-Two processes of the same code can differ for a whole run: A/A runs (``--variants current,current-again``) of the
-compiled MeanField-reparam step gave per-process ratios of 0.91-1.09 under glibc's default allocator and 0.96-1.01 with
-``+glibc-keep-heap``. ``--processes K`` runs K processes per variant (pairs taking turns) and reports how far each
+Two processes of the same code can differ for a whole run: in A/A runs (``--variants current,current-again``, three
+processes each, ``ab_meanfield_a_a.md``) the compiled MeanField-reparam step's six processes had median steps of
+6.63-7.60 ms under glibc's default allocator, and 7.45-7.77 ms with ``+glibc-keep-heap`` (``_glibc_keep_heap.md``).
+``--processes K`` runs K processes per variant (pairs taking turns) and reports how far each
 variant's own processes differ; read a ratio inside that spread as no difference.
 
     .venv/bin/python benchmarks/ab_step.py --candidate "KTied(rank=2)-reparam, fit(compile=True)" \\

@@ -34,7 +34,29 @@ def test_two_contestants_take_turns_and_every_round_is_recorded(tmp_path):
 
 def test_bad_variants_and_candidates_are_refused_naming_the_argument(tmp_path):
     for args, flag in ((("--variants", "current,nope"), "--variants"), (("--variants", "current"), "--variants"),
-                       (("--candidate", "no such step", "--variants", "current,current"), "--candidate")):  # fmt: skip
+                       (("--variants", "current,current"), "--variants"),
+                       (("--variants", "current,inductor-realize-8+nope"), "--variants"),
+                       (("--variants", "current,current-again", "--processes", "0"), "--processes"),
+                       (("--candidate", "no such step", "--variants", "current,current-again"), "--candidate")):  # fmt: skip
         done = _run("--candidate", "deterministic", *args, "--out", str(tmp_path))
         assert done.returncode == 2 and flag in done.stderr, done.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+def test_several_processes_per_variant_and_joined_variants(tmp_path):
+    """--processes 2: four processes take turns (two per variant); the result keeps each process's rounds, the page
+    says how far each variant's own processes differ; a '+'-joined variant applies both parts."""
+    done = _run("--candidate", "deterministic", "--variants", "current,current-again+inductor-realize-8", "--rounds", "3",
+                "--steps", "2", "--processes", "2", "--name", "t", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "ab_t.json").read_text())
+    a, b = result["variants"]
+    assert result["processes"] == 2
+    assert [[len(t) for t in result["ms_by_process"][v]] for v in (a, b)] == [[3, 3], [3, 3]]
+    assert [len(result["ms"][v]) for v in (a, b)] == [6, 6]
+    pairs = zip(result["ms_by_process"][a], result["ms_by_process"][b])
+    ratios = sorted(x / y for ta, tb in pairs for x, y in zip(ta, tb))
+    assert math.isclose(result["median_ratio"], (ratios[2] + ratios[3]) / 2)
+    page = (tmp_path / "ab_t.md").read_text()
+    assert "4 processes (2 per variant)" in page and "Processes of the same code differ by up to" in page
+    assert "an A/A run" in page and "; and inductor's realize_opcount_threshold 8" in page
