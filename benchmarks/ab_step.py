@@ -80,6 +80,20 @@ def _realize_8() -> None:
     torch._inductor.config.realize_opcount_threshold = 8
 
 
+def _no_inductor_asserts() -> None:
+    import torch._inductor.config
+
+    torch._inductor.config.size_asserts = False
+    torch._inductor.config.scalar_asserts = False
+    torch._inductor.config.alignment_asserts = False
+
+
+def _cpp_wrapper() -> None:
+    import torch._inductor.config
+
+    torch._inductor.config.cpp_wrapper = True
+
+
 def _glibc_keep_heap() -> None:
     from varbnn.train import keep_freed_memory
 
@@ -119,6 +133,9 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "meanfield-shared-sigma": ("MeanField's softplus sigma shared by the forward pass and the KL in a compiled step",
                                _shared_softplus),
     "inductor-realize-8": ("inductor's realize_opcount_threshold 8 (default 30)", _realize_8),
+    "no-inductor-asserts": ("inductor's size, scalar and alignment asserts off (its generated code checks every input's "
+                            "sizes and strides on every call by default)", _no_inductor_asserts),
+    "cpp-wrapper": ("inductor's cpp_wrapper (the compiled graphs' calling code in C++ instead of Python)", _cpp_wrapper),
     "glibc-keep-heap": ("glibc keeps freed memory in its heap (mallopt: trim threshold 1 GiB, mmap threshold 32 MiB) "
                         "instead of returning the heap's top to the system after each step", _glibc_keep_heap),
     "no-family-inductor-options": ("fit(compile=True) without the families' inductor options (inductor's defaults)",

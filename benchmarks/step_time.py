@@ -5,7 +5,7 @@ Models: ``mlp`` (784-400-400-10, batch 128; the default), ``lenet5`` (LeNet-5-Ca
 step), on ``--device cpu`` or ``cuda`` (steps synchronised on CUDA; throughput in images/s).
 
 Usage: python benchmarks/step_time.py [--model mlp] [--device cpu] [--steps 30] [--repeats 10] [--warmup 20] [--threads 2]
-       [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--skip SUBSTRING]
+       [--optimizer fit|adam] [--mc-samples 2,4] [--compile] [--only SUBSTRING,...] [--skip SUBSTRING] [--processes K]
        [--out benchmarks/results/step-time]
 Every candidate (the deterministic baseline and the peers too) steps with the same optimizer: by default what
 ``varbnn.fit`` uses (Adam, fused where torch supports it), or ``--optimizer adam`` (torch.optim.Adam's defaults; files
@@ -13,13 +13,20 @@ get a ``_plain_adam`` suffix). Writes OUT/step_time[_MODEL][_DEVICE].json and .m
 the CPU) and prints the ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash
 scripts/install_peers.sh``), in the same process and on the same model. ``--compile`` adds the rows of
 ``fit(compile=True)``'s step for the deterministic network and every family that compiles (their warm-up steps include
-the compilation).
+the compilation). ``--processes K`` runs every candidate in K processes of its own, all taking turns, instead of all
+candidates in one process: two processes of the same code can differ by several percent for a whole run (glibc's
+allocator state, ``ab_meanfield_a_a.md``), and one process of many candidates shares one allocator state among them;
+its table adds each candidate's ratio to the fastest peer and how far its processes differ (files get a
+``_processes`` suffix).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from report import write_result  # type: ignore[import-not-found]
 from torch import nn
+from tqdm.auto import tqdm
 
 import varbnn
 from varbnn.experiments.config import results_dir
@@ -310,6 +318,63 @@ def candidates(
     return table
 
 
+PEERS = ("bayesian-torch", "torchbnn")
+PROCESS_GIB = 0.6  # a contestant's peak resident memory, rounded up (0.39-0.48 GiB measured for the MLP on the CPU)
+
+
+def _available_gib() -> float | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -> dict[str, list[list[float]]]:
+    """``--processes``: each candidate in ``processes`` child processes of this script (``argv`` plus ``--child
+    NAME``), all started and warmed first, then taking turns for ``rounds`` rounds, in a new order each round
+    (``random.Random(0)``). Returns {candidate: one list of step times (seconds) per process}."""
+    count = len(names) * processes
+    free = _available_gib()
+    if free is not None and count * PROCESS_GIB > free:
+        raise SystemExit(
+            f"step_time.py: error: --processes {processes} x {len(names)} candidates = {count} processes need about "
+            f"{count * PROCESS_GIB:.0f} GiB and {free:.0f} GiB is available: fewer processes, or fewer candidates "
+            "(--only / --skip)"
+        )
+    order = [name for _ in range(processes) for name in names]
+    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--child", name], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for name in order]  # fmt: skip
+    times: list[list[float]] = [[] for _ in procs]
+    try:
+        for name, proc in zip(order, procs):
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"the process of {name!r} failed to start (got {line!r}): run step_time.py "
+                                   f"--only with it alone to see why")  # fmt: skip
+        shuffle = random.Random(0)
+        for _ in tqdm(range(rounds), desc=f"rounds ({count} processes)", disable=None):
+            for i in shuffle.sample(range(len(procs)), len(procs)):
+                proc = procs[i]
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                times[i] += json.loads(proc.stdout.readline())
+    finally:
+        for proc in procs:
+            if proc.stdin:
+                proc.stdin.close()
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return {name: [times[i] for i in range(len(procs)) if order[i] == name] for name in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
@@ -353,13 +418,20 @@ def main() -> None:
     parser.add_argument(
         "--skip", action="append", default=[], metavar="SUBSTRING", help="leave out the candidates containing it (repeatable)"
     )
+    parser.add_argument(
+        "--processes", type=int, default=0, metavar="K",
+        help="run each candidate in K processes of its own, all taking turns (a shuffled order each round), instead of "
+        "all in this one (default 0: one process); files get a _processes suffix. Processes of the same code differ "
+        "by up to 1.15x under glibc's default allocator (ab_meanfield_a_a.md): more of them average that out",
+    )  # fmt: skip
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(results_dir("step-time")))
     args = parser.parse_args()
     device = resolve_device(args.device)
     _, shape, default_batch, description = MODELS[args.model]
     batch = args.batch or default_batch
-    if batch < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1:
-        parser.error("--batch, --steps and --repeats must be positive, --warmup >= 0")
+    if batch < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.processes < 0:
+        parser.error("--batch, --steps and --repeats must be positive, --warmup and --processes >= 0")
     torch.set_num_threads(args.threads)
     if args.keep_freed_memory and not keep_freed_memory():
         parser.error("--keep-freed-memory: glibc's mallopt refused the thresholds (or this is not glibc)")
@@ -378,19 +450,44 @@ def main() -> None:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         builders = {k: v for k, v in builders.items() if k == "deterministic" or any(w in k for w in wanted)}
     builders = {k: v for k, v in builders.items() if k == "deterministic" or not any(w in k for w in args.skip)}
-    steps = {name: build() for name, build in builders.items()}
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.repeats):  # interleave so that machine noise hits every candidate alike
-        for name, step in steps.items():
-            slow = "graves" in name  # per-example weight draws: ~70x a deterministic step; fewer steps suffice
-            n, warm = (min(args.steps, SLOW_STEPS), min(args.warmup, 2)) if slow else (args.steps, args.warmup)
-            samples[name] += time_steps(step, n, warm, shape, batch, device)
+
+    def turn(name: str, step: Callable[[torch.Tensor, torch.Tensor], None]) -> list[float]:
+        slow = "graves" in name  # per-example weight draws: ~70x a deterministic step; fewer steps suffice
+        n, warm = (min(args.steps, SLOW_STEPS), min(args.warmup, 2)) if slow else (args.steps, args.warmup)
+        return time_steps(step, n, warm, shape, batch, device)
+
+    if args.child is not None:  # one contestant of --processes: build, then time one turn per line of stdin
+        table_all = candidates(args.model, device, mc_samples, compiled=args.compile)
+        if args.child not in table_all:
+            parser.error(f"--child must be a candidate name, got {args.child!r}")
+        step = table_all[args.child]()
+        print("ready", flush=True)
+        for _ in sys.stdin:
+            print(json.dumps(turn(args.child, step)), flush=True)
+        return
+    by_process: dict[str, list[list[float]]] = {}
+    if args.processes:
+        by_process = take_turns(list(builders), args.processes, args.repeats, sys.argv[1:])
+        samples = {name: [t for times in runs for t in times] for name, runs in by_process.items()}
+    else:
+        steps = {name: build() for name, build in builders.items()}
+        samples = {name: [] for name in steps}
+        for _ in range(args.repeats):  # interleave so that machine noise hits every candidate alike
+            for name, step in steps.items():
+                samples[name] += turn(name, step)
     base = statistics.median(samples["deterministic"])
+    peer_medians = [statistics.median(t) for name, t in samples.items() if name.startswith(PEERS)]
+    fastest_peer = min(peer_medians) if peer_medians else None
     rows = []
     for name, times in samples.items():
         median = statistics.median(times)
-        rows.append({"model": name, "median_ms": round(1000 * median, 3), "ratio": round(median / base, 2),
-                     "images_per_s": round(batch / median, 1), "steps": len(times)})  # fmt: skip
+        row: dict[str, Any] = {"model": name, "median_ms": round(1000 * median, 3), "ratio": round(median / base, 2),
+               "images_per_s": round(batch / median, 1), "steps": len(times)}  # fmt: skip
+        if by_process:
+            row["process_median_ms"] = [round(1000 * statistics.median(t), 3) for t in by_process[name]]
+            if fastest_peer is not None:
+                row["ratio_to_fastest_peer"] = round(median / fastest_peer, 3)
+        rows.append(row)
         print(f"{name:50s} {1000 * median:8.2f} ms  {median / base:5.2f}x  {batch / median:9.1f} img/s")
     result = {
         "name": "step_time",
@@ -410,6 +507,7 @@ def main() -> None:
             "warmup": args.warmup,
             "repeats": args.repeats,
             "keep_freed_memory": args.keep_freed_memory,
+            "processes": args.processes,
             "torch": torch.__version__,
         },
         "rows": rows,
@@ -418,10 +516,18 @@ def main() -> None:
     stem += "" if args.optimizer == "fit" else "_plain_adam"
     stem += "" if args.compile_mode == "default" or not args.compile else "_" + args.compile_mode.replace("-", "_")
     stem += "_keep_heap" if args.keep_freed_memory else ""
+    stem += "_processes" if args.processes else ""
     notes = [
         f"wall time: {result['seconds']} s; median over {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps "
         f"(the Graves-estimator row: {args.repeats} x {min(args.steps, SLOW_STEPS)} steps)"
     ]
+    if args.processes:
+        notes[0] += f" in each of a candidate's {args.processes} processes"
+        notes.append(
+            f"processes: every candidate in {args.processes} processes of its own (not one process for all), taking "
+            "turns in a shuffled order each round; the median is over all of a candidate's steps; spread: the slowest "
+            "of its processes' medians over the fastest"
+        )
     if args.keep_freed_memory:
         notes.append("allocator: varbnn.train.keep_freed_memory() (glibc keeps the memory a step frees)")
     if not any("graves" in name for name in samples):
@@ -435,6 +541,16 @@ def main() -> None:
         "|---|---:|---:|---:|",
         *[f"| {r['model']} | {r['median_ms']:.2f} | {r['ratio']:.2f}x | {r['images_per_s']:,.0f} |" for r in rows],
     ]
+    if by_process:
+        peer = " | ratio to the fastest peer" if fastest_peer is not None else ""
+        table = [
+            f"| model | median step (ms) | ratio to deterministic{peer} | images/s | processes' medians (ms) | spread |",
+            "|---|---:|---:|" + ("---:|" if peer else "") + "---:|---|---:|",
+            *[f"| {r['model']} | {r['median_ms']:.2f} | {r['ratio']:.2f}x | "
+              + (f"{r['ratio_to_fastest_peer']:.3f}x | " if peer else "")
+              + f"{r['images_per_s']:,.0f} | {', '.join(f'{m:.2f}' for m in r['process_median_ms'])} | "
+              f"{max(r['process_median_ms']) / min(r['process_median_ms']):.3f}x |" for r in rows],
+        ]  # fmt: skip
     title = f"Training-step time, {description}, batch {batch}, " + ("Adam (fused)" if args.optimizer == "fit" else "Adam")
     path = write_result(args.out, stem, result, title, notes, table)
     print(f"wrote {path}.json and .md")

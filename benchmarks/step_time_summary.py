@@ -3,7 +3,8 @@
 Usage: python benchmarks/step_time_summary.py [--results benchmarks/results/step-time] [--profiles
        benchmarks/results/profiles] [--out benchmarks/results/step-time]
 
-Reads the current ``step_time*.json`` files of ``--results`` (not ``history/``, not ``*_keep_heap``), which
+Reads the current ``step_time*.json`` files of ``--results`` (not ``history/``, not ``*_keep_heap``, not
+``*_processes``: other allocator settings, or one process per candidate), which
 ``benchmarks/step_time.py`` and ``scripts/gpu_speed.sh`` wrote, groups them by network, batch, optimizer and device,
 and writes OUT/step_time_summary.md and .json: one row per candidate (the deterministic network, each family and
 estimator, the floor rows, the peers) and, per group, its eager and its compiled (``fit(compile=True)``) ratio to the
@@ -135,8 +136,10 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     folder = Path(args.results)
-    # a table taken with another allocator setting (step_time.py --keep-freed-memory) is not one of the group's
-    files = sorted(p for p in folder.glob("step_time*.json") if p.stem != "step_time_summary" and "_keep_heap" not in p.stem)
+    # a table taken with another allocator setting (step_time.py --keep-freed-memory), or with a process per candidate
+    # (--processes), is not one of the group's
+    files = sorted(p for p in folder.glob("step_time*.json")
+                   if p.stem != "step_time_summary" and "_keep_heap" not in p.stem and "_processes" not in p.stem)  # fmt: skip
     if not files:
         parser.error(f"--results {folder} holds no step_time*.json files")
     groups, names, cells = summarise(files)

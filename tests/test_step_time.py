@@ -1,0 +1,50 @@
+"""benchmarks/step_time.py --processes: every candidate in processes of its own, taking turns; the table keeps each
+process's median and how far a candidate's processes differ."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_time.py"), "--model", "host",
+                           "--mc-samples", "", *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)  # fmt: skip
+
+
+def test_each_candidate_in_processes_of_its_own(tmp_path):
+    done = _run("--only", "MeanField-reparam", "--processes", "2", "--repeats", "3", "--steps", "2", "--warmup", "1",
+                "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (tmp_path / "step_time_host.json").exists()
+    result = json.loads((tmp_path / "step_time_host_processes.json").read_text())
+    assert result["config"]["processes"] == 2
+    rows = {r["model"]: r for r in result["rows"]}
+    assert set(rows) == {"deterministic", "varbnn MeanField-reparam"}
+    for row in rows.values():
+        assert row["steps"] == 2 * 3 * 2  # processes x rounds x steps
+        assert len(row["process_median_ms"]) == 2 and all(m > 0 for m in row["process_median_ms"])
+        # the pooled median lies between its processes' medians
+        assert min(row["process_median_ms"]) - 1e-3 <= row["median_ms"] <= max(row["process_median_ms"]) + 1e-3
+    base = rows["deterministic"]["median_ms"]
+    assert math.isclose(rows["varbnn MeanField-reparam"]["ratio"], rows["varbnn MeanField-reparam"]["median_ms"] / base,
+                        abs_tol=0.006)  # fmt: skip
+    assert "ratio_to_fastest_peer" not in rows["deterministic"]  # no peer among the candidates
+    page = (tmp_path / "step_time_host_processes.md").read_text()
+    assert "processes' medians (ms)" in page and "every candidate in 2 processes of its own" in page
+
+
+def test_negative_processes_and_unknown_child_are_refused(tmp_path):
+    done = _run("--processes", "-1", "--out", str(tmp_path))
+    assert done.returncode == 2 and "--processes" in done.stderr, done.stderr[-2000:]
+    done = _run("--child", "no such candidate", "--out", str(tmp_path))
+    assert done.returncode == 2 and "--child" in done.stderr, done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
