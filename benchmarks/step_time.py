@@ -332,10 +332,10 @@ def _available_gib() -> float | None:
     return None
 
 
-def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -> dict[str, list[list[float]]]:
+def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -> dict[str, list[list[list[float]]]]:
     """``--processes``: each candidate in ``processes`` child processes of this script (``argv`` plus ``--child
     NAME``), all started and warmed first, then taking turns for ``rounds`` rounds, in a new order each round
-    (``random.Random(0)``). Returns {candidate: one list of step times (seconds) per process}."""
+    (``random.Random(0)``). Returns {candidate: per process, per round, its step times (seconds)}."""
     count = len(names) * processes
     free = _available_gib()
     if free is not None and count * PROCESS_GIB > free:
@@ -347,7 +347,7 @@ def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -
     order = [name for _ in range(processes) for name in names]
     procs = [subprocess.Popen([sys.executable, __file__, *argv, "--child", name], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for name in order]  # fmt: skip
-    times: list[list[float]] = [[] for _ in procs]
+    times: list[list[list[float]]] = [[] for _ in procs]
     try:
         for name, proc in zip(order, procs):
             assert proc.stdout is not None
@@ -362,7 +362,7 @@ def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-                times[i] += json.loads(proc.stdout.readline())
+                times[i].append(json.loads(proc.stdout.readline()))
     finally:
         for proc in procs:
             if proc.stdin:
@@ -466,8 +466,12 @@ def main() -> None:
             print(json.dumps(turn(args.child, step)), flush=True)
         return
     by_process: dict[str, list[list[float]]] = {}
+    turn_medians: dict[str, list[list[float]]] = {}
     if args.processes:
-        by_process = take_turns(list(builders), args.processes, args.repeats, sys.argv[1:])
+        by_turn = take_turns(list(builders), args.processes, args.repeats, sys.argv[1:])
+        by_process = {name: [[t for turn in runs for t in turn] for runs in procs] for name, procs in by_turn.items()}
+        turn_medians = {name: [[round(1000 * statistics.median(turn), 3) for turn in runs] for runs in procs]
+                        for name, procs in by_turn.items()}  # fmt: skip
         samples = {name: [t for times in runs for t in times] for name, runs in by_process.items()}
     else:
         steps = {name: build() for name, build in builders.items()}
@@ -485,6 +489,7 @@ def main() -> None:
                "images_per_s": round(batch / median, 1), "steps": len(times)}  # fmt: skip
         if by_process:
             row["process_median_ms"] = [round(1000 * statistics.median(t), 3) for t in by_process[name]]
+            row["turn_median_ms"] = turn_medians[name]  # per process, per round
             if fastest_peer is not None:
                 row["ratio_to_fastest_peer"] = round(median / fastest_peer, 3)
         rows.append(row)

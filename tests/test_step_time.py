@@ -32,6 +32,7 @@ def test_each_candidate_in_processes_of_its_own(tmp_path):
     for row in rows.values():
         assert row["steps"] == 2 * 3 * 2  # processes x rounds x steps
         assert len(row["process_median_ms"]) == 2 and all(m > 0 for m in row["process_median_ms"])
+        assert [len(turns) for turns in row["turn_median_ms"]] == [3, 3]  # per process, per round
         # the pooled median lies between its processes' medians
         assert min(row["process_median_ms"]) - 1e-3 <= row["median_ms"] <= max(row["process_median_ms"]) + 1e-3
     base = rows["deterministic"]["median_ms"]
