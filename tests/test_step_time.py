@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +22,15 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_each_candidate_in_processes_of_its_own(tmp_path):
-    done = _run("--only", "MeanField-reparam", "--processes", "2", "--repeats", "3", "--steps", "2", "--warmup", "1",
-                "--out", str(tmp_path))  # fmt: skip
+    done = _run("--only", "MeanField-reparam,draw per weight", "--processes", "2", "--repeats", "3", "--steps", "2",
+                "--warmup", "1", "--out", str(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / "step_time_host.json").exists()
     result = json.loads((tmp_path / "step_time_host_processes.json").read_text())
     assert result["config"]["processes"] == 2
     rows = {r["model"]: r for r in result["rows"]}
-    assert set(rows) == {"deterministic", "varbnn MeanField-reparam"}
+    floor = "floor: deterministic + one N(0, 1) draw per weight + Adam on 2x parameters"
+    assert set(rows) == {"deterministic", "varbnn MeanField-reparam", floor}
     for row in rows.values():
         assert row["steps"] == 2 * 3 * 2  # processes x rounds x steps
         assert len(row["process_median_ms"]) == 2 and all(m > 0 for m in row["process_median_ms"])
@@ -39,6 +41,13 @@ def test_each_candidate_in_processes_of_its_own(tmp_path):
     assert math.isclose(rows["varbnn MeanField-reparam"]["ratio"], rows["varbnn MeanField-reparam"]["median_ms"] / base,
                         abs_tol=0.006)  # fmt: skip
     assert "ratio_to_fastest_peer" not in rows["deterministic"]  # no peer among the candidates
+    # per round: the median over rounds of the ratio of the two candidates' process medians in that round
+    family = rows["varbnn MeanField-reparam"]
+    assert family["floor"] == floor and "floor" not in rows[floor] and "floor" not in rows["deterministic"]
+    per_round = [statistics.median(a) / statistics.median(b)
+                 for a, b in zip(zip(*family["turn_median_ms"]), zip(*rows[floor]["turn_median_ms"]))]  # fmt: skip
+    assert math.isclose(family["round_ratio_to_floor"], statistics.median(per_round), abs_tol=6e-4)
+    assert rows["deterministic"]["round_ratio"] == 1.0
     page = (tmp_path / "step_time_host_processes.md").read_text()
     assert "processes' medians (ms)" in page and "every candidate in 2 processes of its own" in page
 
