@@ -39,7 +39,7 @@ def test_each_candidate_in_processes_of_its_own(tmp_path):
         assert min(row["process_median_ms"]) - 1e-3 <= row["median_ms"] <= max(row["process_median_ms"]) + 1e-3
     base = rows["deterministic"]["median_ms"]
     assert math.isclose(rows["varbnn MeanField-reparam"]["ratio"], rows["varbnn MeanField-reparam"]["median_ms"] / base,
-                        abs_tol=0.006)  # fmt: skip
+                        rel_tol=2e-3, abs_tol=5e-3)  # fmt: skip (both sides rounded: ms to 3 places, ratio to 2)
     assert "ratio_to_fastest_peer" not in rows["deterministic"]  # no peer among the candidates
     # per round: the median over rounds of the ratio of the two candidates' process medians in that round
     family = rows["varbnn MeanField-reparam"]
