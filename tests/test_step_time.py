@@ -58,3 +58,20 @@ def test_negative_processes_and_unknown_child_are_refused(tmp_path):
     done = _run("--child", "no such candidate", "--out", str(tmp_path))
     assert done.returncode == 2 and "--child" in done.stderr, done.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+def test_processes_that_would_not_fit_in_memory_are_refused_before_any_starts(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import step_time  # type: ignore[import-not-found]
+
+    started = []
+    monkeypatch.setattr(step_time, "_available_gib", lambda: 1.0)
+    monkeypatch.setattr(step_time.subprocess, "Popen", lambda *a, **k: started.append(a))
+    try:
+        step_time.take_turns(["deterministic", "torchbnn"], 3, 1, [])
+    except SystemExit as refusal:
+        message = str(refusal)
+    else:
+        raise AssertionError("6 processes of 0.6 GiB in 1 GiB were not refused")
+    assert "--processes 3" in message and "--only" in message and "1 GiB is available" in message
+    assert not started
