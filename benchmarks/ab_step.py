@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -195,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(variants) != 2 or variants[0] == variants[1] or any(part not in VARIANTS for v in variants for part in v.split("+")):
         parser.error(f"--variants must name two different ones of {sorted(VARIANTS)} (or '+'-joined sets of them; "
                      f"current-again for an A/A run), got {args.variants!r}")
-    from step_time import candidates  # type: ignore[import-not-found]
+    from step_time import candidates, take_turns  # type: ignore[import-not-found]
 
     if args.candidate not in candidates("mlp", torch.device("cpu"), compiled=True):
         parser.error(f"--candidate must be a step_time candidate name, got {args.candidate!r}")
@@ -204,31 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     k = args.processes
     order = [v for _ in range(k) for v in variants]  # A1, B1, A2, B2, ...: every process takes its turn each round
-    procs = [
-        subprocess.Popen([sys.executable, __file__, "--candidate", args.candidate, "--child", v, "--steps", str(args.steps)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        for v in order
-    ]  # fmt: skip
-    try:
-        for proc in procs:
-            line = proc.stdout.readline() if proc.stdout else ""
-            if line.strip() != "ready":
-                raise RuntimeError(f"a contestant failed to start (got {line!r}); run it alone with --child to see why")
-        times: list[list[float]] = [[] for _ in procs]
-        turns = random.Random(0)
-        for _ in range(args.rounds):
-            for i in turns.sample(range(len(procs)), len(procs)):  # a new order each round: no process always first
-                proc = procs[i]
-                assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-                times[i].append(float(proc.stdout.readline()))
-    finally:
-        for proc in procs:
-            if proc.stdin:
-                proc.stdin.close()
-            proc.wait(timeout=60)
-    by_process = {v: [times[i] for i in range(len(procs)) if order[i] == v] for v in variants}
+    commands = [[sys.executable, __file__, "--candidate", args.candidate, "--child", v, "--steps", str(args.steps)]
+                for v in order]  # fmt: skip
+    times: list[list[float]] = take_turns(commands, args.rounds, order)
+    by_process = {v: [times[i] for i in range(len(order)) if order[i] == v] for v in variants}
     ratios = [a / b for pair in range(k) for a, b in zip(times[2 * pair], times[2 * pair + 1])]
     process_medians = {v: [statistics.median(t) for t in by_process[v]] for v in variants}
     name = args.name or "_".join(v.replace("-", "_") for v in variants)

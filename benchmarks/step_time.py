@@ -14,10 +14,11 @@ the CPU) and prints the ratios. Peers (bayesian-torch, torchbnn) are included wh
 scripts/install_peers.sh``), in the same process and on the same model. ``--compile`` adds the rows of
 ``fit(compile=True)``'s step for the deterministic network and every family that compiles (their warm-up steps include
 the compilation). ``--processes K`` runs every candidate in K processes of its own, all taking turns, instead of all
-candidates in one process: two processes of the same code can differ by several percent for a whole run (glibc's
-allocator state, ``ab_meanfield_a_a.md``), and one process of many candidates shares one allocator state among them;
-its table adds each candidate's ratio to the fastest peer and how far its processes differ (files get a
-``_processes`` suffix).
+candidates in one process: two processes of the same code can differ by several percent for a whole run
+(``ab_meanfield_a_a.md``), and the machine changes speed within a run (``step_time_processes.md``: deterministic
+steps of about 2.3 and 4.1 ms in one run). Its table adds per-round ratios (two candidates compared within each
+round) to the deterministic step, the fastest peer and the family's own floor, and how far each candidate's processes
+differ (files get a ``_processes`` suffix).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -352,37 +354,29 @@ def per_round_ratio(turns: dict[str, list[list[float]]], a: str, b: str) -> floa
     return statistics.median(statistics.median(x) / statistics.median(y) for x, y in rounds)
 
 
-def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -> dict[str, list[list[list[float]]]]:
-    """``--processes``: each candidate in ``processes`` child processes of this script (``argv`` plus ``--child
-    NAME``), all started and warmed first, then taking turns for ``rounds`` rounds, in a new order each round
-    (``random.Random(0)``). Returns {candidate: per process, per round, its step times (seconds)}."""
-    count = len(names) * processes
-    free = _available_gib()
-    if free is not None and count * PROCESS_GIB > free:
-        raise SystemExit(
-            f"step_time.py: error: --processes {processes} x {len(names)} candidates = {count} processes need about "
-            f"{count * PROCESS_GIB:.0f} GiB and {free:.0f} GiB is available: fewer processes, or fewer candidates "
-            "(--only / --skip)"
-        )
-    order = [name for _ in range(processes) for name in names]
-    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--child", name], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for name in order]  # fmt: skip
-    times: list[list[list[float]]] = [[] for _ in procs]
+def take_turns(commands: list[list[str]], rounds: int, labels: list[str]) -> list[list[Any]]:
+    """Contestant processes taking turns (``--processes`` here, ``ab_step.py``'s variants): start every command (a
+    contestant prints ``ready`` once built and warmed, then one JSON value per line it reads), then for ``rounds``
+    rounds send each a line, in a new order each round (``random.Random(0)``: no process always first), so that all
+    see the same stretches of the machine's time. Returns each command's values, one per round."""
+    root = Path(__file__).resolve().parents[1]
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root)
+             for command in commands]  # fmt: skip
+    values: list[list[Any]] = [[] for _ in procs]
     try:
-        for name, proc in zip(order, procs):
+        for label, proc in zip(labels, procs):
             assert proc.stdout is not None
             line = proc.stdout.readline()
             if line.strip() != "ready":
-                raise RuntimeError(f"the process of {name!r} failed to start (got {line!r}): run step_time.py "
-                                   f"--only with it alone to see why")  # fmt: skip
+                raise RuntimeError(f"the process of {label!r} failed to start (got {line!r}): run it alone to see why")
         shuffle = random.Random(0)
-        for _ in tqdm(range(rounds), desc=f"rounds ({count} processes)", disable=None):
+        for _ in tqdm(range(rounds), desc=f"rounds ({len(procs)} processes)", disable=None):
             for i in shuffle.sample(range(len(procs)), len(procs)):
                 proc = procs[i]
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-                times[i].append(json.loads(proc.stdout.readline()))
+                values[i].append(json.loads(proc.stdout.readline()))
     finally:
         for proc in procs:
             if proc.stdin:
@@ -392,7 +386,24 @@ def take_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return {name: [times[i] for i in range(len(procs)) if order[i] == name] for name in names}
+    return values
+
+
+def candidate_turns(names: list[str], processes: int, rounds: int, argv: list[str]) -> dict[str, list[list[list[float]]]]:
+    """``--processes``: each candidate in ``processes`` child processes of this script (``argv`` plus ``--child
+    NAME``) taking turns (:func:`take_turns`); refused before any starts when they would not fit in memory.
+    Returns {candidate: per process, per round, its step times (seconds)}."""
+    count = len(names) * processes
+    free = _available_gib()
+    if free is not None and count * PROCESS_GIB > free:
+        raise SystemExit(
+            f"step_time.py: error: --processes {processes} x {len(names)} candidates = {count} processes need about "
+            f"{count * PROCESS_GIB:.0f} GiB and {free:.0f} GiB is available: fewer processes, or fewer candidates "
+            "(--only / --skip)"
+        )
+    order = [name for _ in range(processes) for name in names]
+    times = take_turns([[sys.executable, __file__, *argv, "--child", name] for name in order], rounds, order)
+    return {name: [times[i] for i in range(len(order)) if order[i] == name] for name in names}
 
 
 def main() -> None:
@@ -488,7 +499,7 @@ def main() -> None:
     by_process: dict[str, list[list[float]]] = {}
     turn_medians: dict[str, list[list[float]]] = {}
     if args.processes:
-        by_turn = take_turns(list(builders), args.processes, args.repeats, sys.argv[1:])
+        by_turn = candidate_turns(list(builders), args.processes, args.repeats, sys.argv[1:])
         by_process = {name: [[t for turn in runs for t in turn] for runs in procs] for name, procs in by_turn.items()}
         turn_medians = {name: [[round(1000 * statistics.median(turn), 3) for turn in runs] for runs in procs]
                         for name, procs in by_turn.items()}  # fmt: skip

@@ -68,7 +68,7 @@ def test_processes_that_would_not_fit_in_memory_are_refused_before_any_starts(mo
     monkeypatch.setattr(step_time, "_available_gib", lambda: 1.0)
     monkeypatch.setattr(step_time.subprocess, "Popen", lambda *a, **k: started.append(a))
     try:
-        step_time.take_turns(["deterministic", "torchbnn"], 3, 1, [])
+        step_time.candidate_turns(["deterministic", "torchbnn"], 3, 1, [])
     except SystemExit as refusal:
         message = str(refusal)
     else:
