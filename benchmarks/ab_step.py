@@ -119,6 +119,17 @@ def _generator_draws() -> None:
     varbnn.train._compiled_elbo_step = functools.partial(varbnn.train._compiled_elbo_step, draws="generator")
 
 
+def _generator_row_tangents() -> None:
+    import types
+
+    import varbnn.distributions.vmf as vmf
+
+    def randn(shape: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.randn(shape, dtype=dtype, device=device)
+
+    vmf.philox = types.SimpleNamespace(randn=randn)  # type: ignore[assignment]
+
+
 VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "current": ("the code as it is", lambda: None),
     "current-again": ("the code as it is, in the other process (an A/A run: how far two processes of the same code "
@@ -142,6 +153,9 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
                        _plain_softplus),
     "generator-draws": ("a compiled step's weight noise from torch's generator, called as the eager step calls it "
                         "(fit(compile=True)'s CPU draws until 2026-11-28)", _generator_draws),
+    "generator-row-tangents": ("the vMF draw's normal tangent noise of RDP's row grouping from torch's generator in a "
+                               "compiled CPU step (one eager call per tensor, outside the fused kernels; until "
+                               "2026-11-29)", _generator_row_tangents),
 }  # fmt: skip
 
 

@@ -495,6 +495,30 @@ def test_householder_sample_equals_the_explicit_reflection_and_passes_gradcheck(
     assert torch.isfinite(zero.grad).all()
 
 
+def test_householder_sample_draws_its_noise_where_the_other_weight_noise_comes_from():
+    """Without ``noise``: torch's generator outside a block, Philox's next stream inside ``philox.counter_draws`` (the
+    compiled CPU step's draws, so that no tangent noise of RDP's row grouping is an eager generator call there)."""
+    from varbnn import philox
+
+    g = torch.Generator().manual_seed(5)
+    rows, d = 3, 7
+    mu = torch.randn(rows, d, generator=g)
+    omega = torch.rand(2, rows, generator=g) * 1.8 - 0.9
+    sin_theta, radius = (1 - omega.square()).sqrt(), torch.rand(2, rows, generator=g) + 0.5
+    torch.manual_seed(11)
+    outside = householder_sample(mu, omega, sin_theta, radius, normalize=True)
+    torch.manual_seed(11)
+    expected = householder_sample(mu, omega, sin_theta, radius, normalize=True, noise=torch.randn(2, rows, d))
+    assert torch.equal(outside, expected)
+    key = torch.tensor(987654321, dtype=torch.int64)
+    with philox.counter_draws(key):
+        philox.randn((4,), dtype=torch.float32, device=torch.device("cpu"))  # stream 0: an earlier draw of the step
+        inside = householder_sample(mu, omega, sin_theta, radius, normalize=True)
+    noise = philox.standard_normal((2, rows, d), key, 1)
+    assert torch.equal(inside, householder_sample(mu, omega, sin_theta, radius, normalize=True, noise=noise))
+    assert not torch.equal(inside, outside)
+
+
 def _wood_transform_autograd(dim: int, kappa: torch.Tensor, eps: torch.Tensor, a_d: torch.Tensor):
     """The Wood transform and its score written as plain tensor operations (autograd differentiates them): the oracle
     for the closed-form backward of ``wood_sample``."""

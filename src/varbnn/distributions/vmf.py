@@ -38,6 +38,7 @@ from torch.distributions import Distribution, constraints, register_kl
 from torch.distributions.utils import lazy_property
 from torch.types import _size
 
+from varbnn import philox
 from varbnn._checks import as_int, as_positive_int
 from varbnn._transforms import functorch_active
 from varbnn.special import (
@@ -547,11 +548,14 @@ def householder_sample(
     |mu_1|/|mu|) >= 2`` is never small, and H maps e_1 to ``-s mu/|mu|``. Every d-sized quantity is either a row
     statistic (``|mu|^2``, ``mu_rest . v``, ``|v|``) or the one output pass ``alpha mu + beta v``, and the whole map is
     one autograd node with a hand-written backward (``_HouseholderMap``; the tests check it by gradcheck). ``noise``
-    (``[*S, ..., d]``, column 0 unused) replaces the normal draw (tests).
+    (``[*S, ..., d]``, column 0 unused) replaces the normal draw (tests); without it ``v`` is drawn by
+    :func:`varbnn.philox.randn`: torch's generator, or Philox's counter stream inside
+    :func:`~varbnn.philox.counter_draws` (a compiled CPU step's draws, in its fused kernels rather than one generator
+    call per tensor).
     """
     shape = omega.shape
     d, dtype = mu.shape[-1], mu.dtype
-    x = torch.randn(*shape, d, dtype=dtype, device=mu.device) if noise is None else noise
+    x = philox.randn(torch.Size(shape) + (d,), dtype=dtype, device=mu.device) if noise is None else noise
     radius_t = torch.ones((), dtype=dtype, device=mu.device).expand(shape) if radius is None else radius.to(dtype)
     if functorch_active():  # e.g. predict's vmap over draws: plain operations (the Function is not transform-ready)
         return _householder_values(mu, x, omega.to(dtype), sin_theta.to(dtype), radius_t, normalize)[0]
