@@ -509,7 +509,15 @@ CLAIMS: tuple[Claim, ...] = (
         paper="varbnn",
         claim="CPU MLP targets (issue 8): MeanField-local <= 1.8x the deterministic step, Radial <= 2.5x, RDP <= 3.5x, "
         "KTied not slower than MeanField, every family faster than the fastest peer.",
-        result="AMD EPYC, 2 threads, a process per candidate (step_time_processes.md, code 8f2050d, three processes "
+        result="AMD EPYC, 2 threads, code c781f89 (RDP's row tangents drawn by varbnn.philox inside the fused "
+        "kernels of a compiled CPU step; deterministic 3.97 ms), one process: compiled MeanField reparam 1.71x, local "
+        "2.42x, KTied 1.70x / 2.37x, Radial 1.81x, RDP row 1.90x, double 3.52x; torchbnn 2.87x, bayesian-torch 3.43x; "
+        "floors 1.52x / 1.91x. A process per candidate at c781f89 (step_time_processes.md; the machine in its slow "
+        "phase throughout), per round: compiled MeanField reparam 0.640x torchbnn and 1.220x its floor, local "
+        "0.818x / 1.277x, KTied 0.574x / 1.095x and 0.760x / 1.206x, Radial 0.647x / 1.237x; RDP row 1.81x, double "
+        "4.18x. Interleaved A/B against the earlier eager draw of the row tangents: compiled RDP double 0.846, row "
+        "0.805. "
+        "AMD EPYC, 2 threads, a process per candidate (history/step_time_processes_8f2050d.md, code 8f2050d, three processes "
         "each taking turns for ten rounds; the machine changed speed within rounds: the deterministic step's "
         "processes 2.51-3.82 ms), per-round ratios: compiled MeanField reparam 0.682x torchbnn and 1.340x its floor, "
         "local 0.792x / 1.306x, KTied 0.518x / 1.001x and 0.682x / 1.164x, Radial 0.625x / 1.211x; RDP row 2.60x, "
@@ -551,7 +559,12 @@ CLAIMS: tuple[Claim, ...] = (
         "same way 0.54x); bayesian-torch 3.85x, torchbnn 3.43x in the same process.",
         verdict="no",
         why="The local target lies below the cost of the estimator's own mandatory work (its floor row). Issue 29's "
-        "CPU targets per round, a process per candidate (step_time_processes.md, code 8f2050d): 15% faster than "
+        "CPU targets at c781f89, in one process (the issue's measure): against torchbnn compiled MeanField reparam "
+        "0.594x, local 0.844x, KTied 0.591x / 0.825x, Radial 0.631x (15% faster: met, local by 0.6 points); against "
+        "their floors 1.124x, 1.269x, 1.119x / 1.240x, 1.193x (1.3x: met); RDP row 1.90x, double 3.52x (met); per "
+        "round with a process per candidate, met too (MeanField reparam 1.220x its floor, local 0.818x torchbnn, RDP "
+        "double 4.18x), with the machine in its slow phase throughout. Issue 29's "
+        "CPU targets per round, a process per candidate (history/step_time_processes_8f2050d.md, code 8f2050d): 15% faster than "
         "torchbnn met by MeanField reparam and local (0.792x), KTied and Radial; within 1.3x of the floor met by KTied "
         "and Radial, missed by MeanField reparam (1.340x) and local (1.306x); RDP row met (2.60x), double missed "
         "(5.24x). Issue 29's "
@@ -591,7 +604,7 @@ CLAIMS: tuple[Claim, ...] = (
         "(fit(compile='reduce-overhead'), H200, 022ea0f) every LeNet-5 target is met (MeanField reparam 0.90x, RDP "
         "double 1.70x) and every family is about 4x faster than the fastest peer; ResNet-18's graphs did not finish "
         "compiling in the device session (no rows), and the GPU rows are from an H200, where the issue names an H100.",
-        sources=(J, R + "step-time/step_time_processes.md"),
+        sources=(J, R + "step-time/step_time.md", R + "step-time/step_time_processes.md"),
     ),
     Claim(
         folder="predict-time",
