@@ -15,8 +15,8 @@ scripts/install_peers.sh``), in the same process and on the same model. ``--comp
 ``fit(compile=True)``'s step for the deterministic network and every family that compiles (their warm-up steps include
 the compilation). ``--processes K`` runs every candidate in K processes of its own, all taking turns, instead of all
 candidates in one process: two processes of the same code can differ by several percent for a whole run
-(``ab_meanfield_a_a.md``), and the machine changes speed within a run (``step_time_processes.md``: deterministic
-steps of about 2.3 and 4.1 ms in one run). Its table adds per-round ratios (two candidates compared within each
+(``ab_meanfield_a_a.md``), and the machine changes speed within a run (``history/step_time_processes_acc6ebf.md``:
+deterministic steps of about 2.3 and 4.1 ms in one run). Its table adds per-round ratios (two candidates compared within each
 round) to the deterministic step, the fastest peer and the family's own floor, and how far each candidate's processes
 differ (files get a ``_processes`` suffix).
 """
@@ -349,7 +349,7 @@ def per_round_ratio(turns: dict[str, list[list[float]]], a: str, b: str) -> floa
     """The median over rounds of ``a``'s step over ``b``'s in the same round, each the median of its processes' turn
     medians that round: both measured in the same stretch of the machine's time, which a ratio of whole-run medians
     is not when the machine changes speed between rounds (it does: 2.3 ms and 4.1 ms deterministic steps within one
-    run, ``step_time_processes.md``)."""
+    run, ``history/step_time_processes_acc6ebf.md``)."""
     rounds = zip(zip(*turns[a]), zip(*turns[b]))
     return statistics.median(statistics.median(x) / statistics.median(y) for x, y in rounds)
 
