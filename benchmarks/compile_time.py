@@ -1,0 +1,193 @@
+"""What ``fit(compile=True)`` costs before it pays: the first compiled step (compilation) per family, with a cold and a
+warm compile cache, beside the eager and compiled step times, and the number of steps after which compiling has paid.
+
+Usage: python benchmarks/compile_time.py [--model mlp] [--device cpu] [--threads 2] [--steps 30] [--only SUBSTRING,...]
+       [--skip SUBSTRING] [--compile-mode default] [--out benchmarks/results/step-time]
+
+Every measurement runs in a process of its own, one at a time (the candidates of ``step_time.py``):
+
+- cold: a fresh ``TORCHINDUCTOR_CACHE_DIR``; the first step's wall time (tracing, inductor's code generation, the
+  C++ or Triton compilation of its kernels, and the step itself), then the median of ``--steps`` compiled steps;
+- warm: a new process on the cold run's cache directory (what a second run of the same script finds on disk: torch
+  keeps its caches in ``/tmp/torchinductor_<user>`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise); its first step
+  still traces the step in Python, and reads the compiled kernels back;
+- eager: the family's eager step (``fit``'s default), its first step and the median of ``--steps`` steps.
+
+Pays after: (first compiled step - compiled step) / (eager step - compiled step), in steps and in epochs of a 60,000-example
+training set at the model's batch. The eager and compiled medians come from different processes, run minutes apart:
+the step-time tables (a process of their own, interleaved rounds) are the ones to read for the step ratios.
+Writes OUT/compile_time[_MODEL][_DEVICE].json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from report import write_result  # type: ignore[import-not-found]
+from step_time import COMPILE, MODELS, N_TRAIN, candidates, compiled_suffix  # type: ignore[import-not-found]
+from tqdm.auto import tqdm
+
+from varbnn.experiments.runner import describe_device, git_commit
+from varbnn.train import resolve_device
+
+WARMUP = 3  # steps between the first one and the timed ones
+
+
+def pairs(model: str, device: torch.device) -> list[tuple[str, str]]:
+    """(eager name, compiled name) for every candidate that ``fit(compile=True)`` compiles, in step_time's order."""
+    names = list(candidates(model, device, compiled=True))
+    tag = compiled_suffix(device)
+    out = []
+    for name in names:
+        if name == "deterministic":
+            compiled = "deterministic, compiled" + ("" if COMPILE["mode"] == "default" else f" ({COMPILE['mode']})")
+        else:
+            compiled = name + tag
+        if compiled in names and compiled != name:
+            out.append((name, compiled))
+    return out
+
+
+def child(name: str, model: str, device: torch.device, steps: int) -> dict[str, float]:
+    """Build one candidate, time its first step and the median of ``steps`` steps after :data:`WARMUP` more."""
+    step = candidates(model, device, compiled=True)[name]()
+    _, shape, batch, _ = MODELS[model]
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(batch, *shape, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed() -> float:
+        sync()
+        t0 = time.perf_counter()
+        step(x, y)
+        sync()
+        return time.perf_counter() - t0
+
+    first = timed()
+    if steps == 0:
+        return {"first_s": first}
+    for _ in range(WARMUP):
+        step(x, y)
+    return {"first_s": first, "median_ms": 1000 * statistics.median(timed() for _ in range(steps))}
+
+
+def run_child(argv: list[str], name: str, cache: str | None, steps: int) -> dict[str, float]:
+    env = dict(os.environ)
+    if cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+    command = [sys.executable, __file__, *argv, "--child", name, "--child-steps", str(steps)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the process of {name!r} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def pays_after(first_s: float, eager_ms: float, compiled_ms: float) -> float | None:
+    """Steps after which compiling has paid (None: the compiled step is not faster)."""
+    saving = eager_ms - compiled_ms
+    return None if saving <= 0 else 1000 * first_s / saving - compiled_ms / saving
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per eager and cold run (default 30)")
+    parser.add_argument("--only", default="", help="comma-separated substrings: keep the families whose name has one")
+    parser.add_argument("--skip", action="append", default=[], help="leave out families whose name has this substring")
+    parser.add_argument("--compile-mode", default="default", help="torch.compile's mode for the compiled runs")
+    parser.add_argument("--out", default="benchmarks/results/step-time")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-steps", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 1 or args.threads < 1:
+        parser.error(f"--steps and --threads must be >= 1, got {args.steps} and {args.threads}")
+    device = resolve_device(args.device)
+    torch.set_num_threads(args.threads)
+    COMPILE["mode"] = args.compile_mode
+    torch.manual_seed(0)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.model, device, args.child_steps)), flush=True)
+        return
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    chosen = [(e, c) for e, c in pairs(args.model, device)
+              if (not wanted or any(w in e for w in wanted)) and not any(s in e for s in args.skip)]  # fmt: skip
+    if not chosen:
+        parser.error(f"--only/--skip left no family; the families: {[e for e, _ in pairs(args.model, device)]}")
+    argv = ["--model", args.model, "--device", args.device, "--threads", str(args.threads), "--compile-mode", args.compile_mode]
+    _, _, batch, description = MODELS[args.model]
+    start = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="compile_time_") as root:
+        for eager_name, compiled_name in tqdm(chosen, desc="families", disable=None):
+            cache = tempfile.mkdtemp(dir=root)
+            eager = run_child(argv, eager_name, None, args.steps)
+            cold = run_child(argv, compiled_name, cache, args.steps)
+            warm = run_child(argv, compiled_name, cache, 0)
+            row: dict[str, Any] = {
+                "family": eager_name,
+                "eager_first_s": round(eager["first_s"], 3),
+                "eager_ms": round(eager["median_ms"], 3),
+                "compiled_ms": round(cold["median_ms"], 3),
+                "cold_first_s": round(cold["first_s"], 2),
+                "warm_first_s": round(warm["first_s"], 2),
+            }
+            for kind in ("cold", "warm"):
+                steps = pays_after(row[f"{kind}_first_s"], row["eager_ms"], row["compiled_ms"])
+                row[f"{kind}_pays_after_steps"] = None if steps is None else math.ceil(steps)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    steps_per_epoch = math.ceil(N_TRAIN / batch)
+
+    def pays(steps: int | None) -> str:
+        return "never" if steps is None else f"{steps:,} ({steps / steps_per_epoch:.1f})"
+
+    result = {
+        "name": "compile_time",
+        "command": " ".join(["python benchmarks/compile_time.py", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "device": describe_device(device) + (f"; host {describe_device(torch.device('cpu'))}" if device.type == "cuda" else ""),
+        "seconds": round(time.perf_counter() - start, 1),
+        "config": {"model": description, "batch": batch, "threads": args.threads, "steps": args.steps,
+                   "compile_mode": args.compile_mode, "torch": torch.__version__, "steps_per_epoch": steps_per_epoch},
+        "rows": rows,
+    }  # fmt: skip
+    notes = [
+        f"wall time: {result['seconds']} s; {description}, batch {batch}; every number from a process of its own, one "
+        f"process at a time; medians over {args.steps} steps after the first and {WARMUP} more",
+        "cold: a fresh compile cache (TORCHINDUCTOR_CACHE_DIR); warm: a new process on that cache (a second run of the "
+        "same script)",
+        f"pays after: (first compiled step - compiled step) / (eager step - compiled step), in steps and (in brackets) "
+        f"epochs of 60,000 examples ({steps_per_epoch} steps); the eager and compiled medians come from processes "
+        "minutes apart: read the step ratios on the step-time tables",
+    ]
+    table = [
+        "| family | eager step (ms) | compiled step (ms) | first compiled step, cold cache (s) | pays after, cold (epochs) "
+        "| first compiled step, warm cache (s) | pays after, warm (epochs) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *[f"| {r['family']} | {r['eager_ms']:.2f} | {r['compiled_ms']:.2f} | {r['cold_first_s']:.1f} | "
+          f"{pays(r['cold_pays_after_steps'])} | {r['warm_first_s']:.1f} | {pays(r['warm_pays_after_steps'])} |" for r in rows],
+    ]  # fmt: skip
+    stem = "compile_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
+    stem += "" if args.compile_mode == "default" else "_" + args.compile_mode.replace("-", "_")
+    title = f"Compilation time of fit(compile=True)'s step, {description}, batch {batch}"
+    path = write_result(args.out, stem, result, title, notes, table)
+    print(f"wrote {path}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
