@@ -182,7 +182,8 @@ def main() -> None:
         *[f"| {r['family']} | {r['eager_ms']:.2f} | {r['compiled_ms']:.2f} | {r['cold_first_s']:.1f} | "
           f"{pays(r['cold_pays_after_steps'])} | {r['warm_first_s']:.1f} | {pays(r['warm_pays_after_steps'])} |" for r in rows],
     ]  # fmt: skip
-    stem = "compile_time" + ("" if args.model == "mlp" else f"_{args.model}") + ("" if device.type == "cpu" else f"_{device.type}")
+    stem = "compile_time" + ("" if args.model == "mlp" else f"_{args.model}")
+    stem += "" if device.type == "cpu" else f"_{device.type}"
     stem += "" if args.compile_mode == "default" else "_" + args.compile_mode.replace("-", "_")
     title = f"Compilation time of fit(compile=True)'s step, {description}, batch {batch}"
     path = write_result(args.out, stem, result, title, notes, table)
