@@ -1,21 +1,21 @@
 """What ``fit(compile=True)`` costs before it pays: the first compiled step (compilation) per family, with a cold and a
 warm compile cache, beside the eager and compiled step times, and the number of steps after which compiling has paid.
 
-Usage: python benchmarks/compile_time.py [--model mlp] [--device cpu] [--threads 2] [--steps 30] [--only SUBSTRING,...]
-       [--skip SUBSTRING] [--compile-mode default] [--out benchmarks/results/step-time]
+Usage: python benchmarks/compile_time.py [--model mlp] [--device cpu] [--threads 2] [--steps 10] [--rounds 5]
+       [--only SUBSTRING,...] [--skip SUBSTRING] [--compile-mode default] [--out benchmarks/results/step-time]
 
-Every measurement runs in a process of its own, one at a time (the candidates of ``step_time.py``):
+Per family (the candidates of ``step_time.py`` that compile), two processes, one at a time:
 
-- cold: a fresh ``TORCHINDUCTOR_CACHE_DIR``; the first step's wall time (tracing, inductor's code generation, the
-  C++ or Triton compilation of its kernels, and the step itself), then the median of ``--steps`` compiled steps;
+- cold: a fresh ``TORCHINDUCTOR_CACHE_DIR``; the first compiled step's wall time (tracing, inductor's code generation,
+  the C++ or Triton compilation of its kernels, and the step itself), then the eager step of the same family built in
+  the same process (its first step), and both steps' medians over ``--rounds`` alternating turns of ``--steps`` steps
+  after 20 warm-up steps each;
 - warm: a new process on the cold run's cache directory (what a second run of the same script finds on disk: torch
-  keeps its caches in ``/tmp/torchinductor_<user>`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise); its first step
-  still traces the step in Python, and reads the compiled kernels back;
-- eager: the family's eager step (``fit``'s default), its first step and the median of ``--steps`` steps.
+  keeps its caches in ``/tmp/torchinductor_<user>`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise): its first
+  compiled step, which still traces the step in Python and reads the compiled kernels back.
 
-Pays after: (first compiled step - compiled step) / (eager step - compiled step), in steps and in epochs of a 60,000-example
-training set at the model's batch. The eager and compiled medians come from different processes, run minutes apart:
-the step-time tables (a process of their own, interleaved rounds) are the ones to read for the step ratios.
+Pays after: (first compiled step - compiled step) / (eager step - compiled step), in steps and in epochs of a
+60,000-example training set at the model's batch.
 Writes OUT/compile_time[_MODEL][_DEVICE].json and .md.
 """
 
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from tqdm.auto import tqdm
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.train import resolve_device
 
-WARMUP = 3  # steps between the first one and the timed ones
+WARMUP = 20  # steps of each kind between the first one and the timed ones (as step_time.py)
 
 
 def pairs(model: str, device: torch.device) -> list[tuple[str, str]]:
@@ -59,39 +60,47 @@ def pairs(model: str, device: torch.device) -> list[tuple[str, str]]:
     return out
 
 
-def child(name: str, model: str, device: torch.device, steps: int) -> dict[str, float]:
-    """Build one candidate, time its first step and the median of ``steps`` steps after :data:`WARMUP` more."""
-    step = candidates(model, device, compiled=True)[name]()
+def child(eager_name: str, compiled_name: str, model: str, device: torch.device, steps: int, rounds: int) -> dict[str, float]:
+    """Build the compiled step and time its first step; with ``steps`` > 0 also build the eager step, time its first
+    step, warm both up (:data:`WARMUP` steps each) and time them in ``rounds`` alternating turns of ``steps`` steps."""
+    table = candidates(model, device, compiled=True)
     _, shape, batch, _ = MODELS[model]
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, *shape, generator=g).to(device)
     y = torch.randint(0, 10, (batch,), generator=g).to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def timed() -> float:
+    def timed(step: Callable[[torch.Tensor, torch.Tensor], None]) -> float:
         sync()
         t0 = time.perf_counter()
         step(x, y)
         sync()
         return time.perf_counter() - t0
 
-    first = timed()
+    compiled = table[compiled_name]()
+    result = {"first_s": timed(compiled)}
     if steps == 0:
-        return {"first_s": first}
-    for _ in range(WARMUP):
-        step(x, y)
-    return {"first_s": first, "median_ms": 1000 * statistics.median(timed() for _ in range(steps))}
+        return result
+    eager = table[eager_name]()
+    result["eager_first_s"] = timed(eager)
+    for step in (eager, compiled):
+        for _ in range(WARMUP):
+            step(x, y)
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(rounds):
+        for kind, step in (("eager", eager), ("compiled", compiled)):
+            times[kind] += [timed(step) for _ in range(steps)]
+    result.update({f"{kind}_ms": 1000 * statistics.median(t) for kind, t in times.items()})
+    return result
 
 
-def run_child(argv: list[str], name: str, cache: str | None, steps: int) -> dict[str, float]:
-    env = dict(os.environ)
-    if cache is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    command = [sys.executable, __file__, *argv, "--child", name, "--child-steps", str(steps)]
+def run_child(argv: list[str], eager: str, compiled: str, cache: str, steps: int) -> dict[str, float]:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+    command = [sys.executable, __file__, *argv, "--child", eager, "--child-compiled", compiled, "--child-steps", str(steps)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the process of {name!r} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"the process of {compiled!r} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
@@ -106,43 +115,46 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per eager and cold run (default 30)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per turn (default 10)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating turns of the eager and compiled step (default 5)")
     parser.add_argument("--only", default="", help="comma-separated substrings: keep the families whose name has one")
     parser.add_argument("--skip", action="append", default=[], help="leave out families whose name has this substring")
     parser.add_argument("--compile-mode", default="default", help="torch.compile's mode for the compiled runs")
     parser.add_argument("--out", default="benchmarks/results/step-time")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-compiled", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-steps", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.steps < 1 or args.threads < 1:
-        parser.error(f"--steps and --threads must be >= 1, got {args.steps} and {args.threads}")
+    if min(args.steps, args.threads, args.rounds) < 1:
+        parser.error(f"--steps, --rounds and --threads must be >= 1, got {args.steps}, {args.rounds} and {args.threads}")
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)
     COMPILE["mode"] = args.compile_mode
     torch.manual_seed(0)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.model, device, args.child_steps)), flush=True)
+        timing = child(args.child, args.child_compiled, args.model, device, args.child_steps, args.rounds)
+        print(json.dumps(timing), flush=True)
         return
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     chosen = [(e, c) for e, c in pairs(args.model, device)
               if (not wanted or any(w in e for w in wanted)) and not any(s in e for s in args.skip)]  # fmt: skip
     if not chosen:
         parser.error(f"--only/--skip left no family; the families: {[e for e, _ in pairs(args.model, device)]}")
-    argv = ["--model", args.model, "--device", args.device, "--threads", str(args.threads), "--compile-mode", args.compile_mode]
+    argv = ["--model", args.model, "--device", args.device, "--threads", str(args.threads), "--rounds", str(args.rounds),
+            "--compile-mode", args.compile_mode]  # fmt: skip
     _, _, batch, description = MODELS[args.model]
     start = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory(prefix="compile_time_") as root:
         for eager_name, compiled_name in tqdm(chosen, desc="families", disable=None):
             cache = tempfile.mkdtemp(dir=root)
-            eager = run_child(argv, eager_name, None, args.steps)
-            cold = run_child(argv, compiled_name, cache, args.steps)
-            warm = run_child(argv, compiled_name, cache, 0)
+            cold = run_child(argv, eager_name, compiled_name, cache, args.steps)
+            warm = run_child(argv, eager_name, compiled_name, cache, 0)
             row: dict[str, Any] = {
                 "family": eager_name,
-                "eager_first_s": round(eager["first_s"], 3),
-                "eager_ms": round(eager["median_ms"], 3),
-                "compiled_ms": round(cold["median_ms"], 3),
+                "eager_first_s": round(cold["eager_first_s"], 3),
+                "eager_ms": round(cold["eager_ms"], 3),
+                "compiled_ms": round(cold["compiled_ms"], 3),
                 "cold_first_s": round(cold["first_s"], 2),
                 "warm_first_s": round(warm["first_s"], 2),
             }
@@ -162,18 +174,19 @@ def main() -> None:
         "commit": git_commit(),
         "device": describe_device(device) + (f"; host {describe_device(torch.device('cpu'))}" if device.type == "cuda" else ""),
         "seconds": round(time.perf_counter() - start, 1),
-        "config": {"model": description, "batch": batch, "threads": args.threads, "steps": args.steps,
+        "config": {"model": description, "batch": batch, "threads": args.threads, "steps": args.steps, "rounds": args.rounds,
                    "compile_mode": args.compile_mode, "torch": torch.__version__, "steps_per_epoch": steps_per_epoch},
         "rows": rows,
     }  # fmt: skip
     notes = [
-        f"wall time: {result['seconds']} s; {description}, batch {batch}; every number from a process of its own, one "
-        f"process at a time; medians over {args.steps} steps after the first and {WARMUP} more",
+        f"wall time: {result['seconds']} s; {description}, batch {batch}; two processes per family, one at a time; "
+        f"the eager and compiled steps of a family timed in one process, in {args.rounds} alternating turns of "
+        f"{args.steps} steps after {WARMUP} warm-up steps each (medians)",
         "cold: a fresh compile cache (TORCHINDUCTOR_CACHE_DIR); warm: a new process on that cache (a second run of the "
         "same script)",
         f"pays after: (first compiled step - compiled step) / (eager step - compiled step), in steps and (in brackets) "
-        f"epochs of 60,000 examples ({steps_per_epoch} steps); the eager and compiled medians come from processes "
-        "minutes apart: read the step ratios on the step-time tables",
+        f"epochs of 60,000 examples ({steps_per_epoch} steps); the step-time tables (every candidate in one "
+        "process, interleaved) are the ones to read for the ratios between families",
     ]
     table = [
         "| family | eager step (ms) | compiled step (ms) | first compiled step, cold cache (s) | pays after, cold (epochs) "
