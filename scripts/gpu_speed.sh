@@ -11,7 +11,8 @@
 #   some parts:   PARTS="resnet18-compiled host" bash scripts/gpu_speed.sh   (each part's limit: its *_SECONDS variable;
 #                 "profile" and "rdp-resnet18" (RDP row compiled on ResNet-18, minutes of compiling) are not in the default
 #                 list: PARTS="profile rdp-resnet18" adds them; nor are the CUDA-graph parts, fit(compile=
-#                 "reduce-overhead"): lenet5-graphs, rdp-lenet5-graphs, resnet18-graphs; nor fit-loop); DEADLINE=SECONDS caps the
+#                 "reduce-overhead"): lenet5-graphs, rdp-lenet5-graphs, resnet18-graphs; nor fit-loop, nor compile-time (the first
+#                 step's compilation, cold and warm cache, for COMPILE_TIME_ONLY's families)); DEADLINE=SECONDS caps the
 #                 whole script (a part gets at most what is left; the archive is repacked after every part)
 #
 # Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page,
@@ -96,6 +97,10 @@ for name in $parts; do
                  --skip RadialDirectional --skip "KTied(rank=2)-local" --out "$work/step-time" ;;
         fit-loop)  # fit's whole loop against its bare step, with and without the deferred NaN checks (CUDA graphs)
             part "${FIT_LOOP_SECONDS:-180}" benchmarks/fit_loop.py --device "$device" --compile --out "$work/step-time" ;;
+        compile-time)  # what fit(compile=True) costs before it pays on the GPU: cold / warm-cache first steps (CUDA graphs)
+            part "${COMPILE_TIME_SECONDS:-240}" benchmarks/compile_time.py --model mlp --device "$device" \
+                 --compile-mode reduce-overhead --only "${COMPILE_TIME_ONLY:-deterministic,MeanField-reparam,RadialDirectional(row)}" \
+                 --out "$work/step-time" ;;
         host) part "${HOST_SECONDS:-60}" benchmarks/step_time.py --model host "${common[@]}" --skip graves \
                  --skip RadialDirectional --out "$work/step-time" ;;
         predict) part "${PREDICT_SECONDS:-75}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
@@ -108,7 +113,7 @@ for name in $parts; do
                 part "${PROFILE_SECONDS:-40}" benchmarks/profile_step.py --model "${spec%%|*}" --device "$device" \
                     --candidate "${spec#*|}" --out "$work/profiles"
             done ;;
-        *) echo "unknown part $name (lenet5-graphs rdp-lenet5-graphs resnet18-graphs fit-loop mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
+        *) echo "unknown part $name (lenet5-graphs rdp-lenet5-graphs resnet18-graphs fit-loop compile-time mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
     esac
 done
 pack
