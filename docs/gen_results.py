@@ -516,7 +516,9 @@ CLAIMS: tuple[Claim, ...] = (
         "phase throughout), per round: compiled MeanField reparam 0.640x torchbnn and 1.220x its floor, local "
         "0.818x / 1.277x, KTied 0.574x / 1.095x and 0.760x / 1.206x, Radial 0.647x / 1.237x; RDP row 1.81x, double "
         "4.18x. Interleaved A/B against the earlier eager draw of the row tangents: compiled RDP double 0.846, row "
-        "0.805. "
+        "0.805. What compiling costs (compile_time.md, code e043f36, the same machine): the first compiled MLP step "
+        "takes 38.8-95.9 s per sampling family with a cold compile cache and 7.8-26.5 s with a warm one, so that "
+        "compiling pays after 5,561-14,535 steps the first time and 1,535-2,790 steps with the cache. "
         "AMD EPYC, 2 threads, a process per candidate (history/step_time_processes_8f2050d.md, code 8f2050d, three processes "
         "each taking turns for ten rounds; the machine changed speed within rounds: the deterministic step's "
         "processes 2.51-3.82 ms), per-round ratios: compiled MeanField reparam 0.682x torchbnn and 1.340x its floor, "
@@ -606,7 +608,7 @@ CLAIMS: tuple[Claim, ...] = (
         "(fit(compile='reduce-overhead'), H200, 022ea0f) every LeNet-5 target is met (MeanField reparam 0.90x, RDP "
         "double 1.70x) and every family is about 4x faster than the fastest peer; ResNet-18's graphs did not finish "
         "compiling in the device session (no rows), and the GPU rows are from an H200, where the issue names an H100.",
-        sources=(J, R + "step-time/step_time.md", R + "step-time/step_time_processes.md"),
+        sources=(J, R + "step-time/step_time.md", R + "step-time/step_time_processes.md", R + "step-time/compile_time.md"),
     ),
     Claim(
         folder="predict-time",
