@@ -15,8 +15,10 @@
 #                 step's compilation, cold and warm cache, for COMPILE_TIME_ONLY's families)); DEADLINE=SECONDS caps the
 #                 whole script (a part gets at most what is left; the archive is repacked after every part)
 #
-# Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page,
-# and rebuild the side-by-side table: PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
+# Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page
+# (resnet18-graphs-N/step_time_resnet18_cuda_reduce_overhead.* become step-time/step_time_resnet18_cuda_reduce_overhead
+# .*, _2.* and _3.*: the summary merges a group's tables), and rebuild the side-by-side table:
+# PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpu_speed_out}"
@@ -62,6 +64,7 @@ resnet=(--model resnet18 --batch 128 --device "$device" --mc-samples "" --steps 
         --warmup "${WARMUP:-5}" --repeats 1)
 # The next GPU session (after the H200 one of 2026-11-27, which measured lenet5-graphs and RDP's LeNet-5 graphs and
 # ran out of time in resnet18-graphs after 220 s of compiling): PEERS=1 DEADLINE=540 PARTS="resnet18-graphs fit-loop"
+# (resnet18-graphs runs as three processes since 2026-11-29, each table in a folder of its own, resnet18-graphs-N/)
 # (ResNet-18's five CUDA-graph compilations need about 400 s), or the LeNet-5 front's training (gpu_reproduce.sh)
 # PARTS: which parts run, in this order (default all; the 2026-11-26 H200 session measured mlp, lenet5,
 # lenet5-compiled, rdp-mlp, rdp-lenet5, resnet18, predict and vmf at 21b4286, in 15 minutes of device time)
@@ -92,9 +95,19 @@ for name in $parts; do
         rdp-lenet5-graphs) part "${RDP_GRAPHS_SECONDS:-150}" benchmarks/step_time.py --model lenet5 "${common[@]}" \
                  --compile --compile-mode reduce-overhead --only RadialDirectional --skip "deterministic, compiled" \
                  --out "$work/step-time/lenet5-rdp-graphs" ;;
-        resnet18-graphs) part "${RESNET_GRAPHS_SECONDS:-420}" benchmarks/step_time.py "${resnet[@]}" --compile \
-                 --compile-mode reduce-overhead --only "compile,torchbnn,bayesian-torch Rep" --skip Delta \
-                 --skip RadialDirectional --skip "KTied(rank=2)-local" --out "$work/step-time" ;;
+        resnet18-graphs)  # three processes (each with its own eager deterministic step and table, in its own folder), so
+            # that one stopped at its limit while compiling loses only its rows: 1. the deterministic network recorded the
+            # same way, MeanField reparam and the peers; 2. MeanField local and Radial; 3. KTied reparam
+            graphs=(--compile --compile-mode reduce-overhead)
+            part "${RESNET_GRAPHS_SECONDS:-200}" benchmarks/step_time.py "${resnet[@]}" "${graphs[@]}" \
+                 --only "compile,torchbnn,bayesian-torch Rep" --skip Delta --skip RadialDirectional --skip KTied \
+                 --skip=-local --skip=-flipout --skip Radial- --out "$work/step-time/resnet18-graphs-1"
+            part "${RESNET_GRAPHS_SECONDS:-200}" benchmarks/step_time.py "${resnet[@]}" "${graphs[@]}" \
+                 --only "fit(compile" --skip Delta --skip RadialDirectional --skip KTied --skip MeanField-reparam \
+                 --skip MeanField-flipout --out "$work/step-time/resnet18-graphs-2"
+            part "${RESNET_GRAPHS_SECONDS:-200}" benchmarks/step_time.py "${resnet[@]}" "${graphs[@]}" \
+                 --only "fit(compile" --skip Delta --skip RadialDirectional --skip MeanField --skip Radial- \
+                 --skip "KTied(rank=2)-local" --out "$work/step-time/resnet18-graphs-3" ;;
         fit-loop)  # fit's whole loop against its bare step, with and without the deferred NaN checks (CUDA graphs)
             part "${FIT_LOOP_SECONDS:-180}" benchmarks/fit_loop.py --device "$device" --compile --out "$work/step-time" ;;
         compile-time)  # what fit(compile=True) costs before it pays on the GPU: cold / warm-cache first steps (CUDA graphs)
