@@ -1,6 +1,8 @@
 """fit(compile=...): the compiled step against the eager one, per family (small models: compilation is slow on the CPU)."""
 
+import logging
 import math
+import re
 
 import pytest
 import torch
@@ -201,7 +203,8 @@ def test_in_graph_random_is_equal_in_distribution(draws, backend):
     assert float(graph_t.var()) > 0
 
 
-def test_fit_compiled_trains_with_annealing_without_recompiling():
+def test_fit_compiled_trains_with_annealing_without_recompiling(caplog):
+    caplog.set_level(logging.INFO, logger="varbnn.train")
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=g)
@@ -216,6 +219,9 @@ def test_fit_compiled_trains_with_annealing_without_recompiling():
     assert len(history) == 3 and all(math.isfinite(r[k]) for r in history for k in ("loss", "nll", "kl"))
     assert history[-1]["beta"] == 1.0 and history[-1]["nll"] < history[0]["nll"]
     assert counts["stats"]["unique_graphs"] == 1  # beta is a tensor input: 12 steps, 9 betas, one graph
+    # the wait for the compilation is announced and timed once: one batch shape
+    said = [r.getMessage() for r in caplog.records if "first training step with batches of shape (16, 4)" in r.getMessage()]
+    assert len(said) == 2 and "compiles the step first" in said[0] and re.search(r"took \d+\.\d s", said[1])
     # torch.compile switches torch.distributions' validation off globally while tracing; fit restores it
     assert torch.distributions.Distribution._validate_args == validating
 

@@ -20,6 +20,7 @@ import re
 import struct
 import sys
 import tempfile
+import time
 import types
 import warnings
 from collections import OrderedDict
@@ -842,6 +843,7 @@ def fit(
     if graves and mc_samples != 1:
         raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
     compiled_step, mode = None, None
+    compiled_shapes: set[tuple[int, ...]] = set()  # the batch shapes the compiled step has met (each compiled once)
     if compile is not False:
         mode = _fit_compile_mode(compile, dev, loader)
         compiled_step = _compiled_elbo_step(model, nll, n_data, dev, mode, graves=graves, distributed=distributed)
@@ -929,7 +931,18 @@ def fit(
                     if distributed:
                         vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
                 elif compiled_step is not None:
+                    compiling = tuple(x.shape) not in compiled_shapes  # a first step, or a new batch shape: compiles
+                    if compiling:  # (torch.compile compiles again for a second shape, then one graph for any shape)
+                        bar.set_postfix_str("compiling the step")
+                        logger.info("first training step with batches of shape %s: torch.compile (mode %r) compiles the "
+                                    "step first (on a CPU, a minute or more the first time)", tuple(x.shape), mode)  # fmt: skip
+                        began = time.perf_counter()
                     terms = compiled_step(x, y, schedule(step), mc_samples)
+                    if compiling:
+                        compiled_shapes.add(tuple(x.shape))
+                        logger.info("the first training step with batches of shape %s took %.1f s (its compilation "
+                                    "included)", tuple(x.shape), time.perf_counter() - began)  # fmt: skip
+                        bar.set_postfix_str("")
                 else:
                     terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
                 if distributed and outside:
