@@ -12,7 +12,8 @@
 #                 "profile" and "rdp-resnet18" (RDP row compiled on ResNet-18, minutes of compiling) are not in the default
 #                 list: PARTS="profile rdp-resnet18" adds them; nor are the CUDA-graph parts, fit(compile=
 #                 "reduce-overhead"): lenet5-graphs, rdp-lenet5-graphs, resnet18-graphs; nor fit-loop, nor compile-time (the first
-#                 step's compilation, cold and warm cache, for COMPILE_TIME_ONLY's families)); DEADLINE=SECONDS caps the
+#                 step's compilation, cold and warm cache, for COMPILE_TIME_ONLY's families), nor ktied-gemms (KTied's thin
+#                 matrix products three ways)); DEADLINE=SECONDS caps the
 #                 whole script (a part gets at most what is left; the archive is repacked after every part)
 #
 # Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page
@@ -63,8 +64,10 @@ compiled_only=(--compile --only "fit(compile=True),compiled" "${rdp[@]}")
 resnet=(--model resnet18 --batch 128 --device "$device" --mc-samples "" --steps "$(( steps < 20 ? steps : 20 ))"
         --warmup "${WARMUP:-5}" --repeats 1)
 # The next GPU session (after the H200 one of 2026-11-27, which measured lenet5-graphs and RDP's LeNet-5 graphs and
-# ran out of time in resnet18-graphs after 220 s of compiling): PEERS=1 DEADLINE=540 PARTS="resnet18-graphs fit-loop"
-# (resnet18-graphs runs as three processes since 2026-11-29, each table in a folder of its own, resnet18-graphs-N/)
+# ran out of time in resnet18-graphs after 220 s of compiling): PEERS=1 DEADLINE=540 PARTS="ktied-gemms resnet18-graphs
+# fit-loop" (ktied-gemms: about 15 s, why a KTied ResNet-18 step took 12-13 ms more than MeanField's on the H100, eager
+# and compiled alike; resnet18-graphs runs as three processes since 2026-11-29, each table in a folder of its own,
+# resnet18-graphs-N/)
 # (ResNet-18's five CUDA-graph compilations need about 400 s), or the LeNet-5 front's training (gpu_reproduce.sh)
 # PARTS: which parts run, in this order (default all; the 2026-11-26 H200 session measured mlp, lenet5,
 # lenet5-compiled, rdp-mlp, rdp-lenet5, resnet18, predict and vmf at 21b4286, in 15 minutes of device time)
@@ -114,6 +117,8 @@ for name in $parts; do
             part "${COMPILE_TIME_SECONDS:-240}" benchmarks/compile_time.py --model mlp --device "$device" \
                  --compile-mode reduce-overhead --only "${COMPILE_TIME_ONLY:-deterministic,MeanField-reparam,RadialDirectional(row)}" \
                  --out "$work/step-time" ;;
+        ktied-gemms)  # KTied's thin matrix products per ResNet-18 step, as KTied computes them and two other ways
+            part "${KTIED_GEMMS_SECONDS:-60}" benchmarks/ktied_gemms.py --device "$device" --out "$work/step-time" ;;
         host) part "${HOST_SECONDS:-60}" benchmarks/step_time.py --model host "${common[@]}" --skip graves \
                  --skip RadialDirectional --out "$work/step-time" ;;
         predict) part "${PREDICT_SECONDS:-75}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \
@@ -126,7 +131,7 @@ for name in $parts; do
                 part "${PROFILE_SECONDS:-40}" benchmarks/profile_step.py --model "${spec%%|*}" --device "$device" \
                     --candidate "${spec#*|}" --out "$work/profiles"
             done ;;
-        *) echo "unknown part $name (lenet5-graphs rdp-lenet5-graphs resnet18-graphs fit-loop compile-time mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
+        *) echo "unknown part $name (lenet5-graphs rdp-lenet5-graphs resnet18-graphs fit-loop compile-time ktied-gemms mlp lenet5 lenet5-compiled rdp-mlp rdp-lenet5 rdp-resnet18 resnet18 resnet18-compiled host predict vmf profile)" | tee -a "$log" ;;
     esac
 done
 pack
