@@ -1,0 +1,24 @@
+"""benchmarks/compile_graph.py: the operations of a compiled training step's graph, by the varbnn function issuing
+each."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from compile_graph import count_ops  # type: ignore[import-not-found]  # noqa: E402
+
+from varbnn.philox import ROUNDS  # noqa: E402
+
+
+def test_every_captured_operation_is_attributed_and_the_draws_are_philoxs():
+    total, by_function = count_ops("host", "MeanField-reparam")
+    assert total == sum(by_function.values()) > 0
+    # one counter-based draw per Bayesian tensor (11 layers: 11 weights and 11 biases), each running Philox's rounds,
+    # two 32 x 32-bit products per round, each product the same few operations (9 today)
+    products = by_function["philox._mulhilo"]
+    assert products > 0 and products % (22 * 2 * ROUNDS) == 0 and products // (22 * 2 * ROUNDS) < 20
+    assert by_function["families.gaussian.softplus"] > 0  # sigma, traced (the fused eager node is not used under compile)
