@@ -71,6 +71,32 @@ def test_equals_the_integer_reference_eager_and_compiled():
     assert philox.philox4x32(counter, key, rounds=7)[0].tolist() != [row[0] for row in eager]
 
 
+def test_words_given_as_ints_and_a_known_schedule_give_the_same_numbers():
+    """A word the same for every counter may be a Python int (no tensor operation until it meets one), and the key's
+    round keys may be computed once (counter_draws does, for all its draws): the same words either way."""
+    cases = _random_cases(50)
+    counter = _words([c for c, _ in cases])
+    key = (torch.tensor(cases[7][1][0]), torch.tensor(cases[7][1][1]))
+    want = torch.stack(philox.philox4x32(counter, key), dim=1)
+    as_ints = [counter[0], int(counter[1][3]), int(counter[2][3]), int(counter[3][3])]
+    ints_want = torch.stack(philox.philox4x32([counter[0], *(torch.full_like(counter[0], w) for w in as_ints[1:])], key), 1)
+    assert torch.equal(torch.stack(philox.philox4x32(as_ints, key), dim=1), ints_want)
+    schedule = philox.key_schedule(*key)
+    assert len(schedule) == philox.ROUNDS
+    assert torch.equal(torch.stack(philox.philox4x32(counter, key, schedule=schedule), dim=1), want)
+    # a key as two ints, every word an int but the first counter word: still full-shape tensors out, the reference's words
+    out = philox.philox4x32([counter[0], 0, 0, 0], (int(key[0]), int(key[1])), rounds=1)
+    assert all(w.shape == counter[0].shape for w in out)
+    for row, c in zip(torch.stack(out, 1).tolist(), counter[0].tolist()):
+        assert tuple(row) == reference_philox((c, 0, 0, 0), (int(key[0]), int(key[1])), rounds=1)
+    with pytest.raises(ValueError, match="in \\[0, 2\\^32\\)"):
+        philox.philox4x32([counter[0], 2**32, 0, 0], key)
+    with pytest.raises(ValueError, match="fewer than rounds"):
+        philox.philox4x32(counter, key, schedule=schedule[:3])
+    with pytest.raises(ValueError, match="at least one"):
+        philox.philox4x32([0, 0, 0, 0], (0, 0))
+
+
 def test_every_output_bit_is_balanced():
     """Each of the 32 bits of the four words of 2^16 consecutive counters is set about half the time (binomial,
     |z| < 5 for each of the 128 bits); a constant or stuck bit fails."""

@@ -27,6 +27,7 @@ import torch
 
 __all__ = [
     "philox4x32",
+    "key_schedule",
     "standard_normal",
     "uniform",
     "new_key",
@@ -44,7 +45,12 @@ ROUNDS = 10
 """Philox4x32-10: the rounds Salmon et al. recommend (7 already pass BigCrush; 10 is their safety margin)."""
 
 
-def _mulhilo(c: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+Word = int | torch.Tensor
+"""A 32-bit word: an int64 tensor of values in ``[0, 2^32)``, or a Python int there (a word that is the same for every
+counter, which costs no tensor operation until it meets one)."""
+
+
+def _mulhilo(c: Word, m: int) -> tuple[Word, Word]:
     """High and low 32 bits of ``c * m`` for ``0 <= c, m < 2^32``, without a product above 2^48."""
     a = c * (m & 0xFFFF)
     b = c * (m >> 16)
@@ -52,25 +58,48 @@ def _mulhilo(c: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (b >> 16) + (s >> 32), s & _MASK
 
 
+def key_schedule(k0: Word, k1: Word, rounds: int = ROUNDS) -> list[tuple[Word, Word]]:
+    """Philox4x32's round keys ``(k0 + r W0, k1 + r W1) mod 2^32`` for ``r < rounds``: the same for every counter of
+    a key, so :func:`counter_draws` computes them once per block for all its draws."""
+    keys = [(k0, k1)]
+    for _ in range(1, rounds):
+        a, b = keys[-1]
+        keys.append(((a + _W0) & _MASK, (b + _W1) & _MASK))
+    return keys
+
+
 def philox4x32(
-    counter: Sequence[torch.Tensor], key: Sequence[torch.Tensor], rounds: int = ROUNDS
+    counter: Sequence[Word], key: Sequence[Word], rounds: int = ROUNDS, *, schedule: Sequence[tuple[Word, Word]] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Philox4x32 bijection: four 32-bit words of ``counter`` (int64 tensors, broadcastable, values in
-    ``[0, 2^32)``) under the two words of ``key`` to four words. ``rounds`` (default 10)."""
+    ``[0, 2^32)``; a word the same for every counter may be a Python int) under the two words of ``key`` to four
+    words. ``rounds`` (default 10); ``schedule``: the key's round keys from :func:`key_schedule`, when already known."""
     if len(counter) != 4 or len(key) != 2:
         raise ValueError(f"philox4x32 takes 4 counter words and 2 key words, got {len(counter)} and {len(key)}")
-    if any(t.dtype != torch.int64 for t in (*counter, *key)):
-        raise ValueError("philox4x32's counter and key words must be int64 tensors holding values in [0, 2^32)")
+    for w in (*counter, *key):
+        if isinstance(w, torch.Tensor) and w.dtype != torch.int64 or not isinstance(w, (int, torch.Tensor)):
+            raise ValueError("philox4x32's counter and key words must be int64 tensors holding values in [0, 2^32)")
+        if isinstance(w, int) and not 0 <= w <= _MASK:
+            raise ValueError(f"philox4x32's words must be in [0, 2^32), got {w}")
+    if schedule is None:
+        schedule = key_schedule(key[0], key[1], rounds)
+    elif len(schedule) < rounds:
+        raise ValueError(f"schedule holds {len(schedule)} round keys, fewer than rounds={rounds}")
     c0, c1, c2, c3 = counter
-    k0, k1 = key
     for r in range(rounds):
-        if r:
-            k0 = (k0 + _W0) & _MASK
-            k1 = (k1 + _W1) & _MASK
+        k0, k1 = schedule[r]
         hi0, lo0 = _mulhilo(c0, _M0)
         hi1, lo1 = _mulhilo(c2, _M1)
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0, c1, c2, c3
+    words = (c0, c1, c2, c3)
+    tensors = [w for w in (*counter, *key) if isinstance(w, torch.Tensor)]
+    if not tensors:
+        raise ValueError("philox4x32 needs at least one counter or key word as a tensor")
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    if all(isinstance(w, torch.Tensor) and w.shape == shape for w in words):
+        return words  # type: ignore[return-value]
+    like = tensors[0]  # few rounds, or words no tensor reached: give every word the counters' shape
+    return tuple(torch.as_tensor(w, dtype=torch.int64, device=like.device).expand(shape).clone() for w in words)  # type: ignore[return-value]
 
 
 def _key_words(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,14 +108,19 @@ def _key_words(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return key & _MASK, (key >> 32) & _MASK
 
 
-def _blocks(numel: int, key: torch.Tensor, stream: int) -> tuple[torch.Tensor, ...]:
-    """Four words for each of ``ceil(numel / 4)`` consecutive counters of ``stream``."""
+def _blocks(
+    numel: int, key: torch.Tensor, stream: int, schedule: Sequence[tuple[Word, Word]] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Four words for each of ``ceil(numel / 4)`` consecutive counters of ``stream`` (the counter's upper three words
+    are the same for all of them: Python ints, so that Philox's first round spends no tensor operation on them)."""
     if not 0 <= stream < 2**64:
         raise ValueError(f"stream must be an integer in [0, 2^64), got {stream}")
     m = (numel + 3) // 4
     j = torch.arange(m, dtype=torch.int64, device=key.device)
-    c1 = j >> 32 if m > 2**32 else torch.zeros_like(j)
-    return philox4x32((j & _MASK, c1, torch.full_like(j, stream & _MASK), torch.full_like(j, stream >> 32)), _key_words(key))
+    low, high = (j & _MASK, j >> 32) if m > 2**32 else (j, 0)
+    if schedule is None:
+        schedule = key_schedule(*_key_words(key))
+    return philox4x32((low, high, stream & _MASK, stream >> 32), schedule[0], schedule=schedule)
 
 
 def _shape(shape: Sequence[int] | torch.Size) -> tuple[int, torch.Size]:
@@ -103,15 +137,21 @@ def _floats(dtype: torch.dtype) -> torch.dtype:
 
 
 def standard_normal(
-    shape: Sequence[int] | torch.Size, key: torch.Tensor, stream: int = 0, dtype: torch.dtype = torch.float32
+    shape: Sequence[int] | torch.Size,
+    key: torch.Tensor,
+    stream: int = 0,
+    dtype: torch.dtype = torch.float32,
+    *,
+    schedule: Sequence[tuple[Word, Word]] | None = None,
 ) -> torch.Tensor:
     """``N(0, 1)`` numbers of ``shape`` from Philox's words for ``key`` (a 0-d int64 tensor, on the device to draw on)
     and ``stream``, by the Box-Muller transform: each counter's four words give two radii ``sqrt(-2 log u)`` with
     ``u = (w + 1) / 2^32`` in ``(0, 1]`` (so the largest |z| is ``sqrt(64 ln 2)`` = 6.66) and two
-    angles ``2 pi w / 2^32``; four normals per counter, in counter order. Computed in float32 (float64 for float64)."""
+    angles ``2 pi w / 2^32``; four normals per counter, in counter order. Computed in float32 (float64 for float64).
+    ``schedule``: ``key``'s round keys (:func:`key_schedule` of its two words), when already computed."""
     numel, size = _shape(shape)
     work = _floats(dtype)
-    w0, w1, w2, w3 = _blocks(numel, key, stream)
+    w0, w1, w2, w3 = _blocks(numel, key, stream, schedule)
     inv = 2.0**-32
     r0 = torch.sqrt(-2.0 * torch.log((w0 + 1).to(work) * inv))
     r1 = torch.sqrt(-2.0 * torch.log((w2 + 1).to(work) * inv))
@@ -122,7 +162,12 @@ def standard_normal(
 
 
 def uniform(
-    shape: Sequence[int] | torch.Size, key: torch.Tensor, stream: int = 0, dtype: torch.dtype = torch.float32
+    shape: Sequence[int] | torch.Size,
+    key: torch.Tensor,
+    stream: int = 0,
+    dtype: torch.dtype = torch.float32,
+    *,
+    schedule: Sequence[tuple[Word, Word]] | None = None,
 ) -> torch.Tensor:
     """Uniform numbers in ``[0, 1)`` of ``shape``: each word's upper ``p`` bits over ``2^p``, ``p`` the dtype's
     significand bits (24 for float32, 11 for float16, 8 for bfloat16, so that every value is exact and below 1; 53
@@ -130,11 +175,11 @@ def uniform(
     numel, size = _shape(shape)
     work = _floats(dtype)
     if work == torch.float64:  # two words per number: 26 + 27 bits
-        pairs = torch.stack(_blocks(2 * numel, key, stream), dim=-1).reshape(-1)[: 2 * numel].reshape(-1, 2)
+        pairs = torch.stack(_blocks(2 * numel, key, stream, schedule), dim=-1).reshape(-1)[: 2 * numel].reshape(-1, 2)
         u = (((pairs[:, 0] >> 6) << 27) | (pairs[:, 1] >> 5)).to(work) * 2.0**-53
     else:
         bits = 1 - round(math.log2(torch.finfo(dtype).eps))  # significand bits: float32 24, float16 11, bfloat16 8
-        u = (torch.stack(_blocks(numel, key, stream), dim=-1) >> (32 - bits)).to(work) * 2.0**-bits
+        u = (torch.stack(_blocks(numel, key, stream, schedule), dim=-1) >> (32 - bits)).to(work) * 2.0**-bits
     return u.reshape(-1)[:numel].reshape(size).to(dtype)
 
 
@@ -147,10 +192,16 @@ class _Draws:
     def __init__(self, key: torch.Tensor) -> None:
         self.key = key
         self.stream = 0
+        self.schedule: list[tuple[Word, Word]] | None = None  # the key's round keys, once for all the block's draws
 
     def next_stream(self) -> int:
         self.stream += 1
         return self.stream - 1
+
+    def round_keys(self) -> list[tuple[Word, Word]]:
+        if self.schedule is None:
+            self.schedule = key_schedule(*_key_words(self.key))
+        return self.schedule
 
 
 _active: _Draws | None = None
@@ -187,13 +238,13 @@ def _draw(
     shape: Sequence[int] | torch.Size,
     dtype: torch.dtype,
     device: torch.device,
-    counter: Callable[[Sequence[int] | torch.Size, torch.Tensor, int, torch.dtype], torch.Tensor],
+    counter: Callable[..., torch.Tensor],
     plain: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     draws = _active
     if draws is None or draws.key.device != device:
         return plain(shape, dtype=dtype, device=device)
-    return counter(shape, draws.key, draws.next_stream(), dtype)
+    return counter(shape, draws.key, draws.next_stream(), dtype, schedule=draws.round_keys())
 
 
 def randn(shape: Sequence[int] | torch.Size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
