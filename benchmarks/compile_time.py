@@ -60,7 +60,7 @@ def pairs(model: str, device: torch.device) -> list[tuple[str, str]]:
     return out
 
 
-def child(eager_name: str, compiled_name: str, model: str, device: torch.device, steps: int, rounds: int) -> dict[str, float]:
+def child(eager_name: str, compiled_name: str, model: str, device: torch.device, steps: int, rounds: int) -> dict[str, Any]:
     """Build the compiled step and time its first step; with ``steps`` > 0 also build the eager step, time its first
     step, warm both up (:data:`WARMUP` steps each) and time them in ``rounds`` alternating turns of ``steps`` steps."""
     table = candidates(model, device, compiled=True)
@@ -78,7 +78,7 @@ def child(eager_name: str, compiled_name: str, model: str, device: torch.device,
         return time.perf_counter() - t0
 
     compiled = table[compiled_name]()
-    result = {"first_s": timed(compiled)}
+    result: dict[str, Any] = {"first_s": timed(compiled), "phases_s": phases()}
     if steps == 0:
         return result
     eager = table[eager_name]()
@@ -94,7 +94,28 @@ def child(eager_name: str, compiled_name: str, model: str, device: torch.device,
     return result
 
 
-def run_child(argv: list[str], eager: str, compiled: str, cache: str, steps: int) -> dict[str, float]:
+PHASES = {  # torch's own compile timers (torch._dynamo.utils.compilation_time_metrics): what the first step spent where
+    "dynamo": "bytecode_tracing",  # tracing the step's Python
+    "aot_autograd": "create_aot_dispatcher_function",  # the joint forward and backward graph, and (within) inductor
+    "inductor": "compile_fx_inner",  # inductor's lowering and code generation, and the kernels' compilation
+    "cxx": "compile_file",  # the C++ compiler (CPU kernels), summed over the compile threads
+}
+
+
+def phases() -> dict[str, float]:
+    """Seconds per phase of the compilations so far in this process (:data:`PHASES`; ``aot_autograd`` without the
+    inductor time it holds); empty where this torch keeps no such timers."""
+    import torch._dynamo.utils
+
+    metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", None)
+    if not isinstance(metrics, dict):
+        return {}
+    total = {name: float(sum(metrics.get(key, ()))) for name, key in PHASES.items()}
+    total["aot_autograd"] = max(0.0, total["aot_autograd"] - total["inductor"])
+    return {name: round(value, 2) for name, value in total.items()}
+
+
+def run_child(argv: list[str], eager: str, compiled: str, cache: str, steps: int) -> dict[str, Any]:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
     command = [sys.executable, __file__, *argv, "--child", eager, "--child-compiled", compiled, "--child-steps", str(steps)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
@@ -157,6 +178,8 @@ def main() -> None:
                 "compiled_ms": round(cold["compiled_ms"], 3),
                 "cold_first_s": round(cold["first_s"], 2),
                 "warm_first_s": round(warm["first_s"], 2),
+                "cold_phases_s": cold.get("phases_s", {}),
+                "warm_phases_s": warm.get("phases_s", {}),
             }
             for kind in ("cold", "warm"):
                 steps = pays_after(row[f"{kind}_first_s"], row["eager_ms"], row["compiled_ms"])
@@ -188,12 +211,23 @@ def main() -> None:
         f"epochs of 60,000 examples ({steps_per_epoch} steps); the step-time tables (every candidate in one "
         "process, interleaved) are the ones to read for the ratios between families",
     ]
+    def where(spent: dict[str, float]) -> str:
+        return " / ".join(f"{spent[name]:.1f}" for name in PHASES) if set(PHASES) <= set(spent) else ""
+
+    notes.append(
+        "where the first step's time went, by torch's own compile timers: dynamo (tracing the step's Python) / "
+        "aot_autograd (the joint forward-backward graph and its partition) / inductor (lowering, code generation and "
+        "the kernels' compilation) / cxx (the C++ compiler, within inductor's time on the CPU, summed over the compile "
+        "threads, so it can exceed the wall time it took)"
+    )
     table = [
         "| family | eager step (ms) | compiled step (ms) | first compiled step, cold cache (s) | pays after, cold (epochs) "
-        "| first compiled step, warm cache (s) | pays after, warm (epochs) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| first compiled step, warm cache (s) | pays after, warm (epochs) | cold: dynamo / aot_autograd / inductor / "
+        "cxx (s) | warm: the same (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
         *[f"| {r['family']} | {r['eager_ms']:.2f} | {r['compiled_ms']:.2f} | {r['cold_first_s']:.1f} | "
-          f"{pays(r['cold_pays_after_steps'])} | {r['warm_first_s']:.1f} | {pays(r['warm_pays_after_steps'])} |" for r in rows],
+          f"{pays(r['cold_pays_after_steps'])} | {r['warm_first_s']:.1f} | {pays(r['warm_pays_after_steps'])} | "
+          f"{where(r['cold_phases_s'])} | {where(r['warm_phases_s'])} |" for r in rows],
     ]  # fmt: skip
     stem = "compile_time" + ("" if args.model == "mlp" else f"_{args.model}")
     stem += "" if device.type == "cpu" else f"_{device.type}"

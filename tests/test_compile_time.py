@@ -39,6 +39,10 @@ def test_a_warm_cache_compiles_faster_than_a_cold_one(tmp_path):
     assert row["cold_first_s"] > row["compiled_ms"] / 1000 and row["warm_first_s"] < row["cold_first_s"]
     expected = pays_after(row["cold_first_s"], row["eager_ms"], row["compiled_ms"])
     assert row["cold_pays_after_steps"] == (None if expected is None else math.ceil(expected))
+    # torch's own timers: every phase reported; the cold run generated and compiled kernels, the warm one read them back
+    cold, warm = row["cold_phases_s"], row["warm_phases_s"]
+    assert set(cold) == set(warm) == {"dynamo", "aot_autograd", "inductor", "cxx"}
+    assert cold["cxx"] > 0 and cold["inductor"] > warm["inductor"] and all(v >= 0 for v in (*cold.values(), *warm.values()))
     page = (tmp_path / "compile_time_host.md").read_text()
     assert "first compiled step, cold cache (s)" in page and result["commit"] in page
 
