@@ -43,6 +43,7 @@ def test_a_warm_cache_compiles_faster_than_a_cold_one(tmp_path):
     cold, warm = row["cold_phases_s"], row["warm_phases_s"]
     assert set(cold) == set(warm) == {"dynamo", "aot_autograd", "inductor", "cxx"}
     assert cold["cxx"] > 0 and cold["inductor"] > warm["inductor"] and all(v >= 0 for v in (*cold.values(), *warm.values()))
+    assert cold["dynamo"] > 0 and warm["dynamo"] > 0  # the step's Python is traced in both
     page = (tmp_path / "compile_time_host.md").read_text()
     assert "first compiled step, cold cache (s)" in page and result["commit"] in page
 
