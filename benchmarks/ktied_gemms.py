@@ -30,7 +30,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,33 +46,48 @@ MODELS: dict[str, Callable[[], torch.nn.Module]] = {"resnet18": resnet18, "mlp":
 Products = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def blas(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> Products:
-    """KTied's own: sigma, U^T U, V^T V, G V, G^T U."""
-    return u @ v.T, u.T @ u, v.T @ v, _times_v(g, v), _u_times(u, g)
+Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (u, v, g) -> one of the products
 
 
-def gemv(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> Products:
-    k = u.shape[1]
-    gram_u = torch.stack([torch.mv(u.T, u[:, j]) for j in range(k)], 1)
-    gram_v = torch.stack([torch.mv(v.T, v[:, j]) for j in range(k)], 1)
-    g_v = torch.stack([torch.mv(g, v[:, j]) for j in range(k)], 1)
-    g_u = torch.stack([torch.mv(g.T, u[:, j]) for j in range(k)], 1)
-    return u @ v.T, gram_u, gram_v, g_v, g_u
+def _columns(a: Callable[..., torch.Tensor], b: Callable[..., torch.Tensor]) -> Product:
+    """``A @ B`` for a thin ``B`` as one matrix-vector product per column of ``B``."""
+    return lambda u, v, g: torch.stack([torch.mv(a(u, v, g), b(u, v, g)[:, j]) for j in range(u.shape[1])], 1)
 
 
-def reduce(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> Products:
-    gram_u = (u.unsqueeze(2) * u.unsqueeze(1)).sum(0)
-    gram_v = (v.unsqueeze(2) * v.unsqueeze(1)).sum(0)
-    g_v = (g.unsqueeze(2) * v.unsqueeze(0)).sum(1)
-    g_u = (g.unsqueeze(2) * u.unsqueeze(1)).sum(0)
-    return u @ v.T, gram_u, gram_v, g_v, g_u
+def _outer(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return u @ v.T
 
 
-VARIANTS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Products]] = {
-    "blas": blas,
-    "gemv": gemv,
-    "reduce": reduce,
+VARIANTS: dict[str, tuple[Product, Product, Product, Product, Product]] = {  # sigma, U^T U, V^T V, G V, G^T U
+    "blas": (  # KTied's own
+        _outer,
+        lambda u, v, g: u.T @ u,
+        lambda u, v, g: v.T @ v,
+        lambda u, v, g: _times_v(g, v),
+        lambda u, v, g: _u_times(u, g),
+    ),
+    "gemv": (
+        _outer,
+        _columns(lambda u, v, g: u.T, lambda u, v, g: u),
+        _columns(lambda u, v, g: v.T, lambda u, v, g: v),
+        _columns(lambda u, v, g: g, lambda u, v, g: v),
+        _columns(lambda u, v, g: g.T, lambda u, v, g: u),
+    ),
+    "reduce": (
+        _outer,
+        lambda u, v, g: (u.unsqueeze(2) * u.unsqueeze(1)).sum(0),
+        lambda u, v, g: (v.unsqueeze(2) * v.unsqueeze(1)).sum(0),
+        lambda u, v, g: (g.unsqueeze(2) * v.unsqueeze(0)).sum(1),
+        lambda u, v, g: (g.unsqueeze(2) * u.unsqueeze(1)).sum(0),
+    ),
 }
+
+
+def products(name: str, u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> Products:
+    """Every product of one variant (:data:`VARIANTS`), in :data:`PARTS`' order."""
+    return tuple(part(u, v, g) for part in VARIANTS[name])  # type: ignore[return-value]
+
+
 PARTS = ("sigma = U V^T", "U^T U", "V^T V", "G V", "G^T U")
 
 
@@ -107,40 +122,42 @@ def main() -> None:
         u = torch.rand(m, RANK, generator=g) * 0.1 + 0.01
         v = torch.rand(n, RANK, generator=g) * 0.1 + 0.01
         grad = torch.randn(m, n, generator=g)
-        reference = [t.to(torch.float32) for t in blas(u.double(), v.double(), grad.double())]
+        reference = [t.to(torch.float32) for t in products("blas", u.double(), v.double(), grad.double())]
         tensors.append((u.to(device), v.to(device), grad.to(device), reference))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     # the same numbers, float32 against a float64 reference (looser on a GPU, whose products may round inputs to TF32;
     # a wrong layout or axis is off by far more)
     tol = 1e-4 if device.type == "cpu" else 1e-2
-    for name, variant in VARIANTS.items():
+    for name in VARIANTS:
         for u, v, grad, reference in tensors:
-            for got, want, part in zip(variant(u, v, grad), reference, PARTS):
-                torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol, msg=f"{name}: {part} differs from KTied's")
+            for got, want, label in zip(products(name, u, v, grad), reference, PARTS):
+                torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol, msg=f"{name}: {label} differs from KTied's")
 
-    def step_time(fn: Callable[..., Any]) -> float:
+    def timed(parts: Sequence[Product]) -> float:
+        """The products ``parts`` for every tied weight, the device synchronised around them."""
         sync()
         t0 = time.perf_counter()
         for u, v, grad, _ in tensors:
-            fn(u, v, grad)
+            for part in parts:
+                part(u, v, grad)
         sync()
         return time.perf_counter() - t0
 
-    for fn in VARIANTS.values():  # warm-up (cuBLAS handles, kernel selection)
+    for parts in VARIANTS.values():  # warm-up (cuBLAS handles, kernel selection)
         for _ in range(3):
-            step_time(fn)
+            timed(parts)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(args.repeats):  # interleaved
-        for name, fn in VARIANTS.items():
-            times[name].append(step_time(fn))
+        for name, parts in VARIANTS.items():
+            times[name].append(timed(parts))
     per_part = {}  # each product alone, summed over the layers: where the time goes
-    for name, fn in VARIANTS.items():
-        for i, part in enumerate(PARTS):
-            per_part[(name, part)] = statistics.median(_one(fn, i, tensors, sync) for _ in range(max(3, args.repeats // 4)))
+    for name, parts in VARIANTS.items():
+        for part, label in zip(parts, PARTS):
+            per_part[(name, label)] = statistics.median(timed((part,)) for _ in range(max(3, args.repeats // 4)))
     rows = []
     for name in VARIANTS:
         row: dict[str, Any] = {"variant": name, "ms_per_step": round(1000 * statistics.median(times[name]), 3)}
-        row["parts_ms"] = {part: round(1000 * per_part[(name, part)], 3) for part in PARTS}
+        row["parts_ms"] = {label: round(1000 * per_part[(name, label)], 3) for label in PARTS}
         rows.append(row)
         print(f"{name:8s} {row['ms_per_step']:9.3f} ms per step  " + "  ".join(f"{p}: {t}" for p, t in row["parts_ms"].items()))
     result = {
@@ -172,35 +189,6 @@ def main() -> None:
     path = write_result(args.out, stem, result, title, notes, table)
     print(f"wrote {path}.json and .md")
 
-
-def _one(fn: Callable[..., Products], part: int, tensors: list[Any], sync: Callable[[], None]) -> float:
-    """The time of one product (``part`` of :data:`PARTS`) of ``fn`` for every weight."""
-    ops: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = [
-        lambda u, v, g: u @ v.T,
-        *[(lambda u, v, g, i=i: _part(fn, i, u, v, g)) for i in range(1, len(PARTS))],
-    ]
-    sync()
-    t0 = time.perf_counter()
-    for u, v, grad, _ in tensors:
-        ops[part](u, v, grad)
-    sync()
-    return time.perf_counter() - t0
-
-
-def _part(fn: Callable[..., Products], i: int, u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """One product of a variant alone (the variant's own code for it, not the others)."""
-    k = u.shape[1]
-    if fn is blas:
-        return (lambda: u.T @ u, lambda: v.T @ v, lambda: _times_v(g, v), lambda: _u_times(u, g))[i - 1]()
-    if fn is gemv:
-        a, b = ((u.T, u), (v.T, v), (g, v), (g.T, u))[i - 1]
-        return torch.stack([torch.mv(a, b[:, j]) for j in range(k)], 1)
-    return (
-        lambda: (u.unsqueeze(2) * u.unsqueeze(1)).sum(0),
-        lambda: (v.unsqueeze(2) * v.unsqueeze(1)).sum(0),
-        lambda: (g.unsqueeze(2) * v.unsqueeze(0)).sum(1),
-        lambda: (g.unsqueeze(2) * u.unsqueeze(1)).sum(0),
-    )[i - 1]()
 
 
 if __name__ == "__main__":

@@ -226,6 +226,25 @@ def test_fit_compiled_trains_with_annealing_without_recompiling(caplog):
     assert torch.distributions.Distribution._validate_args == validating
 
 
+def test_fit_announces_each_new_batch_shape_of_a_compiled_step(caplog, monkeypatch):
+    """The first shape compiles; a later one (a smaller last batch) may compile again: each is announced once, and how
+    long its first step took (the step stood in for by the eager one here: what is tested is fit's loop)."""
+
+    def eager_step(model, nll, n_data, device, mode, **kwargs):
+        return lambda x, y, beta, samples: _accumulated_elbo_gradient(model, model, x, y, nll, n_data, beta, samples)
+
+    monkeypatch.setattr(varbnn.train, "_compiled_elbo_step", eager_step)
+    caplog.set_level(logging.INFO, logger="varbnn.train")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 4, generator=g), torch.randint(0, 3, (20,), generator=g)
+    fit(_model("meanfield"), DataLoader(TensorDataset(x, y), batch_size=8), n_data=20, epochs=2, progress=False,
+        diagnose=False, compile=True)  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "first training step with batches of shape" in r.getMessage()]
+    assert len(said) == 4  # two shapes, (8, 4) and (4, 4), each announced and timed once over two epochs
+    assert "(8, 4)" in said[0] and "compiles the step first" in said[0] and re.search(r"took \d+\.\d s", said[1])
+    assert "(4, 4)" in said[2] and "may compile the step again" in said[2] and "(4, 4)" in said[3]
+
+
 def test_each_compiled_step_has_a_cache_of_its_own():
     """torch.compile counts recompilations per code object (``recompile_limit``, 8 by default): steps for differently
     built models in one process must not share one count, or from the limit on they silently run eager. With the limit

@@ -933,9 +933,11 @@ def fit(
                 elif compiled_step is not None:
                     compiling = tuple(x.shape) not in compiled_shapes  # a first step, or a new batch shape: compiles
                     if compiling:  # (torch.compile compiles again for a second shape, then one graph for any shape)
-                        bar.set_postfix_str("compiling the step")
-                        logger.info("first training step with batches of shape %s: torch.compile (mode %r) compiles the "
-                                    "step first (on a CPU, a minute or more the first time)", tuple(x.shape), mode)  # fmt: skip
+                        bar.set_postfix_str("compiling the step" if not compiled_shapes else "a new batch shape")
+                        logger.info("first training step with batches of shape %s: torch.compile (mode %r) %s (on a "
+                                    "CPU, a minute or more the first time)", tuple(x.shape), mode,
+                                    "compiles the step first" if not compiled_shapes
+                                    else "may compile the step again for it")  # fmt: skip
                         began = time.perf_counter()
                     terms = compiled_step(x, y, schedule(step), mc_samples)
                     if compiling:
