@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -424,12 +424,15 @@ def normal_kl_sum(parts: list[NormalKLParts]) -> torch.Tensor:
 def _model_kl(model: nn.Module) -> torch.Tensor | None:
     """The sum of KL(q || p) over the model's Bayesian tensors, None if it has none: the tensors whose KL has
     :class:`NormalKLParts` in one :func:`normal_kl_sum` per device and dtype (outside ``torch.compile`` and torch.func
-    transforms, which take each tensor's own KL), the others one by one."""
+    transforms, which take each tensor's own KL), the others one by one. Outside them it also makes the tensors whose
+    sigma is ``softplus(rho)`` under the ``"reparam"`` estimator one :class:`~varbnn.families.gaussian.SoftplusGroup` per
+    device and dtype, whose statistics the next steps compute in one node."""
     from varbnn.families.base import VariationalFamily
     from varbnn.nn.base import BayesianModule
 
     batch = not (torch.compiler.is_compiling() or _functorch_active())
     groups: dict[tuple[torch.device, torch.dtype], list[NormalKLParts]] = {}
+    softplus: dict[tuple[torch.device, torch.dtype], list[Any]] = {}
     total: torch.Tensor | None = None
     for module in model.modules():
         if not isinstance(module, BayesianModule):
@@ -439,6 +442,10 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
             total = term if total is None else total + term
             continue
         for _, posterior, prior in module.bayesian_tensors():
+            eligible = getattr(posterior, "_softplus_group_eligible", None)
+            if eligible is not None and eligible():
+                loc = cast(torch.Tensor, posterior.loc)
+                softplus.setdefault((loc.device, loc.dtype), []).append(posterior)
             parts = family_kl_parts(posterior, prior) if type(posterior).kl is VariationalFamily.kl else None
             if parts is None:
                 term = posterior.kl(prior)
@@ -448,6 +455,11 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
     for parts_list in groups.values():
         term = normal_kl_sum(parts_list)
         total = term if total is None else total + term
+    if softplus:  # the next steps compute these tensors' sigma statistics together (host time)
+        from varbnn.families.gaussian import join_softplus_groups
+
+        for families in softplus.values():
+            join_softplus_groups(families)
     return total
 
 

@@ -30,6 +30,7 @@ from varbnn.families.gaussian import (
     cached_draw,
     cached_softplus,
     fused_normal_kl,
+    group_stats,
     inverse_softplus,
     normal_kl_from_stats,
     softplus_sample,
@@ -91,7 +92,7 @@ class Radial(VariationalFamily):
 
     loc: nn.Parameter
     rho: nn.Parameter
-    _scale_cache: tuple[Any, Any, Any] | None = None
+    _scale_cache: tuple[Any, ...] | None = None
     _forward_draw: tuple[Any, torch.Tensor] | None = None
 
     def __init__(
@@ -126,10 +127,17 @@ class Radial(VariationalFamily):
         """sigma = softplus(rho), shared by the forward pass and the KL within a step (:func:`cached_softplus`)."""
         return cached_softplus(self)
 
+    def _softplus_group_eligible(self) -> bool:
+        """Whether this tensor joins its model's :class:`~varbnn.families.gaussian.SoftplusGroup`: the ``"reparam"``
+        estimator and Radial's own sigma and draw."""
+        cls = type(self)
+        return self.estimator == "reparam" and cls.scale is Radial.scale and cls.rsample is Radial.rsample
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
         state["_scale_cache"] = None
         state["_forward_draw"] = None
+        state.pop("_softplus_group", None)  # the model's KL makes the copy's own group
         return state
 
     def distribution(self) -> Distribution:
@@ -169,6 +177,10 @@ class Radial(VariationalFamily):
         self._require_built()
         if sample_shape:
             return torch.addcmul(self.loc, self.scale, self._noise(torch.Size(sample_shape)))
+        if "_softplus_group" in self.__dict__:
+            stats = group_stats(self)
+            if stats is not None:  # sigma from the step's group node: the draw is one addcmul
+                return torch.addcmul(self.loc, stats[0], self._noise(torch.Size()))
         if type(self).scale is Radial.scale:  # a training step's first draw: the draw and sigma's statistics in one node
             weight = softplus_sample(self, lambda: self._noise(torch.Size()))
             if weight is not None:

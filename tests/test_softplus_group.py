@@ -1,0 +1,169 @@
+"""A model's softplus families compute their step statistics in one node (``SoftplusGroup``): the same numbers as each
+tensor's own fused node, in less host time."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import varbnn
+import varbnn.families.gaussian as gaussian
+from varbnn.families import MeanField, Radial
+from varbnn.families.gaussian import _SoftplusStats, _SoftplusStatsGroup
+from varbnn.nn import BayesLinear
+
+
+def _no_groups(monkeypatch):
+    monkeypatch.setattr(gaussian, "join_softplus_groups", lambda families: None)
+
+
+def _families(model):
+    return [m for m in model.modules() if isinstance(m, (MeanField, Radial))]
+
+
+class _TwoHeads(nn.Module):
+    """A body, a head the forward pass uses and one it does not (its KL still counts), and a local-estimator layer
+    (not a group member)."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.body = BayesLinear(6, 8, family=spec())
+        self.local = BayesLinear(8, 8, family=MeanField(init_std=0.05, estimator="local"))
+        self.head = BayesLinear(8, 3, family=spec())
+        self.unused = BayesLinear(8, 2, family=spec())
+
+    def forward(self, x):
+        return self.head(torch.relu(self.local(torch.relu(self.body(x)))))
+
+
+_SPECS = {
+    "meanfield": lambda: MeanField(init_std=0.1),
+    "radial-mc": lambda: Radial(),
+    "radial-closed": lambda: Radial(cross_entropy="closed_form"),
+}
+
+
+def _train(model, steps, x, y):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(100 + step)
+        nll = F.cross_entropy(model(x), y)
+        loss = varbnn.elbo_loss(nll, model, 1000).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+def test_group_node_equals_each_tensors_node_and_passes_gradcheck():
+    rhos = [torch.randn(4, 3, dtype=torch.float64, requires_grad=True), torch.randn(5, dtype=torch.float64, requires_grad=True)]
+    outputs = _SoftplusStatsGroup.apply(*rhos)
+    for i, rho in enumerate(rhos):
+        sigma, _, sum_log, sum_sq = _SoftplusStats.apply(rho, False)
+        assert torch.equal(outputs[i], sigma) and torch.equal(outputs[2 + i], sum_log) and torch.equal(outputs[4 + i], sum_sq)
+    w = torch.randn(4, 3, dtype=torch.float64)
+
+    def objective(a, b):  # every output kind used, one sigma not at all (its gradient arrives as None)
+        out = _SoftplusStatsGroup.apply(a, b)
+        return (out[0] * w).sum() + out[2] * 0.3 - out[3] + 0.7 * out[4] + out[5]
+
+    assert torch.autograd.gradcheck(objective, tuple(rhos))
+
+
+@pytest.mark.parametrize("name", list(_SPECS))
+def test_training_with_the_group_equals_training_without_it(name, monkeypatch):
+    """Same losses and parameters, bit for bit, as each tensor's own node; a member the forward pass does not use, a
+    local-estimator layer beside the group. From the second step on the members' statistics come from one node."""
+    torch.manual_seed(0)
+    model, x, y = _TwoHeads(_SPECS[name]), torch.randn(16, 6), torch.randint(0, 3, (16,))
+    reference = copy.deepcopy(model)
+    grouped_losses = _train(model, 4, x, y)
+    with monkeypatch.context() as patch:
+        _no_groups(patch)
+        plain_losses = _train(reference, 4, x, y)
+        assert all("_softplus_group" not in family.__dict__ for family in _families(reference))
+    assert torch.equal(grouped_losses, plain_losses)
+    for (key, grouped), plain in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(grouped, plain), key
+    members = [family for family in _families(model) if family.estimator == "reparam"]
+    group = members[0].__dict__["_softplus_group"]
+    assert all(family.__dict__["_softplus_group"] is group for family in members) and len(group.members) == 6
+    assert "_softplus_group" not in model.local.posteriors["weight"].__dict__
+    model(x)  # a step's forward pass: one node holds every member's statistics, the unused head's included
+    nodes = {family._scale_cache[1][0].grad_fn for family in members}
+    assert len(nodes) == 1 and type(next(iter(nodes))).__name__ == "_SoftplusStatsGroupBackward"
+
+
+def test_several_draws_per_step_match_the_plain_path(monkeypatch):
+    """``fit(mc_samples=3)``: later draws of a step reuse the group's sigma (gradients summed by autograd instead of
+    inside the fused node: equal up to rounding)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(BayesLinear(6, 8), nn.ReLU(), BayesLinear(8, 3))
+    reference = copy.deepcopy(model)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 6), torch.randint(0, 3, (32,)))
+    for net, patch in ((model, False), (reference, True)):
+        with monkeypatch.context() as context:
+            if patch:
+                _no_groups(context)
+            torch.manual_seed(1)
+            varbnn.fit(net, torch.utils.data.DataLoader(data, batch_size=8), n_data=32, epochs=2, mc_samples=3, progress=False)
+    for grouped, plain in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(grouped, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kl_first", [False, True])
+def test_activation_checkpointing_of_each_layer_with_the_group(kl_first):
+    """Non-reentrant checkpointing of each layer reruns each layer's draws in the backward: the rerun finds the group's
+    statistics and draws the same noise, so the gradients equal those without checkpointing."""
+    torch.manual_seed(0)
+    layers = nn.ModuleList([BayesLinear(4, 6, family=MeanField(init_std=0.2)), BayesLinear(6, 3, family=Radial())])
+    x = torch.randn(5, 4)
+    varbnn.kl(layers).backward()  # the group forms
+    grads = []
+    for use_checkpoint in (False, True):
+        layers.zero_grad()
+        torch.manual_seed(1)
+        kl = varbnn.kl(layers) if kl_first else None
+        h = x
+        for layer in layers:
+            h = torch.utils.checkpoint.checkpoint(layer, h, use_reentrant=False) if use_checkpoint else layer(h)
+            h = torch.tanh(h)
+        (h.square().sum() + (kl if kl is not None else varbnn.kl(layers))).backward()
+        grads.append([p.grad.clone() for p in layers.parameters()])
+    assert "_softplus_group" in layers[0].posteriors["weight"].__dict__
+    for plain, checkpointed in zip(*grads, strict=True):
+        torch.testing.assert_close(checkpointed, plain)
+
+
+def test_copies_and_pickles_make_their_own_group():
+    torch.manual_seed(0)
+    model = nn.Sequential(BayesLinear(3, 4), nn.ReLU(), BayesLinear(4, 2))
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    _train(model, 2, x, y)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert all("_softplus_group" not in family.__dict__ for family in _families(clone))
+        before = [p.detach().clone() for p in model.parameters()]
+        _train(clone, 2, x, y)
+        group = _families(clone)[0].__dict__["_softplus_group"]
+        assert [ref() for ref in group.members] == _families(clone)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_pruned_tensor_leaves_the_group():
+    torch.manual_seed(0)
+    model = nn.Sequential(BayesLinear(3, 4), nn.ReLU(), BayesLinear(4, 2))
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    _train(model, 2, x, y)
+    pruned = model[2].posteriors["weight"]
+    pruned.prune_(torch.rand(2, 4) > 0.5)
+    losses = _train(model, 2, x, y)
+    assert torch.isfinite(losses).all()
+    assert "_softplus_group" not in pruned.__dict__
+    group = model[0].posteriors["weight"].__dict__["_softplus_group"]
+    assert pruned not in [ref() for ref in group.members] and len(group.members) == 3
+    assert bool((pruned.weight() == 0).sum() >= (pruned.weight_mask == 0).sum())
