@@ -14,7 +14,8 @@ processes each, ``ab_meanfield_a_a.md``) the compiled MeanField-reparam step's s
 variant's own processes differ; read a ratio inside that spread as no difference.
 
     .venv/bin/python benchmarks/ab_step.py --candidate "KTied(rank=2)-reparam, fit(compile=True)" \\
-        --variants current,ktied-plain-outer [--rounds 20] [--steps 30] [--processes 3] [--name ktied_outer]
+        --variants current,ktied-plain-outer [--rounds 20] [--steps 30] [--processes 3] [--name ktied_outer] \\
+        [--model host]
 
 Variants (``VARIANTS``): ``current`` (the code as it is) and the alternatives this file names, each the earlier or an
 alternative form of one change; ``a+b`` applies both (e.g. ``current+glibc-keep-heap``: glibc's default allocator
@@ -130,6 +131,12 @@ def _generator_row_tangents() -> None:
     vmf.philox = types.SimpleNamespace(randn=randn)  # type: ignore[assignment]
 
 
+def _no_softplus_group() -> None:
+    import varbnn.families.gaussian as gaussian
+
+    gaussian.join_softplus_groups = lambda families: None
+
+
 VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "current": ("the code as it is", lambda: None),
     "current-again": ("the code as it is, in the other process (an A/A run: how far two processes of the same code "
@@ -156,6 +163,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "generator-row-tangents": ("the vMF draw's normal tangent noise of RDP's row grouping from torch's generator in a "
                                "compiled CPU step (one eager call per tensor, outside the fused kernels; until "
                                "2026-11-29)", _generator_row_tangents),
+    "no-softplus-group": ("each MeanField and Radial tensor's draw and sigma statistics through a node of its own "
+                          "(no SoftplusGroup: the eager step until 2026-11-29)", _no_softplus_group),
 }  # fmt: skip
 
 
@@ -164,17 +173,23 @@ def _describe(variant: str) -> str:
     return "; and ".join(VARIANTS[part][0] for part in variant.split("+"))
 
 
-def _child(candidate: str, variant: str, steps: int) -> None:
+MODEL_THREADS = {"mlp": 2, "host": 1}
+"""The networks of ``--model`` (step_time's MLP at batch 128, and its host-time network: 11 layers of 8 units at batch
+4) and the threads each runs on (as step_time's tables: ``step_time.md`` 2, ``step_time_host.md`` 1)."""
+
+
+def _child(candidate: str, variant: str, steps: int, model: str = "mlp") -> None:
     """A contestant: patch, build and warm the step, then on each line of stdin time ``steps`` steps."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(MODEL_THREADS[model])
     for part in variant.split("+"):
         VARIANTS[part][1]()
-    from step_time import candidates  # type: ignore[import-not-found]
+    from step_time import MODELS, candidates  # type: ignore[import-not-found]
 
-    table = candidates("mlp", torch.device("cpu"), compiled="compile" in candidate)
+    table = candidates(model, torch.device("cpu"), compiled="compile" in candidate)
     step = table[candidate]()
+    _, shape, batch, _ = MODELS[model]
     g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(128, 784, generator=g), torch.randint(0, 10, (128,), generator=g)
+    x, y = torch.rand(batch, *shape, generator=g), torch.randint(0, 10, (batch,), generator=g)
     for _ in range(20):
         step(x, y)
     print("ready", flush=True)
@@ -187,7 +202,10 @@ def _child(candidate: str, variant: str, steps: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--candidate", required=True, help="a step_time candidate name (MLP, CPU), exactly")
+    parser.add_argument("--candidate", required=True, help="a step_time candidate name (CPU), exactly")
+    parser.add_argument("--model", default="mlp", choices=sorted(MODEL_THREADS),
+                        help="mlp (default: MLP 784-400-400-10, batch 128, 2 threads) or host (11 layers of 8 units, "
+                             "batch 4, 1 thread: a step's host time)")
     parser.add_argument("--variants", default="current", help=f"two of {sorted(VARIANTS)}, comma-separated")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)
@@ -199,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        _child(args.candidate, args.child, args.steps)
+        _child(args.candidate, args.child, args.steps, args.model)
         return
     if args.processes < 1:
         parser.error(f"--processes must be an int >= 1, got {args.processes}")
@@ -207,24 +225,25 @@ def main(argv: list[str] | None = None) -> None:
     if len(variants) != 2 or variants[0] == variants[1] or any(part not in VARIANTS for v in variants for part in v.split("+")):
         parser.error(f"--variants must name two different ones of {sorted(VARIANTS)} (or '+'-joined sets of them; "
                      f"current-again for an A/A run), got {args.variants!r}")
-    from step_time import candidates, take_turns  # type: ignore[import-not-found]
+    from step_time import MODELS, candidates, take_turns  # type: ignore[import-not-found]
 
-    if args.candidate not in candidates("mlp", torch.device("cpu"), compiled=True):
+    if args.candidate not in candidates(args.model, torch.device("cpu"), compiled=True):
         parser.error(f"--candidate must be a step_time candidate name, got {args.candidate!r}")
     from sigma_param import provenance, write_result  # type: ignore[import-not-found]
 
     start = time.perf_counter()
     k = args.processes
     order = [v for _ in range(k) for v in variants]  # A1, B1, A2, B2, ...: every process takes its turn each round
-    commands = [[sys.executable, __file__, "--candidate", args.candidate, "--child", v, "--steps", str(args.steps)]
-                for v in order]  # fmt: skip
+    commands = [[sys.executable, __file__, "--candidate", args.candidate, "--child", v, "--steps", str(args.steps),
+                 "--model", args.model] for v in order]  # fmt: skip
     times: list[list[float]] = take_turns(commands, args.rounds, order)
     by_process = {v: [times[i] for i in range(len(order)) if order[i] == v] for v in variants}
     ratios = [a / b for pair in range(k) for a, b in zip(times[2 * pair], times[2 * pair + 1])]
     process_medians = {v: [statistics.median(t) for t in by_process[v]] for v in variants}
     name = args.name or "_".join(v.replace("-", "_") for v in variants)
     result: dict[str, Any] = {
-        "name": f"ab_{name}", **provenance("ab_step.py", argv), "candidate": args.candidate, "variants": variants,
+        "name": f"ab_{name}", **provenance("ab_step.py", argv), "candidate": args.candidate, "model": args.model,
+        "threads": MODEL_THREADS[args.model], "variants": variants,
         "rounds": args.rounds, "steps": args.steps, "processes": k,
         "ms": {v: [x for t in by_process[v] for x in t] for v in variants}, "ms_by_process": by_process,
         "median_ms": {v: statistics.median(x for t in by_process[v] for x in t) for v in variants},
@@ -240,7 +259,9 @@ def main(argv: list[str] | None = None) -> None:
         + " (read a ratio inside that spread as no difference).", "",
     ] if k > 1 else []  # fmt: skip
     lines = [
-        f"# A/B: {args.candidate}, {a} against {b}", "",
+        f"# A/B: {args.candidate}, {a} against {b}" + (" (host-time network)" if args.model == "host" else ""), "",
+        f"- network: {MODELS[args.model][3]}, batch {MODELS[args.model][2]}, {MODEL_THREADS[args.model]} "
+        f"thread{'s' if MODEL_THREADS[args.model] > 1 else ''}",
         f"- command: `{result['command']}`", f"- commit: `{result['commit']}`", f"- device: {result['device']}",
         f"- torch {result['torch']}; {2 * k} processes ({k} per variant) taking turns, {args.rounds} rounds of "
         f"{args.steps} steps each; wall time {result['seconds']:.0f} s", "",

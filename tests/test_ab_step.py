@@ -32,6 +32,19 @@ def test_two_contestants_take_turns_and_every_round_is_recorded(tmp_path):
     assert "| current |" in page and "| inductor-realize-8 |" in page and "Median of the per-round ratios" in page
 
 
+def test_the_host_network_and_the_softplus_group_variant(tmp_path):
+    """--model host: the 11-layer network of 8 units at batch 4 on one thread, against the step without SoftplusGroup."""
+    done = _run("--model", "host", "--candidate", "varbnn MeanField-reparam", "--variants", "current,no-softplus-group",
+                "--rounds", "2", "--steps", "3", "--name", "t", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "ab_t.json").read_text())
+    assert (result["model"], result["threads"]) == ("host", 1)
+    assert [len(result["ms"][v]) for v in result["variants"]] == [2, 2]
+    page = (tmp_path / "ab_t.md").read_text()
+    assert "- network: MLP 8-(8x10)-10 (host time per step), batch 4, 1 thread" in page
+    assert "no SoftplusGroup" in page
+
+
 def test_bad_variants_and_candidates_are_refused_naming_the_argument(tmp_path):
     for args, flag in ((("--variants", "current,nope"), "--variants"), (("--variants", "current"), "--variants"),
                        (("--variants", "current,current"), "--variants"),
