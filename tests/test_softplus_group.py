@@ -26,7 +26,7 @@ def _families(model):
 
 class _TwoHeads(nn.Module):
     """A body, a head the forward pass uses and one it does not (its KL still counts), and a local-estimator layer
-    (not a group member)."""
+    between (its statistics with sigma^2)."""
 
     def __init__(self, spec):
         super().__init__()
@@ -34,6 +34,7 @@ class _TwoHeads(nn.Module):
         self.local = BayesLinear(8, 8, family=MeanField(init_std=0.05, estimator="local"))
         self.head = BayesLinear(8, 3, family=spec())
         self.unused = BayesLinear(8, 2, family=spec())
+        self.graves = BayesLinear(8, 2, family=MeanField(estimator="graves"))  # unused; not a member (torch.func)
 
     def forward(self, x):
         return self.head(torch.relu(self.local(torch.relu(self.body(x)))))
@@ -41,8 +42,11 @@ class _TwoHeads(nn.Module):
 
 _SPECS = {
     "meanfield": lambda: MeanField(init_std=0.1),
+    "meanfield-local": lambda: MeanField(init_std=0.1, estimator="local"),
+    "meanfield-flipout": lambda: MeanField(init_std=0.1, estimator="flipout"),
     "radial-mc": lambda: Radial(),
     "radial-closed": lambda: Radial(cross_entropy="closed_form"),
+    "radial-flipout": lambda: Radial(estimator="flipout"),
 }
 
 
@@ -62,15 +66,18 @@ def _train(model, steps, x, y):
 
 def test_group_node_equals_each_tensors_node_and_passes_gradcheck():
     rhos = [torch.randn(4, 3, dtype=torch.float64, requires_grad=True), torch.randn(5, dtype=torch.float64, requires_grad=True)]
-    outputs = _SoftplusStatsGroup.apply(*rhos)
-    for i, rho in enumerate(rhos):
-        sigma, _, sum_log, sum_sq = _SoftplusStats.apply(rho, False)
-        assert torch.equal(outputs[i], sigma) and torch.equal(outputs[2 + i], sum_log) and torch.equal(outputs[4 + i], sum_sq)
+    squares = (False, True)
+    outputs = _SoftplusStatsGroup.apply(squares, *rhos)
+    for i, (rho, square) in enumerate(zip(rhos, squares, strict=True)):
+        expected = _SoftplusStats.apply(rho, square)
+        for k in range(4):
+            assert (outputs[2 * k + i] is None) == (expected[k] is None)
+            assert expected[k] is None or torch.equal(outputs[2 * k + i], expected[k])
     w = torch.randn(4, 3, dtype=torch.float64)
 
     def objective(a, b):  # every output kind used, one sigma not at all (its gradient arrives as None)
-        out = _SoftplusStatsGroup.apply(a, b)
-        return (out[0] * w).sum() + out[2] * 0.3 - out[3] + 0.7 * out[4] + out[5]
+        out = _SoftplusStatsGroup.apply(squares, a, b)
+        return (out[0] * w).sum() + out[3].sum() * 0.2 + out[4] * 0.3 - out[5] + 0.7 * out[6] + out[7]
 
     assert torch.autograd.gradcheck(objective, tuple(rhos))
 
@@ -90,13 +97,15 @@ def test_training_with_the_group_equals_training_without_it(name, monkeypatch):
     assert torch.equal(grouped_losses, plain_losses)
     for (key, grouped), plain in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
         assert torch.equal(grouped, plain), key
-    members = [family for family in _families(model) if family.estimator == "reparam"]
+    members = [family for family in _families(model) if family.estimator != "graves"]
     group = members[0].__dict__["_softplus_group"]
-    assert all(family.__dict__["_softplus_group"] is group for family in members) and len(group.members) == 6
-    assert "_softplus_group" not in model.local.posteriors["weight"].__dict__
+    assert all(family.__dict__["_softplus_group"] is group for family in members) and len(group.members) == 8
+    assert all("_softplus_group" not in family.__dict__ for family in model.graves.posteriors.values())
     model(x)  # a step's forward pass: one node holds every member's statistics, the unused head's included
     nodes = {family._scale_cache[1][0].grad_fn for family in members}
     assert len(nodes) == 1 and type(next(iter(nodes))).__name__ == "_SoftplusStatsGroupBackward"
+    squares = [family._scale_cache[1][1] is not None for family in members]
+    assert squares == [family.estimator == "local" for family in members]
 
 
 def test_several_draws_per_step_match_the_plain_path(monkeypatch):

@@ -281,38 +281,44 @@ class _SoftplusSample(_SoftplusStats):
 
 
 class _SoftplusStatsGroup(torch.autograd.Function):
-    """:class:`_SoftplusStats` (without ``sigma^2``) for several tensors at once: inputs ``rho_1..rho_n``, outputs
-    ``sigma_1..sigma_n``, ``sum(log sigma_1)..`` and ``sum(sigma_1^2)..``. The same operations per tensor, so the same
-    numbers, in one autograd node and one Python backward for the whole group instead of a node, a backward hook and
-    two Python backwards per tensor: the host time of a step (:class:`SoftplusGroup`)."""
+    """:class:`_SoftplusStats` for several tensors at once: inputs ``squares`` (per tensor, whether to output
+    ``sigma^2``, as ``with_square``) and ``rho_1..rho_n``; outputs ``sigma_1..sigma_n``, ``sigma_1^2..`` (None where not
+    asked for), ``sum(log sigma_1)..`` and ``sum(sigma_1^2)..``. The same operations per tensor, so the same numbers, in
+    one autograd node and one Python backward for the whole group instead of a node, a backward hook and one or two
+    Python backwards per tensor: the host time of a step (:class:`SoftplusGroup`)."""
 
     @staticmethod
-    def forward(ctx, *rhos: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(ctx, squares: tuple[bool, ...], *rhos: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         sigmas = [F.softplus(rho) for rho in rhos]
+        squared = [sigma * sigma if square else None for sigma, square in zip(sigmas, squares, strict=True)]
         sum_logs = [torch.log(sigma).sum() for sigma in sigmas]
-        sum_sqs = [torch.dot(flat, flat) for flat in (sigma.reshape(-1) for sigma in sigmas)]
+        sum_sqs = [
+            torch.dot(sigma.reshape(-1), sigma.reshape(-1)) if square is None else square.sum()
+            for sigma, square in zip(sigmas, squared, strict=True)
+        ]
         ctx.rhos, ctx.sigmas = rhos, [sigma.detach() for sigma in sigmas]  # on ctx: the backward may run again
         ctx.set_materialize_grads(False)
-        return (*sigmas, *sum_logs, *sum_sqs)
+        return (*sigmas, *squared, *sum_logs, *sum_sqs)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         n = len(ctx.rhos)
-        return tuple(
-            _softplus_rho_grad(sigma, rho.detach(), grads[i], None, grads[n + i], grads[2 * n + i])
+        return (None, *(
+            _softplus_rho_grad(sigma, rho.detach(), grads[i], grads[n + i], grads[2 * n + i], grads[3 * n + i])
             for i, (sigma, rho) in enumerate(zip(ctx.sigmas, ctx.rhos, strict=True))
-        )
+        ))  # fmt: skip
 
 
 class SoftplusGroup:
     """A model's families whose ``sigma = softplus(rho)`` statistics are computed together in a training step.
 
-    :func:`varbnn.kl` of a model (so every ELBO step) makes the group of its eligible families (unpruned mean-field and
-    radial tensors of the ``"reparam"`` estimator, whose sigma is softplus(rho): ``_softplus_group_eligible``); in the
-    next steps the first of them to need its statistics (its first draw, or the KL) computes those of every member that
-    records the step in one :class:`_SoftplusStatsGroup` node, and each member's draw ``loc + sigma * eps`` is one
-    ``torch.addcmul`` from its cached sigma. The numbers are those of the member's own fused node
-    (:class:`_SoftplusSample`): the same operations, and ``eps`` drawn where the member's forward pass draws it. What
+    :func:`varbnn.kl` of a model (so every ELBO step) makes the group of its eligible families, per device and dtype
+    (unpruned MeanField and Radial tensors whose sigma is softplus(rho), any estimator but Graves':
+    ``_softplus_group_eligible``); in the next steps the first of them to need its statistics (its first draw, its
+    sigma, or the KL) computes those of every member that records the step in one :class:`_SoftplusStatsGroup` node
+    (with ``sigma^2`` for the local estimator's members), and a member's draw ``loc + sigma * eps`` is one
+    ``torch.addcmul`` from its cached sigma. The numbers are those of the member's own nodes (:class:`_SoftplusSample`,
+    :class:`_SoftplusStats`): the same operations, and ``eps`` drawn where the member's forward pass draws it. What
     changes is a step's host time (the Python, autograd and dispatch work that bounds an eager step on a GPU): on an
     11-layer MLP of 8 units (``benchmarks/step_time.py --model host``) the members' draws, their KL statistics and their
     backward took about half as long."""
@@ -346,11 +352,12 @@ class SoftplusGroup:
         n = len(families)
         if n < 2:
             return False
-        outputs = _SoftplusStatsGroup.apply(*(family.rho for family in families))
+        squares = tuple(family.estimator == "local" for family in families)  # the local estimator's x^2 sigma^2
+        outputs = _SoftplusStatsGroup.apply(squares, *(family.rho for family in families))
         refs = tuple(weakref.ref(family) for family in families)
         outputs[0].grad_fn.register_prehook(functools.partial(_clear_group_on_backward, refs))
         for i, family in enumerate(families):
-            stats = (outputs[i], None, outputs[n + i], outputs[2 * n + i])
+            stats = (outputs[i], outputs[n + i], outputs[2 * n + i], outputs[3 * n + i])
             # the sources are held so that their ids stay theirs; "grouped": draws from it are plain addcmuls
             object.__setattr__(family, "_scale_cache", (keys[i], stats, (family.rho,), True))
         return True
@@ -472,9 +479,9 @@ def softplus_sample(family: Any, noise: Callable[[], torch.Tensor] | None = None
 def softplus_stats(family: Any, with_square: bool = False) -> ScaleStats:
     """:func:`stats_per_step` for ``sigma = softplus(family.rho)`` through one :class:`_SoftplusStats` node."""
     rho = family.rho
-    if not with_square and "_softplus_group" in family.__dict__:
+    if "_softplus_group" in family.__dict__:
         stats = group_stats(family)  # the group's statistics, computed now if none are cached
-        if stats is not None:
+        if stats is not None and (stats[1] is not None or not with_square):
             return stats
     return stats_per_step(
         family,
@@ -704,11 +711,12 @@ class MeanField(VariationalFamily):
         return softplus(self.rho)
 
     def _softplus_group_eligible(self) -> bool:
-        """Whether this tensor joins its model's :class:`SoftplusGroup`: the ``"reparam"`` estimator, unpruned, and
-        MeanField's own sigma and draw (a subclass with another parameterisation keeps its own nodes)."""
+        """Whether this tensor joins its model's :class:`SoftplusGroup`: unpruned, any estimator but Graves' (whose
+        steps run under torch.func), and MeanField's own sigma and draw (a subclass with another parameterisation keeps
+        its own nodes)."""
         cls = type(self)
         return (
-            self.estimator == "reparam"
+            self.estimator != "graves"
             and self.weight_mask is None
             and cls._scale_stats is MeanField._scale_stats
             and cls.scale is MeanField.scale

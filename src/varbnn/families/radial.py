@@ -128,10 +128,10 @@ class Radial(VariationalFamily):
         return cached_softplus(self)
 
     def _softplus_group_eligible(self) -> bool:
-        """Whether this tensor joins its model's :class:`~varbnn.families.gaussian.SoftplusGroup`: the ``"reparam"``
-        estimator and Radial's own sigma and draw."""
+        """Whether this tensor joins its model's :class:`~varbnn.families.gaussian.SoftplusGroup`: Radial's own sigma
+        and draw (either estimator)."""
         cls = type(self)
-        return self.estimator == "reparam" and cls.scale is Radial.scale and cls.rsample is Radial.rsample
+        return cls.scale is Radial.scale and cls.rsample is Radial.rsample
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
