@@ -280,6 +280,40 @@ class _SoftplusSample(_SoftplusStats):
         return g_w, grad_rho, None
 
 
+def _softplus_rho_grads(
+    sigmas: list[torch.Tensor],
+    rhos: list[torch.Tensor],
+    g_sigma: list[torch.Tensor] | None,
+    g_square: list[torch.Tensor] | None,
+    g_log: list[torch.Tensor] | None,
+    g_sq: list[torch.Tensor] | None,
+) -> list[torch.Tensor | None]:
+    """:func:`_softplus_rho_grad` for several tensors whose outputs got gradients alike (each part a list, or None
+    for all), by ``torch._foreach_*`` operations: one call per operation for all of them (each tensor's own operation
+    where the CPU takes torch's per-tensor path, so the same numbers)."""
+    grad: Any = None  # a list or tuple of tensors (torch._foreach_* return tuples)
+    if g_square is not None:  # 2 sigma (g_square + g_sq)
+        doubled = torch._foreach_mul(g_sq, 2) if g_sq is not None else None
+        grad = torch._foreach_add(doubled, g_square, alpha=2) if doubled is not None else torch._foreach_mul(g_square, 2)
+        torch._foreach_mul_(grad, sigmas)
+    elif g_sq is not None:
+        grad = torch._foreach_mul(sigmas, torch._foreach_mul(g_sq, 2))
+    if g_log is not None:
+        if grad is None:
+            grad = torch._foreach_div(g_log, sigmas)
+        else:
+            torch._foreach_addcdiv_(grad, [g.expand_as(sigma) for g, sigma in zip(g_log, sigmas, strict=True)], sigmas)
+    if g_sigma is not None:
+        if grad is None:
+            grad = [g.clone() for g in g_sigma]
+        else:
+            torch._foreach_add_(grad, g_sigma)
+    if grad is None:
+        return [None] * len(sigmas)
+    torch._foreach_mul_(grad, torch._foreach_sigmoid(rhos))
+    return list(grad)
+
+
 class _SoftplusStatsGroup(torch.autograd.Function):
     """:class:`_SoftplusStats` for several tensors at once: inputs ``squares`` (per tensor, whether to output
     ``sigma^2``, as ``with_square``) and ``rho_1..rho_n``; outputs ``sigma_1..sigma_n``, ``sigma_1^2..`` (None where not
@@ -303,10 +337,16 @@ class _SoftplusStatsGroup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         n = len(ctx.rhos)
-        return (None, *(
-            _softplus_rho_grad(sigma, rho.detach(), grads[i], grads[n + i], grads[2 * n + i], grads[3 * n + i])
-            for i, (sigma, rho) in enumerate(zip(ctx.sigmas, ctx.rhos, strict=True))
-        ))  # fmt: skip
+        by_kind: dict[tuple[bool, ...], list[int]] = {}  # the tensors whose outputs got gradients alike
+        for i in range(n):
+            by_kind.setdefault(tuple(grads[k * n + i] is not None for k in range(4)), []).append(i)
+        result: list[torch.Tensor | None] = [None] * n
+        for kind, members in by_kind.items():
+            parts: list[Any] = [[grads[k * n + i] for i in members] if kind[k] else None for k in range(4)]
+            sigmas, rhos = [ctx.sigmas[i] for i in members], [ctx.rhos[i].detach() for i in members]
+            for i, grad in zip(members, _softplus_rho_grads(sigmas, rhos, *parts), strict=True):
+                result[i] = grad
+        return (None, *result)
 
 
 class SoftplusGroup:
