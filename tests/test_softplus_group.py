@@ -11,7 +11,7 @@ from torch import nn
 
 import varbnn
 import varbnn.families.gaussian as gaussian
-from varbnn.families import MeanField, Radial
+from varbnn.families import KTied, MeanField, Radial
 from varbnn.families.gaussian import _SoftplusStats, _SoftplusStatsGroup
 from varbnn.nn import BayesLinear
 
@@ -47,6 +47,7 @@ _SPECS = {
     "radial-mc": lambda: Radial(),
     "radial-closed": lambda: Radial(cross_entropy="closed_form"),
     "radial-flipout": lambda: Radial(estimator="flipout"),
+    "ktied": lambda: KTied(rank=2),  # its biases are untied (softplus): members; its U V^T weights are not
 }
 
 
@@ -97,9 +98,11 @@ def test_training_with_the_group_equals_training_without_it(name, monkeypatch):
     assert torch.equal(grouped_losses, plain_losses)
     for (key, grouped), plain in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
         assert torch.equal(grouped, plain), key
-    members = [family for family in _families(model) if family.estimator != "graves"]
+    members = [f for f in _families(model) if f.estimator != "graves" and not (isinstance(f, KTied) and f.tied)]
+    assert len(members) == (6 if name == "ktied" else 8)
     group = members[0].__dict__["_softplus_group"]
-    assert all(family.__dict__["_softplus_group"] is group for family in members) and len(group.members) == 8
+    assert all(family.__dict__["_softplus_group"] is group for family in members) and len(group.members) == len(members)
+    assert all("_softplus_group" not in f.__dict__ for f in _families(model) if isinstance(f, KTied) and f.tied)
     assert all("_softplus_group" not in family.__dict__ for family in model.graves.posteriors.values())
     model(x)  # a step's forward pass: one node holds every member's statistics, the unused head's included
     nodes = {family._scale_cache[1][0].grad_fn for family in members}
