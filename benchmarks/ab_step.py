@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--candidate must be a step_time candidate name, got {args.candidate!r}")
     from sigma_param import provenance, write_result  # type: ignore[import-not-found]
 
+    torch.set_num_threads(MODEL_THREADS[args.model])  # as the contestants run: the page's device line names it
+
     start = time.perf_counter()
     k = args.processes
     order = [v for _ in range(k) for v in variants]  # A1, B1, A2, B2, ...: every process takes its turn each round

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -80,7 +81,7 @@ def provenance(script: str, argv: list[str] | None) -> dict[str, Any]:
     """The command, commit, device and torch version a result file records."""
     from varbnn.experiments.engine import describe_device, git_commit
 
-    command = " ".join([f"python benchmarks/{script}", *(argv or sys.argv[1:])])
+    command = " ".join([f"python benchmarks/{script}", shlex.join(argv or sys.argv[1:])])  # quoted as a shell takes it
     device = describe_device(torch.device("cpu"))
     return {"command": command, "commit": git_commit(), "device": device, "torch": torch.__version__}
 

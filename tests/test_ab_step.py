@@ -42,6 +42,8 @@ def test_the_host_network_and_the_softplus_group_variant(tmp_path):
     assert [len(result["ms"][v]) for v in result["variants"]] == [2, 2]
     page = (tmp_path / "ab_t.md").read_text()
     assert "- network: MLP 8-(8x10)-10 (host time per step), batch 4, 1 thread" in page
+    assert result["device"].endswith(", 1 thread")
+    assert "--candidate 'varbnn MeanField-reparam'" in result["command"]  # quoted: the command runs as it reads
     assert "no SoftplusGroup" in page
 
 
