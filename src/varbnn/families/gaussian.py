@@ -359,9 +359,9 @@ class SoftplusGroup:
     (with ``sigma^2`` for the local estimator's members), and a member's draw ``loc + sigma * eps`` is one
     ``torch.addcmul`` from its cached sigma. The numbers are those of the member's own nodes (:class:`_SoftplusSample`,
     :class:`_SoftplusStats`): the same operations, and ``eps`` drawn where the member's forward pass draws it. What
-    changes is a step's host time (the Python, autograd and dispatch work that bounds an eager step on a GPU): on an
-    11-layer MLP of 8 units (``benchmarks/step_time.py --model host``) the members' draws, their KL statistics and their
-    backward took about half as long."""
+    changes is a step's host time (the Python, autograd and dispatch work that bounds an eager step on a GPU): a
+    MeanField-reparam step of an 11-layer MLP of 8 units at batch 4 took 0.81x the time
+    (``benchmarks/results/step-time/ab_host_meanfield_softplus_group.md``)."""
 
     __slots__ = ("members", "__weakref__")
 
@@ -433,10 +433,10 @@ def join_softplus_groups(families: list[Any]) -> None:
 
 
 def group_stats(family: Any) -> ScaleStats | None:
-    """The family's step statistics ``(sigma, None, sum(log sigma), sum(sigma^2))`` from its :class:`SoftplusGroup`
-    (computed now, with those of the group's other members, if none are cached), within a recorded training step; None
-    otherwise (no group, not a recorded step, statistics of this step made another way, or too few members needing
-    them): the caller takes its usual path."""
+    """The family's step statistics ``(sigma, sigma^2 or None, sum(log sigma), sum(sigma^2))`` from its
+    :class:`SoftplusGroup` (``sigma^2`` for the local estimator's members; computed now, with those of the group's
+    other members, if none are cached), within a recorded training step; None otherwise (no group, not a recorded step,
+    statistics of this step made another way, or too few members needing them): the caller takes its usual path."""
     group = family.__dict__.get("_softplus_group")
     if group is None:
         return None
