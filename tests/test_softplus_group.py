@@ -176,6 +176,62 @@ def test_a_pruned_tensor_leaves_the_group():
     losses = _train(model, 2, x, y)
     assert torch.isfinite(losses).all()
     assert "_softplus_group" not in pruned.__dict__
-    group = model[0].posteriors["weight"].__dict__["_softplus_group"]
-    assert pruned not in [ref() for ref in group.members] and len(group.members) == 3
+    others = [f for f in _families(model) if f is not pruned]
+    assert all(f.__dict__["_softplus_group"] is others[0].__dict__["_softplus_group"] for f in others)
+    model(x)  # the pruned tensor's statistics are its own (elementwise), the others' the group's
+    assert pruned._scale_cache is None or len(pruned._scale_cache) == 3
+    assert all(len(f._scale_cache) == 4 for f in others)
     assert bool((pruned.weight() == 0).sum() >= (pruned.weight_mask == 0).sum())
+
+
+def test_parameters_replaced_by_data_assignment_are_not_served_stale_statistics(monkeypatch):
+    """A forward pass without backward leaves the step's statistics cached, the group's for a head the pass does not
+    use too; ``vector_to_parameters`` (``param.data = ...``: the version stays) must still give fresh ones."""
+    torch.manual_seed(0)
+    model, x, y = _TwoHeads(_SPECS["meanfield"]), torch.randn(16, 6), torch.randint(0, 3, (16,))
+    reference = copy.deepcopy(model)
+    losses = []
+    for net, patch in ((model, False), (reference, True)):
+        with monkeypatch.context() as context:
+            if patch:
+                _no_groups(context)
+            _train(net, 2, x, y)
+            torch.manual_seed(7)
+            net(x)  # no backward
+            params = list(net.unused.parameters())
+            torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(params) - 0.5, params)
+            losses.append(_train(net, 2, x, y))
+    assert torch.equal(*losses)
+    for grouped, plain in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(grouped, plain)
+
+
+def test_the_kl_of_a_part_keeps_the_whole_models_group():
+    """``kl`` of single layers beside ``kl(model)`` (e.g. per-layer logging) keeps one group for the model."""
+    torch.manual_seed(0)
+    model = nn.Sequential(BayesLinear(3, 4), nn.ReLU(), BayesLinear(4, 4), nn.ReLU(), BayesLinear(4, 2))
+    x = torch.randn(8, 3)
+    for _ in range(3):
+        loss = model(x).square().sum() + varbnn.kl(model[0]) + varbnn.kl(model) + varbnn.kl(model[4])
+        loss.backward()
+    groups = {id(f.__dict__.get("_softplus_group")) for f in _families(model)}
+    assert len(groups) == 1 and None not in {f.__dict__.get("_softplus_group") for f in _families(model)}
+
+
+def test_a_shallow_replica_does_not_compute_for_the_original():
+    """nn.DataParallel's replicas copy a module's ``__dict__``: a replica's family is not a member of the original's
+    group, so its draw takes its own nodes and leaves the original families' caches alone."""
+    torch.manual_seed(0)
+    model = nn.Sequential(BayesLinear(3, 4), nn.ReLU(), BayesLinear(4, 2))
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    _train(model, 2, x, y)
+    def replicate(module):  # what torch.nn.parallel.replicate does on one device: the parameters are the same tensors
+        copy_ = module._replicate_for_data_parallel()
+        copy_._parameters = dict(module._parameters)
+        return copy_
+
+    replica = replicate(model[0])
+    replica.posteriors = nn.ModuleDict({k: replicate(v) for k, v in model[0].posteriors.items()})
+    assert replica.posteriors["weight"].__dict__["_softplus_group"] is model[0].posteriors["weight"].__dict__["_softplus_group"]
+    replica(x).sum().backward()
+    assert all(f._scale_cache is None for f in _families(model))

@@ -68,8 +68,9 @@ def _clear_on_backward(family_ref: weakref.ref, attribute: str, grad: Any) -> No
 
 
 def step_key(sources: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
-    """Identity, version, device and dtype of parameters: a per-step cache built from them is valid while this holds."""
-    return tuple((id(t), t._version, t.device, t.dtype) for t in sources)
+    """Identity, version, storage, device and dtype of parameters: a per-step cache built from them is valid while this
+    holds (the storage address catches ``param.data = ...``, e.g. ``vector_to_parameters``, which keeps the version)."""
+    return tuple((id(t), t._version, t.data_ptr(), t.device, t.dtype) for t in sources)
 
 
 def cache_until_backward(family: Any, attribute: str, tensors: Any) -> None:
@@ -363,16 +364,15 @@ class SoftplusGroup:
     MeanField-reparam step of an 11-layer MLP of 8 units at batch 4 took 0.81x the time
     (``benchmarks/results/step-time/ab_host_meanfield_softplus_group.md``)."""
 
-    __slots__ = ("members", "__weakref__")
+    __slots__ = ("members", "ids", "__weakref__")
 
     def __init__(self, families: list[Any]) -> None:
         self.members = tuple(weakref.ref(family) for family in families)
+        self.ids = frozenset(id(family) for family in families)
 
-    def same(self, families: list[Any]) -> bool:
-        """Whether ``families`` are this group's members, in order."""
-        return len(families) == len(self.members) and all(
-            ref() is family for ref, family in zip(self.members, families, strict=True)
-        )
+    def holds(self, families: list[Any]) -> bool:
+        """Whether every one of ``families`` is a live member of this group."""
+        return all(id(family) in self.ids and family.__dict__.get("_softplus_group") is self for family in families)
 
     def compute(self) -> bool:
         """The statistics of every live member that records this step and has none cached, in one node, cached as the
@@ -413,13 +413,15 @@ def _clear_group_on_backward(refs: tuple[Any, ...], *_: Any) -> None:
 
 def join_softplus_groups(families: list[Any]) -> None:
     """Make ``families`` (eligible, one device and dtype each list) one :class:`SoftplusGroup`, unless they already
-    are one; a family of an earlier group that is not in the list leaves it (``_softplus_group`` None)."""
-    if len(families) < 2:
-        for family in families:
-            family.__dict__.pop("_softplus_group", None)
+    belong to one (which may hold more: ``kl`` of a part of a model keeps the whole model's group); a family of an
+    earlier group that is not in the list leaves it (``_softplus_group`` None)."""
+    if not families:
         return
     group = families[0].__dict__.get("_softplus_group")
-    if group is not None and group.same(families):
+    if group is not None and group.holds(families):
+        return
+    if len(families) < 2:
+        families[0].__dict__.pop("_softplus_group", None)
         return
     new = SoftplusGroup(families)
     for family in families:
@@ -438,7 +440,7 @@ def group_stats(family: Any) -> ScaleStats | None:
     other members, if none are cached), within a recorded training step; None otherwise (no group, not a recorded step,
     statistics of this step made another way, or too few members needing them): the caller takes its usual path."""
     group = family.__dict__.get("_softplus_group")
-    if group is None:
+    if group is None or id(family) not in group.ids:  # not a member: e.g. an nn.DataParallel replica's shallow copy
         return None
     rho = family.rho
     if not _records_step((rho,)):
@@ -708,6 +710,7 @@ class MeanField(VariationalFamily):
             raise ValueError(f"MeanField.prune_: keep must be a bool tensor of shape {tuple(shape)}, got {got}")
         self.weight_mask = keep.to(device=self.loc.device, dtype=self.loc.dtype)
         self._scale_cache = None
+        self.__dict__.pop("_softplus_group", None)  # a pruned tensor leaves its model's SoftplusGroup
         return self
 
     @property
