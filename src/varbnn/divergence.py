@@ -425,7 +425,7 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
     """The sum of KL(q || p) over the model's Bayesian tensors, None if it has none: the tensors whose KL has
     :class:`NormalKLParts` in one :func:`normal_kl_sum` per device and dtype (outside ``torch.compile`` and torch.func
     transforms, which take each tensor's own KL), the others one by one. Outside them it also makes the tensors whose
-    sigma is ``softplus(rho)`` under the ``"reparam"`` estimator one :class:`~varbnn.families.gaussian.SoftplusGroup` per
+    sigma is ``softplus(rho)`` (``_softplus_group_eligible``) one :class:`~varbnn.families.gaussian.SoftplusGroup` per
     device and dtype, whose statistics the next steps compute in one node."""
     from varbnn.families.base import VariationalFamily
     from varbnn.nn.base import BayesianModule

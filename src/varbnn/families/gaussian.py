@@ -224,31 +224,8 @@ class _SoftplusStats(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx, g_sigma: torch.Tensor | None, g_square: torch.Tensor | None, g_log: torch.Tensor | None, g_sq: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, None]:
-        return _softplus_rho_grad(ctx.sigma, ctx.rho.detach(), g_sigma, g_square, g_log, g_sq), None
-
-
-def _softplus_rho_grad(
-    sigma: torch.Tensor,
-    rho: torch.Tensor,
-    g_sigma: torch.Tensor | None,
-    g_square: torch.Tensor | None,
-    g_log: torch.Tensor | None,
-    g_sq: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """``sigmoid(rho) * (g_sigma + 2 sigma (g_square + g_sumsq) + g_sumlog / sigma)`` (None parts left out; None if
-    all are): the gradient of rho from those of sigma, sigma^2 and the two sums (:class:`_SoftplusStats`)."""
-    grad: torch.Tensor | None = None
-    if g_square is not None:  # 2 sigma (g_square + g_sq)
-        grad = (torch.add(2 * g_sq, g_square, alpha=2) if g_sq is not None else g_square * 2).mul_(sigma)
-    elif g_sq is not None:
-        grad = sigma * (2 * g_sq)
-    if g_log is not None:
-        grad = torch.div(g_log, sigma) if grad is None else grad.addcdiv_(g_log.expand_as(sigma), sigma)
-    if g_sigma is not None:
-        grad = g_sigma.clone() if grad is None else grad.add_(g_sigma)
-    if grad is None:
-        return None
-    return grad.mul_(torch.sigmoid(rho))
+        parts = [None if g is None else [g] for g in (g_sigma, g_square, g_log, g_sq)]
+        return _softplus_rho_grads([ctx.sigma], [ctx.rho.detach()], *parts)[0], None
 
 
 class _SoftplusSample(_SoftplusStats):
@@ -289,9 +266,10 @@ def _softplus_rho_grads(
     g_log: list[torch.Tensor] | None,
     g_sq: list[torch.Tensor] | None,
 ) -> list[torch.Tensor | None]:
-    """:func:`_softplus_rho_grad` for several tensors whose outputs got gradients alike (each part a list, or None
-    for all), by ``torch._foreach_*`` operations: one call per operation for all of them (each tensor's own operation
-    where the CPU takes torch's per-tensor path, so the same numbers)."""
+    """``sigmoid(rho) * (g_sigma + 2 sigma (g_square + g_sumsq) + g_sumlog / sigma)`` (None parts left out; None if
+    all are): the gradients of rho from those of sigma, sigma^2 and the two sums (:class:`_SoftplusStats`), for
+    several tensors whose outputs got gradients alike (each part a list, or None for all), by ``torch._foreach_*``
+    operations: one call per operation for all of them (on the CPU each tensor's own operation)."""
     grad: Any = None  # a list or tuple of tensors (torch._foreach_* return tuples)
     if g_square is not None:  # 2 sigma (g_square + g_sq)
         doubled = torch._foreach_mul(g_sq, 2) if g_sq is not None else None
