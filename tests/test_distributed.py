@@ -201,6 +201,46 @@ def test_cli_uci_distributed_shares_the_noise_posterior_and_writes_once(data_dir
     assert all(math.isfinite(json.loads(r)["ll"]) for r in records)
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_cli_distributed_reproduce_destroys_its_process_group(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fails: bool
+) -> None:
+    """``varbnn reproduce --distributed`` ends its process group, after a run that finished (past a barrier) and after
+    one that failed: a process that exits with its gloo group alive can abort in the group's destructor after writing
+    its results. The run here is a stand-in that initialises a group of one process, as the engine does."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from varbnn import cli
+    from varbnn.experiments import catalog
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    real = catalog.experiment("soap-bubble")
+
+    def run(config: object, **kwargs: object) -> dict:
+        assert kwargs["distributed"] is True
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        if fails:
+            raise ValueError("a run that fails")
+        return {"written": False}
+
+    stand_in = SimpleNamespace(config=real.config, run=run, generic=False, compiles=False)
+    monkeypatch.setattr(catalog, "experiment", lambda name: stand_in)
+    argv = ["reproduce", "soap-bubble", "--quick", "--distributed", "--no-progress", "--out", str(tmp_path)]
+    try:
+        if fails:
+            with pytest.raises(SystemExit):
+                cli.main(argv)
+        else:
+            assert cli.main(argv) == 0
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_cli_graves_prune_and_soap_bubble_distributed_write_once(data_dir: Path, tmp_path: Path) -> None:
     """The Graves estimator (the adaptive-weight-noise network graves-prune trains first) and soap-bubble's loop."""
     _reproduce_under_torchrun(

@@ -101,6 +101,18 @@ def _split_variants(text: str, labels: list[str | None]) -> list[str]:
     return out
 
 
+def _close_process_group(finished: bool) -> None:
+    """End a ``--distributed`` run's process group: after a barrier when the run finished on this rank (every rank
+    then leaves together), at once when it failed (a barrier would wait for ranks that may never come). A process
+    that exits with its gloo group still initialised can abort in the group's destructor ("terminate called without
+    an active exception") after its results are written, which turns a finished run into a failed exit status."""
+    from varbnn import distributed as vdist
+
+    if finished:
+        vdist.barrier()
+    vdist.teardown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``varbnn`` command (``list``, ``demo``, ``reproduce``, ``render``): parse ``argv`` (default ``sys.argv``) and
     run it; returns the exit status (0 on success, 2 for a usage error)."""
@@ -264,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(str(error))
     from varbnn.experiments.catalog import experiment
 
+    finished = False
     try:
         spec = experiment(name)
         if name == "uci":
@@ -281,8 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                           progress=not args.no_progress, command=command, shard=shard,
                           train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
                           distributed=distributed, **options)  # fmt: skip
+        finished = True
     except ValueError as error:
         parser.error(str(error))
+    finally:
+        if distributed:
+            _close_process_group(finished)
     out = results_dir(config.name, args.out)
     if shard is not None:
         print(f"wrote {out}/{config.name}_runs.shard{shard[0]}.jsonl")
