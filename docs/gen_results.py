@@ -604,9 +604,9 @@ CLAIMS: tuple[Claim, ...] = (
         "host time per Bayesian tensor (step_time_host.md, CPU, 11 layers of 8 units): MeanField reparam against torchbnn "
         "1.57x at 8e07757, 1.05x at a17286e, 0.93x at 4160ed0 (9.87 ms against 10.59 ms), 0.90x at b7871ab (3.55 ms "
         "against 3.94 ms; a model's MeanField and Radial tensors compute their step statistics in one node, 0.81x the "
-        "MeanField step's host time by interleaved A/B); compiled (b7871ab, same table) the host-bound step is 2.7x "
-        "(MeanField reparam: 1.32 ms against 3.55 ms eager) to 4.0x (RDP double: 10.76 ms against 42.88 ms) faster "
-        "than eager. With CUDA graphs "
+        "MeanField step's host time by interleaved A/B), 0.89x at 8288561 (3.51 ms against 3.96 ms); compiled "
+        "(8288561, same table) the host-bound step is 2.8x (MeanField reparam: 1.24 ms against 3.51 ms eager) to 3.9x "
+        "(RDP double: 10.82 ms against 41.83 ms) faster than eager. With CUDA graphs "
         "(fit(compile='reduce-overhead'), H200, 022ea0f) every LeNet-5 target is met (MeanField reparam 0.90x, RDP "
         "double 1.70x) and every family is about 4x faster than the fastest peer; ResNet-18's graphs did not finish "
         "compiling in the device session (no rows), and the GPU rows are from an H200, where the issue names an H100.",
