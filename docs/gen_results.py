@@ -509,10 +509,12 @@ CLAIMS: tuple[Claim, ...] = (
         paper="varbnn",
         claim="CPU MLP targets (issue 8): MeanField-local <= 1.8x the deterministic step, Radial <= 2.5x, RDP <= 3.5x, "
         "KTied not slower than MeanField, every family faster than the fastest peer.",
-        result="AMD EPYC, 2 threads, code c781f89 (RDP's row tangents drawn by varbnn.philox inside the fused "
-        "kernels of a compiled CPU step; deterministic 3.97 ms), one process: compiled MeanField reparam 1.71x, local "
-        "2.42x, KTied 1.70x / 2.37x, Radial 1.81x, RDP row 1.90x, double 3.52x; torchbnn 2.87x, bayesian-torch 3.43x; "
-        "floors 1.52x / 1.91x. A process per candidate at c781f89 (step_time_processes.md; the machine in its slow "
+        result="AMD EPYC, 2 threads, code 9dac41c (deterministic 4.01 ms), one process: compiled MeanField reparam "
+        "1.77x, local 2.38x, KTied 1.76x / 2.36x, Radial 1.80x, RDP row 2.11x, double 3.59x; eager MeanField reparam "
+        "2.56x; torchbnn 2.86x, bayesian-torch 3.42x; floors 1.53x / 1.88x. At c781f89 (RDP's row tangents drawn by "
+        "varbnn.philox inside the fused kernels of a compiled CPU step; deterministic 3.97 ms): compiled MeanField "
+        "reparam 1.71x, local 2.42x, KTied 1.70x / 2.37x, Radial 1.81x, RDP row 1.90x, double 3.52x; torchbnn 2.87x, "
+        "bayesian-torch 3.43x; floors 1.52x / 1.91x. A process per candidate at c781f89 (step_time_processes.md; the machine in its slow "
         "phase throughout), per round: compiled MeanField reparam 0.640x torchbnn and 1.220x its floor, local "
         "0.818x / 1.277x, KTied 0.574x / 1.095x and 0.760x / 1.206x, Radial 0.647x / 1.237x; RDP row 1.81x, double "
         "4.18x. Interleaved A/B against the earlier eager draw of the row tangents: compiled RDP double 0.846, row "
@@ -561,6 +563,10 @@ CLAIMS: tuple[Claim, ...] = (
         "same way 0.54x); bayesian-torch 3.85x, torchbnn 3.43x in the same process.",
         verdict="no",
         why="The local target lies below the cost of the estimator's own mandatory work (its floor row). Issue 29's "
+        "CPU targets at 9dac41c, in one process (the issue's measure): against torchbnn compiled MeanField reparam "
+        "0.619x, local 0.833x, KTied 0.616x / 0.824x, Radial 0.628x (15% faster: met); against their floors 1.160x, "
+        "1.267x, 1.156x / 1.253x, 1.178x (1.3x: met); RDP row 2.11x, double 3.59x (met); eager (fit's default) "
+        "MeanField reparam 0.894x torchbnn. Issue 29's "
         "CPU targets at c781f89, in one process (the issue's measure): against torchbnn compiled MeanField reparam "
         "0.594x, local 0.844x, KTied 0.591x / 0.825x, Radial 0.631x (15% faster: met, local by 0.6 points); against "
         "their floors 1.124x, 1.269x, 1.119x / 1.240x, 1.193x (1.3x: met); RDP row 1.90x, double 3.52x (met); per "
