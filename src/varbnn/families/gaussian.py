@@ -735,13 +735,18 @@ class MeanField(VariationalFamily):
         """Whether this tensor joins its model's :class:`SoftplusGroup`: unpruned, any estimator but Graves' (whose
         steps run under torch.func), and MeanField's own sigma and draw (a subclass with another parameterisation keeps
         its own nodes)."""
+        return self._softplus_path_of(MeanField)
+
+    def _softplus_path_of(self, owner: type[MeanField]) -> bool:
+        """Unpruned, not the Graves estimator, and sigma's statistics and the fused draw those of ``owner`` (the class
+        whose ``softplus(rho)`` path the group reproduces), with MeanField's ``scale`` and ``rsample``."""
         cls = type(self)
         return (
             self.estimator != "graves"
             and self.weight_mask is None
-            and cls._scale_stats is MeanField._scale_stats
+            and cls._scale_stats is owner._scale_stats
             and cls.scale is MeanField.scale
-            and cls._fused_sample is MeanField._fused_sample
+            and cls._fused_sample is owner._fused_sample
             and cls.rsample is MeanField.rsample
         )
 

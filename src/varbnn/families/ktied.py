@@ -246,16 +246,7 @@ class KTied(MeanField):
         """An untied tensor (sigma = softplus(rho): biases, and ranks at least the matrix's smaller side) joins its
         model's :class:`~varbnn.families.gaussian.SoftplusGroup` as a MeanField tensor does; a tied one keeps its own
         node (U V^T)."""
-        cls = type(self)
-        return (
-            not self.tied
-            and self.estimator != "graves"
-            and self.weight_mask is None
-            and cls._scale_stats is KTied._scale_stats
-            and cls.scale is MeanField.scale
-            and cls._fused_sample is KTied._fused_sample
-            and cls.rsample is MeanField.rsample
-        )
+        return not self.tied and self._softplus_path_of(KTied)
 
     def _fused_sample(self) -> torch.Tensor | None:
         if type(self)._scale_stats is not KTied._scale_stats or type(self).scale is not MeanField.scale:
