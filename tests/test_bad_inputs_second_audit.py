@@ -207,13 +207,13 @@ def test_resume_warns_that_the_checkpoint_keeps_its_learning_rate(tmp_path):
                    diagnose=False)  # fmt: skip
 
 
-def test_fit_warns_before_replacing_an_existing_checkpoint_without_resume(tmp_path):
+def test_fit_refuses_to_replace_an_existing_checkpoint_without_resume(tmp_path):
     x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
     loader = DataLoader(TensorDataset(x, y), batch_size=8)
     path = tmp_path / "run.pt"
     varbnn.fit(varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2))), loader, n_data=16, epochs=1, progress=False,
                checkpoint=path)  # fmt: skip
-    with pytest.warns(varbnn.train.TrainingWarning, match=r"resume=False\): the file exists and is replaced"):
+    with pytest.raises(ValueError, match=r"the file exists .* overwrite=True to replace it"):  # (a warning until 0.2)
         varbnn.fit(varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2))), loader, n_data=16, epochs=1, progress=False,
                    checkpoint=path)  # fmt: skip
     with warnings.catch_warnings():  # resuming it, or a new file, is silent

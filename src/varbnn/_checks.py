@@ -3,7 +3,9 @@
 A numeric argument may be a Python ``int``/``float``, a NumPy scalar (``np.int64``, ``np.float32``, ...), a 0-d
 NumPy array or a 0-d tensor; it comes back as a plain ``int`` or ``float`` (so that it can be stored in configs, printed
 and compared). ``bool`` is refused where a number is expected (``True`` is an ``int`` to Python, never a sensible
-count or scale), and so are NaN, infinities, strings and tensors with more than one element. Every error is a
+count or scale), and so are NaN, infinities, numbers float32 cannot hold (a magnitude above 3.4e38, which becomes
+inf, or a non-zero one below 1.2e-38, which becomes 0 or loses its precision: the parameters, the losses and the
+tensors these numbers meet are float32 or narrower), strings and tensors with more than one element. Every error is a
 ``ValueError`` that names the argument and the allowed range (a non-number raises :class:`ArgumentTypeError`, which is
 both a ``TypeError`` and a ``ValueError``, so ``except ValueError`` catches every bad argument).
 
@@ -23,9 +25,15 @@ from typing import Any
 import torch
 
 __all__ = [
-    "ArgumentTypeError", "as_int", "as_positive_int", "as_float", "as_float_in", "as_bool", "describe_range",
-    "check_class_labels",
+    "ArgumentTypeError", "FLOAT32_MAX", "FLOAT32_TINY", "as_int", "as_positive_int", "as_float", "as_float_in",
+    "as_bool", "describe_range", "check_class_labels",
 ]  # fmt: skip
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: a number above it in magnitude is infinite in a float32 tensor."""
+FLOAT32_TINY = 1.1754943508222875e-38
+"""The smallest normal float32: a non-zero number below it in magnitude is 0 or a denormal in a float32 tensor."""
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -118,6 +126,11 @@ def as_float_in(
     too_high = high is not None and (number >= high if high_open else number > high)
     if not math.isfinite(number) or too_low or too_high:
         raise ValueError(f"{_prefix(name, owner)} must be {allowed}, got {value!r}")
+    if abs(number) > FLOAT32_MAX or 0 < abs(number) < FLOAT32_TINY:
+        raise ValueError(
+            f"{_prefix(name, owner)} must be {allowed} that float32 can hold (a magnitude from {FLOAT32_TINY:.4g} to "
+            f"{FLOAT32_MAX:.4g}, or 0), got {value!r}: float32 turns it into {'inf' if abs(number) > 1 else '0'}"
+        )
     return number
 
 

@@ -18,6 +18,7 @@ samples ``w_s ~ q``, averaged (not summed) over the samples.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
@@ -421,6 +422,35 @@ def normal_kl_sum(parts: list[NormalKLParts]) -> torch.Tensor:
     )
 
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _low_precision(family: nn.Module) -> bool:
+    """Whether a family holds float16 / bfloat16 parameters, whose KL (a sum over every weight) must be taken in float32:
+    in float16 a sum of 10^5 log-scales overflows (its largest number is 65504) and bfloat16 keeps 8 bits of it."""
+    return any(t.dtype in _LOW_PRECISION for t in itertools.chain(family.parameters(), family.buffers()))
+
+
+class _KLOf(nn.Module):
+    """A module whose forward is ``posterior.kl(prior)``: :func:`torch.func.functional_call` then swaps float32 copies
+    of both's tensors in for the call (the gradient flows back through the casts to the low-precision parameters)."""
+
+    def __init__(self, posterior: nn.Module, prior: nn.Module) -> None:
+        super().__init__()
+        self.posterior, self.prior = posterior, prior
+
+    def forward(self) -> torch.Tensor:
+        return self.posterior.kl(self.prior)  # type: ignore[operator]
+
+
+def _float32_kl(posterior: nn.Module, prior: nn.Module) -> torch.Tensor:
+    """KL(q || p) of a low-precision family computed in float32 from float32 copies of its (and its prior's) tensors."""
+    wrapper = _KLOf(posterior, prior)
+    upcast = lambda t: t.float() if t.dtype in _LOW_PRECISION else t  # noqa: E731
+    tensors = {name: upcast(t) for name, t in itertools.chain(wrapper.named_parameters(), wrapper.named_buffers())}
+    return torch.func.functional_call(wrapper, tensors, (), tie_weights=False, strict=False).float()
+
+
 def _model_kl(model: nn.Module) -> torch.Tensor | None:
     """The sum of KL(q || p) over the model's Bayesian tensors, None if it has none: the tensors whose KL has
     :class:`NormalKLParts` in one :func:`normal_kl_sum` per device and dtype (outside ``torch.compile`` and torch.func
@@ -442,6 +472,10 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
             total = term if total is None else total + term
             continue
         for _, posterior, prior in module.bayesian_tensors():
+            if _low_precision(posterior):
+                term = _float32_kl(posterior, prior)
+                total = term if total is None else total + term
+                continue
             eligible = getattr(posterior, "_softplus_group_eligible", None)
             if eligible is not None and eligible():
                 loc = cast(torch.Tensor, posterior.loc)

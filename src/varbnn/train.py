@@ -35,7 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import metrics, philox
-from varbnn._checks import as_int, as_positive_int
+from varbnn._checks import as_bool, as_float_in, as_int, as_positive_int
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.objectives import (
@@ -536,6 +536,49 @@ def _rng_state(loader: object) -> dict[str, Any]:
     return state
 
 
+_HISTORY_KEYS = ("epoch", "loss", "nll", "kl")
+
+
+def _check_rng_state(state: Any, path: Path) -> None:
+    """Refuse (:class:`CheckpointError`) an ``rng`` entry that :func:`_restore_rng_state` could not restore, before
+    anything is loaded: every state fit saves must have its keys and types."""
+    if isinstance(state, torch.Tensor):
+        if state.dtype != torch.uint8 or state.dim() != 1:
+            raise CheckpointError(path, f"its 'rng' entry is a {state.dtype} tensor of shape {tuple(state.shape)}, not a "
+                                  "torch random state (uint8, one dimension)")  # fmt: skip
+        return
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"its 'rng' entry is a {type(state).__name__}, not the random states fit saves")
+
+    def require(ok: bool, what: str) -> None:
+        if not ok:
+            raise CheckpointError(path, f"its random states cannot be restored: {what}")
+
+    tensor = lambda value, dtype: isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == 1  # noqa: E731
+    py = state.get("python")
+    if py is not None:
+        require(isinstance(py, dict) and type(py.get("version")) is int and tensor(py.get("state"), torch.int64)
+                and py["state"].numel() == 625 and (py.get("gauss_next") is None or type(py["gauss_next"]) is float),
+                "'rng.python' is not Python's random state (version, 625 state words, gauss_next)")  # fmt: skip
+    npy = state.get("numpy")
+    if npy is not None:
+        require(isinstance(npy, dict) and npy.get("name") == "MT19937" and tensor(npy.get("keys"), torch.int64)
+                and npy["keys"].numel() == 624 and all(type(npy.get(k)) is int for k in ("pos", "has_gauss"))
+                and type(npy.get("cached_gaussian")) is float,
+                "'rng.numpy' is not NumPy's MT19937 state (name, 624 keys, pos, has_gauss, cached_gaussian)")  # fmt: skip
+    size = torch.get_rng_state().numel()
+    if "torch" in state:
+        require(tensor(state["torch"], torch.uint8) and state["torch"].numel() == size,
+                f"'rng.torch' is not a torch CPU random state (a uint8 tensor of {size} bytes)")  # fmt: skip
+    if "cuda" in state:
+        require(isinstance(state["cuda"], list) and all(tensor(s, torch.uint8) for s in state["cuda"]),
+                "'rng.cuda' is not a list of CUDA random states (uint8 tensors)")  # fmt: skip
+    loader = state.get("loader", {})
+    require(isinstance(loader, dict) and all(isinstance(k, str) and tensor(v, torch.uint8) and v.numel() == size
+                                             for k, v in loader.items()),
+            f"'rng.loader' is not the loader generators' states (names to uint8 tensors of {size} bytes)")  # fmt: skip
+
+
 def _restore_rng_state(state: Any, loader: object, path: Path) -> None:
     if isinstance(state, torch.Tensor):  # checkpoints written before the other states were saved
         torch.set_rng_state(state.cpu())
@@ -618,6 +661,7 @@ def fit(
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     on_step_end: Callable[[int, ELBOTerms], None] | None = None,
     distributed: bool | None = None,
@@ -756,8 +800,10 @@ def fit(
         to which the model is moved).
     :param progress: show an epoch progress bar (default True; it turns itself off when stderr is not a terminal).
     :param checkpoint: a file rewritten after each epoch (default ``None``: none).
-    :param resume: continue from ``checkpoint`` when it exists (default False; without it an existing file is replaced
-        at the end of the first epoch, with a :class:`TrainingWarning` at the start).
+    :param resume: continue from ``checkpoint`` when it exists (default False).
+    :param overwrite: replace an existing ``checkpoint`` that ``resume`` does not continue (default False: a
+        ``ValueError`` before anything is trained, so another run's file is never overwritten by accident; with
+        ``overwrite=True`` the file is replaced at the end of the first epoch).
     :param on_epoch_end: ``callback(epoch, record)`` after each epoch (``epoch`` from 1; ``record`` as returned).
     :param on_step_end: ``callback(step, terms)`` after each optimizer step (``terms`` an
         :class:`~varbnn.objectives.ELBOTerms`).
@@ -771,6 +817,10 @@ def fit(
         GPU when the batches have one shape, see above), or a mode string (default False: eager). The first step
         compiles: on a 2-core CPU 38-96 s for an MNIST MLP the first time, 8-26 s once torch's on-disk cache holds
         the graphs, so that compiling pays after thousands of steps there (the training guide's "Compiled steps").
+    On return the model is in ``eval()`` mode (dropout off, batch normalisation using its running statistics), so that
+    predicting right after training does not update batch-norm statistics from the test inputs; Bayesian layers still
+    sample (see :mod:`varbnn.nn.base`). Each epoch switches it back to ``train()``.
+
     :returns: the history: one dict per epoch (restored ones included) with ``epoch``, the epoch's mean ``loss``,
         ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` the schedule's value after the epoch's last
         step (the next step's weight), and ``skipped`` with ``skip_nonfinite``.
@@ -778,6 +828,18 @@ def fit(
     from varbnn import distributed as vdist
 
     n_data = _training_set_size(n_data)
+    epochs = as_int(epochs, "epochs", low=0, owner="fit")
+    lr = as_float_in(lr, "lr", 0.0, None, low_open=True, owner="fit")
+    mc_samples = as_positive_int(mc_samples, "mc_samples", owner="fit")
+    resume = as_bool(resume, "resume", owner="fit")
+    overwrite = as_bool(overwrite, "overwrite", owner="fit")
+    progress = as_bool(progress, "progress", owner="fit")
+    skip_nonfinite = as_bool(skip_nonfinite, "skip_nonfinite", owner="fit")
+    diagnose = as_bool(diagnose, "diagnose", owner="fit")
+    if distributed is not None:
+        distributed = as_bool(distributed, "distributed", owner="fit")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fit: model must be a torch.nn.Module, got {type(model).__name__}")
     _refuse_posthoc_wrappers(model)
     _warn_if_not_sampling(model)
     lik: Likelihood | None = None
@@ -790,12 +852,12 @@ def fit(
         nll = _default_cross_entropy
     if beta is None:
         beta = default_kl_weight(model)
-    elif not callable(beta) and (isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < math.inf):
-        raise ValueError(f"beta must be a finite number >= 0, a function of the step, or None (the default), got {beta!r}")
-    if epochs < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs}")
-    if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
-        raise ValueError(f"mc_samples must be a positive integer, got {mc_samples!r}")
+    elif not callable(beta):
+        try:
+            beta = as_float_in(beta, "beta", 0.0, None, owner="fit")
+        except ValueError as error:
+            raise type(error)(f"{error} (beta is the KL weight: a finite number >= 0, a function of the step, or None "
+                              "for the family default)") from None  # fmt: skip
     per_epoch = _distinct_examples_per_epoch(loader)
     if per_epoch is not None and per_epoch > n_data:
         raise ValueError(
@@ -861,12 +923,10 @@ def fit(
     history: list[dict[str, float]] = []
     step = 0
     first_epoch = 0
-    if not resume and checkpoint is not None and Path(checkpoint).exists():
-        warnings.warn(
-            f"fit(checkpoint={str(checkpoint)!r}, resume=False): the file exists and is replaced at the end of the "
-            "first epoch by this run's; resume=True continues it instead (or give this run a new file)",
-            TrainingWarning,
-            stacklevel=2,
+    if not resume and not overwrite and checkpoint is not None and Path(checkpoint).exists():
+        raise ValueError(
+            f"fit(checkpoint={str(checkpoint)!r}): the file exists (another run's?) and resume=False would replace it: "
+            "pass resume=True to continue it, overwrite=True to replace it, or another checkpoint path"
         )
     if resume and checkpoint is not None and Path(checkpoint).exists():
         rates = [group.get("lr") for group in optimizer.param_groups]
@@ -1055,6 +1115,7 @@ def fit(
         # the last step's gradients live in the CUDA graphs' memory, which the next compiled graph to run (another
         # fit's) overwrites: drop them rather than leave .grad tensors that fail when read later
         optimizer.zero_grad(set_to_none=True)
+    model.eval()  # predict/evaluate right after fit: batch norm uses its running statistics, dropout is off
     if diagnose and history and first_epoch < epochs and vdist.is_main_process():
         _diagnose(model, history, n_data, _label_entropy(seen_labels))
     return history
@@ -1288,9 +1349,18 @@ class _DeferredChecks:
 
 
 def _loss_detail(loss: float, nll: float, kl: float) -> str:
+    """What a non-finite loss says about its cause: the NLL, the KL, or the KL term's weight."""
+    head = f"the loss is {loss} (nll {nll}, kl {kl}) although the batch's data are finite"
+    if not math.isfinite(nll):
+        return f"{head}: the NLL is not finite (the optimisation diverged: lower lr?), or nll is undefined for these targets"
+    if not math.isfinite(kl):
+        return (
+            f"{head}: the KL is not finite (a posterior scale at 0 or inf, or parameters that overflowed: the optimisation "
+            "diverged, lower lr?)"
+        )
     return (
-        f"the loss is {loss} (nll {nll}, kl {kl}) although the batch's data are finite: the optimisation diverged "
-        "(lower lr?), or nll is undefined for these targets"
+        f"{head}: the KL term beta * kl / n_data overflowed although the NLL and the KL are finite: beta (the KL weight) "
+        "is too large"
     )
 
 
@@ -1378,6 +1448,15 @@ def _resume(
         raise CheckpointError(path, f"its epoch ({epoch!r}) and step ({step!r}) must be integers >= 0")
     if not isinstance(history, list) or len(history) != epoch or not all(isinstance(r, dict) for r in history):
         raise CheckpointError(path, f"its history is not one record per completed epoch ({epoch})")
+    for index, record in enumerate(history):  # what fit reads from the restored records (the diagnosis, the callers)
+        bad = [key for key in _HISTORY_KEYS if type(record.get(key)) not in (int, float)]
+        if bad:
+            raise CheckpointError(
+                path, f"its history record {index + 1} lacks numbers for {bad} (each of fit's records holds "
+                f"{list(_HISTORY_KEYS)}): not written by fit, or altered"
+            )  # fmt: skip
+    if "rng" in state:  # checked before anything is loaded into the model: a bad entry leaves the model as it was
+        _check_rng_state(state["rng"], path)
     if likelihood is not None and any(p.requires_grad for p in likelihood.parameters()) and "likelihood" not in state:
         raise CheckpointError(
             path, f"has no 'likelihood' entry, but the run trains {type(likelihood).__name__}'s parameters: resuming would "
