@@ -7,14 +7,14 @@ import copy
 
 import pytest
 import torch
+from bad_input_table import BadInput, check, params
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
+from varbnn import priors
 from varbnn._checks import FLOAT32_MAX, as_float, as_float_in
 from varbnn.train import CheckpointError, NonFiniteError, read_checkpoint, save_checkpoint
-
-from bad_input_table import BadInput, check, params
 
 
 def _data(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +50,19 @@ CASES = [
     BadInput("as_float -1e39", lambda: as_float(-1e39, "scale"), ValueError, r"scale must be .* float32 can hold"),
     BadInput("as_float_in 1e-40", lambda: as_float_in(1e-40, "init_std", 0, None, low_open=True), ValueError,
              r"init_std must be .* float32 can hold .*into 0"),
+    BadInput("Normal prior scale=True", lambda: priors.Normal(scale=True), ValueError, r"Normal.*scale must be a .* got a bool"),
+    BadInput("Normal prior loc=True", lambda: priors.Normal(loc=True), ValueError, r"loc must be a number .* got a bool"),
+    BadInput("Laplace prior scale='1'", lambda: priors.Laplace(scale="1"), ValueError, r"scale must be a number .* got str"),
+    BadInput("Normal prior scale=1e39", lambda: priors.Normal(scale=1e39), ValueError, r"scale must be finite"),
+    BadInput("ScaleMixture scale1=True", lambda: priors.ScaleMixture(scale1=True), ValueError, r"scale1 must be a number"),
+    BadInput("ScaleMixture pi=True", lambda: priors.ScaleMixture(pi=True), ValueError,
+             r"pi must be a finite number in \(0, 1\), got a bool"),
+    BadInput("RadialPrior scale=True", lambda: priors.RadialPrior(scale=True), ValueError, r"RadialPrior: scale must be a"),
+    BadInput("RDP prior global_scale=True", lambda: varbnn.RadialDirectionalPrior(global_scale=True), ValueError,
+             r"RadialDirectionalPrior: global_scale must be a finite number > 0, got a bool"),
+    BadInput("RDP prior local_scale=1e39", lambda: varbnn.RadialDirectionalPrior(local_scale=1e39), ValueError,
+             r"local_scale must be .* float32 can hold"),
+    BadInput("RDP prior resultant=True", lambda: priors.RadialDirectionalPrior(resultant=True), ValueError, r"resultant must"),
     BadInput("as_float 0 is fine", lambda: as_float(0.0, "x"), expect=lambda v: v == 0.0),  # type: ignore[arg-type]
     BadInput("as_float float32 max is fine", lambda: as_float(FLOAT32_MAX, "x"), expect=lambda v: v == FLOAT32_MAX),
 ]

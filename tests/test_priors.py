@@ -134,7 +134,7 @@ def test_adaptive_laplace_with_gaussian_posterior_is_refused():
         (lambda: Normal(0.0, 0.0), "scale must be > 0"),
         (lambda: Normal(0.0, -1.0), "scale must be > 0"),
         (lambda: Laplace(0.0, float("nan")), "scale must be finite"),
-        (lambda: ScaleMixture(1.5, 1.0, 0.1), "pi must be in"),
+        (lambda: ScaleMixture(1.5, 1.0, 0.1), r"pi must be a finite number in \(0, 1\)"),
         (lambda: ScaleMixture(0.5, 1.0, -0.1), "scale2 must be > 0"),
         (lambda: Normal(adaptive="both"), "adaptive must be one of"),
         (lambda: make_prior("cauchy"), "unknown prior name.*allowed"),

@@ -30,6 +30,7 @@ from torch.distributions import Distribution, Independent
 from torch.distributions import Laplace as _TorchLaplace
 from torch.distributions import Normal as _TorchNormal
 
+from varbnn._checks import ArgumentTypeError, as_float_in
 from varbnn.distributions import ImproperUniform, Radial, ScaleMixtureNormal
 
 if TYPE_CHECKING:
@@ -56,8 +57,15 @@ _ADAPTIVE_CHOICES = (False, True, "loc", "scale")
 
 
 def _as_tensor(value: float | torch.Tensor, name: str, owner: str, positive: bool = False) -> torch.Tensor:
-    tensor = torch.as_tensor(value, dtype=torch.get_default_dtype()).detach().clone()
-    if not torch.isfinite(tensor).all():
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ArgumentTypeError(f"{owner}: {name} must be a number or a tensor of numbers, got a bool ({value!r})")
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.get_default_dtype()).detach().clone()
+    except (TypeError, ValueError, RuntimeError):
+        raise ArgumentTypeError(
+            f"{owner}: {name} must be a number or a tensor of numbers, got {type(value).__name__} ({value!r})"
+        ) from None
+    if not torch.isfinite(tensor).all():  # (a number beyond the default dtype's range is inf there)
         raise ValueError(f"{owner}: {name} must be finite, got {value!r}")
     if positive and not (tensor > 0).all():
         raise ValueError(f"{owner}: {name} must be > 0, got {value!r}")
@@ -222,8 +230,7 @@ class ScaleMixture(Prior):
 
     def __init__(self, pi: float = 0.5, scale1: float = 1.0, scale2: float = math.exp(-6)) -> None:
         super().__init__()
-        if not 0.0 < float(pi) < 1.0:
-            raise ValueError(f"ScaleMixture prior: pi must be in (0, 1), got {pi!r}")
+        pi = as_float_in(pi, "pi", 0.0, 1.0, low_open=True, high_open=True, owner="ScaleMixture prior")
         self.register_buffer("mixture", _as_tensor(pi, "pi", "ScaleMixture prior"))
         self.register_buffer("scale1", _as_tensor(scale1, "scale1", "ScaleMixture prior", positive=True))
         self.register_buffer("scale2", _as_tensor(scale2, "scale2", "ScaleMixture prior", positive=True))
@@ -326,16 +333,15 @@ class RadialDirectionalPrior(Prior):
         fallback: Prior | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("global_scale", global_scale), ("local_scale", local_scale)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"RadialDirectionalPrior: {name} must be a finite number > 0, got {value!r}")
-        if direction not in self.DIRECTIONS:
+        owner = "RadialDirectionalPrior"
+        global_scale = as_float_in(global_scale, "global_scale", 0.0, None, low_open=True, owner=owner)
+        local_scale = as_float_in(local_scale, "local_scale", 0.0, None, low_open=True, owner=owner)
+        if not isinstance(direction, str) or direction not in self.DIRECTIONS:
             raise ValueError(f"RadialDirectionalPrior: direction must be one of {self.DIRECTIONS}, got {direction!r}")
-        if concentration is not None and not (math.isfinite(concentration) and concentration > 0):
-            raise ValueError(f"RadialDirectionalPrior: concentration must be > 0 or None, got {concentration!r}")
-        if not 0.0 < resultant < 1.0:
-            raise ValueError(f"RadialDirectionalPrior: resultant must be in (0, 1), got {resultant!r}")
-        self.global_scale, self.local_scale = float(global_scale), float(local_scale)
+        if concentration is not None:
+            concentration = as_float_in(concentration, "concentration (or None)", 0.0, None, low_open=True, owner=owner)
+        resultant = as_float_in(resultant, "resultant", 0.0, 1.0, low_open=True, high_open=True, owner=owner)
+        self.global_scale, self.local_scale = global_scale, local_scale
         self.direction = direction
         self.concentration = concentration
         self.resultant = resultant
