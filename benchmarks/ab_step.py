@@ -94,7 +94,7 @@ def _cpp_wrapper() -> None:
 
 
 def _glibc_keep_heap() -> None:
-    from varbnn.train import keep_freed_memory
+    from varbnn.training import keep_freed_memory
 
     if not keep_freed_memory():  # trim threshold 1 GiB, mmap threshold 32 MiB
         raise RuntimeError("glibc's mallopt refused the thresholds (or this is not glibc)")

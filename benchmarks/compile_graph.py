@@ -27,7 +27,7 @@ from step_time import MODELS  # type: ignore[import-not-found]
 
 import varbnn
 from varbnn.experiments.runner import describe_device, git_commit
-from varbnn.train import _compiled_elbo_step
+from varbnn.training.compiled import _compiled_elbo_step
 
 FAMILIES: dict[str, Callable[[], tuple[varbnn.VariationalFamily, Any]]] = {
     "MeanField-reparam": lambda: (varbnn.MeanField(), None),

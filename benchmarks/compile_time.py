@@ -40,7 +40,7 @@ from step_time import COMPILE, MODELS, N_TRAIN, candidates, compiled_suffix  # t
 from tqdm.auto import tqdm
 
 from varbnn.experiments.runner import describe_device, git_commit
-from varbnn.train import resolve_device
+from varbnn.training import resolve_device
 
 WARMUP = 20  # steps of each kind between the first one and the timed ones (as step_time.py)
 

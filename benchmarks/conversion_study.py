@@ -68,7 +68,7 @@ def _key(family: str, value: Any, seed: int) -> str:
 def run_seed(seed: int, done: dict[str, dict[str, Any]], runs_file: Path, commit: str) -> None:
     from varbnn.experiments.config import Variant
     from varbnn.experiments.runner import _data, _train_plain, build_model, make_optimizer
-    from varbnn.train import evaluate_classifier, fit, seed_everything
+    from varbnn.training import evaluate_classifier, fit, seed_everything
 
     config = _config()
     data = _data(config, None)

@@ -142,7 +142,7 @@ def execute(run: Run) -> dict[str, Any]:
     """Train and validate one run in this process (1 thread); returns its record."""
     import varbnn
     from varbnn import metrics
-    from varbnn.train import fit, seed_everything
+    from varbnn.training import fit, seed_everything
 
     torch.set_num_threads(1)
     settings = TASKS[run.task]

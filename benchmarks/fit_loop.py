@@ -30,7 +30,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import varbnn
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
-from varbnn.train import _compiled_elbo_step, _DeferredChecks, _fit_compile_mode, default_optimizer, resolve_device
+from varbnn.training import default_optimizer, resolve_device
+from varbnn.training.checks import _DeferredChecks
+from varbnn.training.compiled import _compiled_elbo_step, _fit_compile_mode
 
 FAMILIES = {
     "MeanField": (lambda: varbnn.MeanField(), None),
@@ -74,7 +76,7 @@ def _bare_times(name: str, loader: DataLoader, n: int, device: torch.device, epo
     if compile:
         step = _compiled_elbo_step(model, F.cross_entropy, n, device, _fit_compile_mode(True, device, loader))
     else:
-        from varbnn.train import _accumulated_elbo_gradient
+        from varbnn.training.loop import _accumulated_elbo_gradient
 
         def step(x: torch.Tensor, y: torch.Tensor, beta: float, samples: int) -> Any:
             return _accumulated_elbo_gradient(model, model, x, y, F.cross_entropy, n, beta, samples)

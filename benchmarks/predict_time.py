@@ -27,7 +27,7 @@ import varbnn
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp
-from varbnn.train import resolve_device
+from varbnn.training import resolve_device
 
 SETTINGS = ((64, 1000), (16, 1000), (8, 2500))  # (chunk_size, batch_size)
 NETWORKS = {  # name: (builder, input shape without batch, description)

@@ -16,7 +16,7 @@ import torch
 from step_time import MODELS, candidates  # type: ignore[import-not-found]
 from torch.profiler import ProfilerActivity, profile
 
-from varbnn.train import resolve_device
+from varbnn.training import resolve_device
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::_local_scalar_dense", "aten::item")
 

@@ -54,7 +54,7 @@ from varbnn.prune import (
     predictive_targets,
     reinitialize,
 )
-from varbnn.train import CheckpointError, read_checkpoint, resolve_device, save_checkpoint
+from varbnn.training import CheckpointError, read_checkpoint, resolve_device, save_checkpoint
 
 STEM = "prune_capacity"
 

@@ -26,7 +26,7 @@ from report import write_result  # type: ignore[import-not-found]
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.prune import classification_error, iterative_budget, predictive_targets
-from varbnn.train import resolve_device
+from varbnn.training import resolve_device
 
 # (stages, epochs per stage, schedule, distillation weight), in the order they were first tried
 SETTINGS = [(4, 5, "constant", 0.0), (4, 5, "cosine", 0.0), (8, 3, "cosine", 0.0), (4, 5, "cosine", 0.7)]

@@ -44,14 +44,9 @@ import varbnn
 from varbnn.experiments.config import results_dir
 from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
-from varbnn.train import (
-    _accumulated_elbo_gradient,
-    _compiled_elbo_step,
-    _uses_cudagraphs,
-    default_optimizer,
-    keep_freed_memory,
-    resolve_device,
-)
+from varbnn.training import default_optimizer, keep_freed_memory, resolve_device
+from varbnn.training.compiled import _compiled_elbo_step, _uses_cudagraphs
+from varbnn.training.loop import _accumulated_elbo_gradient
 
 N_TRAIN = 60000
 OPTIMIZER = {"name": "fit"}  # "fit": varbnn.train.default_optimizer (Adam, fused where supported); "adam": torch's default

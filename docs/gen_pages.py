@@ -31,7 +31,7 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.divergence", "divergence", "kl(model) and the KL registry."),
     ("varbnn.objectives", "objectives", "The ELBO / MDL objective, KL weights and annealing, Graves' gradients."),
     ("varbnn.likelihoods", "likelihoods", "Likelihoods as objects: NLL for training, Monte Carlo predictive."),
-    ("varbnn.train", "train", "fit, evaluate, checkpoints."),
+    ("varbnn.training", "training", "fit, evaluate, checkpoints (also importable as varbnn.train, its first name)."),
     ("varbnn.predict", "predict", "Vectorised Monte Carlo prediction and its summaries."),
     ("varbnn.metrics", "metrics", "Accuracy, NLL, ECE, Brier, AUROC, referral, regression metrics."),
     ("varbnn.calibration", "calibration", "Temperature scaling."),

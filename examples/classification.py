@@ -34,7 +34,7 @@ import varbnn
 import varbnn.plots
 from varbnn.data import load_digits
 from varbnn.metrics import auroc
-from varbnn.train import resolve_device, seed_everything
+from varbnn.training import resolve_device, seed_everything
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -40,7 +40,7 @@ import varbnn
 import varbnn.plots
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.data import load_digits
-from varbnn.train import resolve_device, seed_everything
+from varbnn.training import resolve_device, seed_everything
 
 TASKS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 

@@ -34,7 +34,7 @@ from varbnn.calibration import TemperatureScaled
 from varbnn.data import load_digits
 from varbnn.metrics import auroc
 from varbnn.predict import ClassificationSummary
-from varbnn.train import resolve_device, seed_everything
+from varbnn.training import resolve_device, seed_everything
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import varbnn  # noqa: E402
 from varbnn import prune  # noqa: E402
 from varbnn.data import load_digits  # noqa: E402
-from varbnn.train import resolve_device, seed_everything  # noqa: E402
+from varbnn.training import resolve_device, seed_everything
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

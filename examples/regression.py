@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import varbnn  # noqa: E402
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian  # noqa: E402
-from varbnn.train import resolve_device, seed_everything  # noqa: E402
+from varbnn.training import resolve_device, seed_everything
 
 TRAIN_RANGE = (-3.0, 3.0)
 PLOT_RANGE = (-6.0, 6.0)

@@ -16,7 +16,7 @@ import varbnn
 from varbnn import distributed as vdist
 from varbnn.likelihoods import Gaussian
 from varbnn.models import mlp
-from varbnn.train import fit, seed_everything
+from varbnn.training import fit, seed_everything
 
 
 def toy_data() -> TensorDataset:

@@ -143,7 +143,7 @@ def test_temperature_labels_must_be_class_indices():
 
 
 def test_read_checkpoint_names_a_bad_map_location(tmp_path):
-    from varbnn.train import read_checkpoint, save_checkpoint
+    from varbnn.training import read_checkpoint, save_checkpoint
 
     path = tmp_path / "c.pt"
     save_checkpoint(path, nn.Linear(2, 2))
@@ -254,7 +254,7 @@ def test_last_layer_laplace_names_non_finite_inputs_not_the_model_structure():
 
 
 def test_fit_compile_true_records_cuda_graphs_only_on_cuda_with_batches_of_one_shape():
-    from varbnn.train import _fit_compile_mode
+    from varbnn.training.compiled import _fit_compile_mode
 
     data = TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -272,7 +272,7 @@ def test_fit_compile_true_records_cuda_graphs_only_on_cuda_with_batches_of_one_s
 def test_static_batches_follow_the_sampler_not_the_dataset():
     from torch.utils.data import IterableDataset, RandomSampler, SubsetRandomSampler
 
-    from varbnn.train import _static_batches
+    from varbnn.training.compiled import _static_batches
 
     data = TensorDataset(torch.randn(100, 3), torch.zeros(100))
     assert _static_batches(DataLoader(data, batch_size=10))

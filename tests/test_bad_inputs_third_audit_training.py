@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import varbnn
 from varbnn import priors
 from varbnn._checks import FLOAT32_MAX, as_float, as_float_in
-from varbnn.train import CheckpointError, NonFiniteError, read_checkpoint, save_checkpoint
+from varbnn.training import CheckpointError, NonFiniteError, read_checkpoint, save_checkpoint
 
 
 def _data(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +90,7 @@ def _tamper(path, **changes):
     state = read_checkpoint(path)
     state.update(changes)
     save_checkpoint(path, nn.Linear(1, 1))  # a valid file to overwrite: then write the altered state in its place
-    from varbnn.train import _write_checkpoint_state
+    from varbnn.training.checkpoint import _write_checkpoint_state
 
     _write_checkpoint_state(path, state)
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
 from varbnn.objectives import elbo_loss
-from varbnn.train import CheckpointError, NonFiniteError, fit, load_checkpoint, read_checkpoint, save_checkpoint
+from varbnn.training import CheckpointError, NonFiniteError, fit, load_checkpoint, read_checkpoint, save_checkpoint
 
 N = 48
 
@@ -280,7 +280,7 @@ def test_bad_training_input(case: BadInput, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float16, torch.float32), (torch.float64,)])
 def test_gradients_finite_finds_nan_and_inf_in_any_tensor_and_dtype(dtypes):
-    from varbnn.train import _gradients_finite
+    from varbnn.training.checks import _gradients_finite
 
     params = [torch.zeros(3, 4, dtype=d, requires_grad=True) for d in dtypes]
     for p in params:

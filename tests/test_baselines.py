@@ -120,7 +120,7 @@ def test_train_ensemble_trains_distinct_members() -> None:
     y = (x[:, 0] > 0).long()
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=g)
     ensemble = train_ensemble(_mlp, loader, members=2, n_data=64, epochs=2, lr=1e-2, seed=5)
-    from varbnn.train import seed_everything
+    from varbnn.training import seed_everything
 
     for m, member in enumerate(ensemble.members):
         seed_everything(5 + m)  # member m's initialisation, redrawn

@@ -16,9 +16,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
-import varbnn.train as train_module
+import varbnn.training.checkpoint as checkpoint_module
+import varbnn.training.loop as train_module
 from varbnn.experiments import ExperimentConfig, Variant, run_experiment
-from varbnn.train import CheckpointError, fit, read_checkpoint, save_checkpoint, seed_everything
+from varbnn.training import CheckpointError, fit, read_checkpoint, save_checkpoint, seed_everything
 
 EPOCHS = 4
 STEPS_PER_EPOCH = 4  # 64 examples, batches of 16
@@ -89,7 +90,7 @@ def _kill_plans() -> list[list[tuple[str, int]]]:
 def test_training_killed_at_random_points_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, plan):
     straight, straight_history = _run(tmp_path / "straight.pt")
     path = tmp_path / "run" / "ckpt.pt"
-    write_bytes = train_module._write_bytes
+    write_bytes = checkpoint_module._write_bytes
     for kind, at in plan:
         done = read_checkpoint(path)["epoch"] if path.exists() else 0
         assert (kind == "save" and at > done) or (kind == "step" and at > done * STEPS_PER_EPOCH)
@@ -104,10 +105,10 @@ def test_training_killed_at_random_points_resumes_to_the_uninterrupted_result(tm
                     raise Killed("killed while writing the checkpoint")
                 write_bytes(file, data, chunk)
 
-            monkeypatch.setattr(train_module, "_write_bytes", dying_write)
+            monkeypatch.setattr(checkpoint_module, "_write_bytes", dying_write)
             with pytest.raises(Killed):
                 _run(path)
-            monkeypatch.setattr(train_module, "_write_bytes", write_bytes)
+            monkeypatch.setattr(checkpoint_module, "_write_bytes", write_bytes)
             completed = at - 1  # the half-written epoch-`at` checkpoint never replaced the previous one
         else:
             with pytest.raises(Killed):

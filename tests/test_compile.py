@@ -13,7 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
 from varbnn import Delta, KTied, MeanField, Radial, RadialDirectional, RadialDirectionalPrior, philox
-from varbnn.train import _accumulated_elbo_gradient, _compiled_elbo_step, fit
+from varbnn.training import fit
+from varbnn.training.compiled import _compiled_elbo_step
+from varbnn.training.loop import _accumulated_elbo_gradient
 
 FAMILIES = {
     "meanfield": lambda: (MeanField(), {}),
@@ -233,7 +235,7 @@ def test_fit_announces_each_new_batch_shape_of_a_compiled_step(caplog, monkeypat
     def eager_step(model, nll, n_data, device, mode, **kwargs):
         return lambda x, y, beta, samples: _accumulated_elbo_gradient(model, model, x, y, nll, n_data, beta, samples)
 
-    monkeypatch.setattr(varbnn.train, "_compiled_elbo_step", eager_step)
+    monkeypatch.setattr(varbnn.training.loop, "_compiled_elbo_step", eager_step)
     caplog.set_level(logging.INFO, logger="varbnn.train")
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(20, 4, generator=g), torch.randint(0, 3, (20,), generator=g)
@@ -310,7 +312,7 @@ def test_a_checkpoint_resumes_across_compile_and_eager(tmp_path, monkeypatch, fi
     compiled run ends."""
     import functools
 
-    from varbnn import train
+    from varbnn.training import loop as train
 
     # the checkpoint's side of compile is the step function, whatever the backend: aot_eager spares inductor's compiles
     draws = "generator" if first != then else None
@@ -383,7 +385,7 @@ def test_families_ask_inductor_for_their_options_and_fit_merges_them():
     """RDP's double grouping asks for realize_opcount_threshold 8 (its column factor's per-column values then go to a
     buffer once instead of into every row's output pass); the row grouping and the Gaussian families ask for nothing,
     and a model mixing them gets the one request."""
-    from varbnn.train import _family_inductor_options
+    from varbnn.training.compiled import _family_inductor_options
 
     assert _family_inductor_options(_model("rdp-double")) == {"realize_opcount_threshold": 8}
     assert _family_inductor_options(_model("rdp-row")) == {}

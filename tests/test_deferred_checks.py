@@ -9,7 +9,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
-from varbnn.train import NonFiniteError, _DeferredChecks
+from varbnn.training import NonFiniteError
+from varbnn.training.checks import _DeferredChecks
 
 
 def _data(n: int = 96) -> TensorDataset:

@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 
 import varbnn
 from varbnn import distributed as vdist
-from varbnn.train import fit, load_checkpoint
+from varbnn.training import fit, load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddp_worker import build, toy_data  # noqa: E402

@@ -44,7 +44,7 @@ MODULES = sorted(["varbnn"] + [m.name for m in pkgutil.walk_packages(varbnn.__pa
 # The public modules: each is a page of the API reference (docs/gen_pages.py), plus the prune package's submodules.
 PUBLIC = [
     "varbnn", "varbnn.convert", "varbnn.families", "varbnn.nn", "varbnn.priors", "varbnn.divergence",
-    "varbnn.objectives", "varbnn.likelihoods", "varbnn.train", "varbnn.predict", "varbnn.metrics",
+    "varbnn.objectives", "varbnn.likelihoods", "varbnn.training", "varbnn.predict", "varbnn.metrics",
     "varbnn.calibration", "varbnn.baselines", "varbnn.laplace", "varbnn.continual", "varbnn.prune",
     "varbnn.prune.density", "varbnn.prune.scores", "varbnn.prune.thresholds", "varbnn.prune.export",
     "varbnn.prune.retrain", "varbnn.distributions", "varbnn.special", "varbnn.data", "varbnn.models", "varbnn.plots",
@@ -318,7 +318,7 @@ ENTRY_POINTS = [
     "varbnn.linear_kl_annealing", "varbnn.sample_mode", "varbnn.set_sample_mode", "varbnn.MeanField",
     "varbnn.Radial", "varbnn.KTied", "varbnn.RadialDirectional", "varbnn.Delta", "varbnn.VariationalFamily",
     "varbnn.BayesLinear", "varbnn.BayesConv2d", "varbnn.BayesLSTM",
-    "varbnn.train.fit", "varbnn.train.evaluate", "varbnn.train.save_checkpoint", "varbnn.train.load_checkpoint",
+    "varbnn.training.fit", "varbnn.training.evaluate", "varbnn.training.save_checkpoint", "varbnn.training.load_checkpoint",
     "varbnn.likelihoods.Categorical", "varbnn.likelihoods.Gaussian", "varbnn.metrics.expected_calibration_error",
     "varbnn.priors.Normal", "varbnn.priors.ScaleMixture", "varbnn.divergence.kl",
     "varbnn.objectives.mdl_report", "varbnn.objectives.score_correction",

@@ -272,7 +272,7 @@ def test_the_generic_runner_killed_mid_run_resumes_from_its_epoch_checkpoint(tmp
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    from varbnn.train import read_checkpoint
+    from varbnn.training import read_checkpoint
 
     (checkpoint,) = killed.glob(".checkpoints/*/MeanField-seed0.pt")
     assert 1 <= read_checkpoint(checkpoint)["epoch"] < 3  # killed mid-run, after an epoch checkpoint

@@ -19,7 +19,7 @@ from varbnn.experiments.hooks import std_parameters
 from varbnn.experiments.runner import _checkpoint_path, build_model, render_markdown
 from varbnn.models import lenet5, make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
-from varbnn.train import evaluate_weight_samples, fit, read_checkpoint
+from varbnn.training import evaluate_weight_samples, fit, read_checkpoint
 
 
 def toy(n=96):

@@ -14,7 +14,7 @@ import varbnn
 from varbnn.families import MeanField
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian
 from varbnn.objectives import default_kl_weight
-from varbnn.train import TrainingWarning, evaluate, fit
+from varbnn.training import TrainingWarning, evaluate, fit
 
 
 def _regression(n: int = 512, noise: float = 0.3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +134,7 @@ def test_regression_targets_of_shape_n_by_1_evaluate() -> None:
 def test_fit_refuses_what_it_would_train_wrongly(tmp_path) -> None:
     from varbnn.baselines import DeepEnsemble
     from varbnn.laplace import LastLayerLaplace
-    from varbnn.train import CheckpointError
+    from varbnn.training import CheckpointError
 
     x, y = _regression(64)
     loader = DataLoader(TensorDataset(x, y), batch_size=32)
@@ -159,7 +159,7 @@ def test_the_prior_diagnosis_needs_an_nll_near_the_label_marginal(monkeypatch) -
     collapse (the examples' pretrained CNN was flagged before). The same flat history at the marginal NLL is."""
     import math
 
-    from varbnn.train import _diagnose, _label_entropy
+    from varbnn.training.diagnose import _diagnose, _label_entropy
 
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=0.5))
     fitting = [{"loss": 0.05, "nll": 0.05, "kl": 1.0, "beta": 1.0}] * 5
@@ -176,7 +176,7 @@ def test_the_prior_diagnosis_needs_an_nll_near_the_label_marginal(monkeypatch) -
     assert _label_entropy([]) is None and _label_entropy([torch.tensor([-1, 0])]) is None
 
     seen = {}
-    monkeypatch.setattr("varbnn.train._diagnose", lambda m, h, n, entropy: seen.setdefault("entropy", entropy))
+    monkeypatch.setattr("varbnn.training.loop._diagnose", lambda m, h, n, entropy: seen.setdefault("entropy", entropy))
     x, y = torch.randn(64, 4), torch.tensor([0, 1, 2, 3] * 16)
     fit(nn.Linear(4, 4), DataLoader(TensorDataset(x, y), batch_size=16), n_data=64, epochs=1, progress=False)
     assert seen["entropy"] == pytest.approx(math.log(4))
@@ -187,7 +187,7 @@ def test_the_prior_warning_judges_a_negative_nll_by_its_fall_like_a_positive_one
     """A Gaussian likelihood's NLL can be negative: the warning asks whether it fell by 10% of its first value."""
     import warnings
 
-    from varbnn.train import _diagnose
+    from varbnn.training.diagnose import _diagnose
 
     model = varbnn.bayesianize(nn.Linear(4, 2), MeanField())
     weights = sum(p.numel() for n, p in model.named_parameters() if n.endswith("loc") or n.endswith("mean"))

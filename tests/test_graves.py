@@ -35,7 +35,7 @@ from varbnn.prune import (
     prune_by_density_ratio,
     relative_density_at_zero,
 )
-from varbnn.train import fit
+from varbnn.training import fit
 
 
 def _delta_model(prior, seed=0):

@@ -24,7 +24,7 @@ import varbnn.likelihoods as L
 from varbnn import special
 from varbnn.distributions import vmf
 from varbnn.priors import Laplace, Normal
-from varbnn.train import _DeferredChecks
+from varbnn.training.checks import _DeferredChecks
 
 aten = torch.ops.aten
 READS = {aten._local_scalar_dense.default, aten._is_all_true.default, aten.nonzero.default, aten.masked_select.default,

@@ -11,7 +11,7 @@ from torch import nn
 
 import varbnn
 from varbnn.families.base import family_of_state
-from varbnn.train import CheckpointError, load_checkpoint, save_checkpoint
+from varbnn.training import CheckpointError, load_checkpoint, save_checkpoint
 
 FAMILIES = {
     "MeanField": lambda: varbnn.MeanField(),

@@ -10,7 +10,7 @@ from varbnn import Delta, MeanField
 from varbnn.cli import main
 from varbnn.experiments import get_config, run_experiment
 from varbnn.priors import Laplace, Normal
-from varbnn.train import evaluate_classifier, fit, load_checkpoint, save_checkpoint
+from varbnn.training import evaluate_classifier, fit, load_checkpoint, save_checkpoint
 
 
 def toy(n=120):
@@ -129,7 +129,7 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
 
 def test_mc_samples_average_one_draw_gradients_exactly_and_cut_their_variance():
     import varbnn
-    from varbnn.train import fit
+    from varbnn.training import fit
 
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
@@ -178,7 +178,7 @@ def test_mc_samples_average_one_draw_gradients_exactly_and_cut_their_variance():
 
 
 def test_default_optimizer_is_adam_fused_where_supported_and_steps_like_adam():
-    from varbnn.train import default_optimizer
+    from varbnn.training import default_optimizer
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
@@ -216,7 +216,7 @@ def test_cli_threads_sets_torch_threads_and_rejects_nonpositive(capsys):
 
 
 def test_device_model_is_the_models_own_device_and_a_bad_name_is_named():
-    from varbnn.train import resolve_device
+    from varbnn.training import resolve_device
 
     on_meta = nn.Linear(3, 2, device="meta")
     assert resolve_device("model", on_meta) == torch.device("meta")
@@ -229,7 +229,8 @@ def test_device_model_is_the_models_own_device_and_a_bad_name_is_named():
 
 
 def test_fit_and_evaluate_default_to_the_models_device(monkeypatch):
-    import varbnn.train as train
+    from varbnn.training import evaluation as evaluate_module
+    from varbnn.training import loop
 
     seen = []
 
@@ -237,7 +238,8 @@ def test_fit_and_evaluate_default_to_the_models_device(monkeypatch):
         seen.append((device, model))
         return torch.device("cpu")
 
-    monkeypatch.setattr(train, "resolve_device", spy)
+    monkeypatch.setattr(loop, "resolve_device", spy)
+    monkeypatch.setattr(evaluate_module, "resolve_device", spy)
     net = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 3)))
     x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
     fit(net, DataLoader(TensorDataset(x, y), batch_size=8), n_data=16, epochs=1, progress=False)
@@ -268,7 +270,7 @@ def test_keep_freed_memory_sets_glibcs_trim_and_mmap_thresholds(monkeypatch):
     import ctypes
     import sys
 
-    from varbnn.train import keep_freed_memory
+    from varbnn.training import keep_freed_memory
 
     fake = _FakeLibc()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: fake)

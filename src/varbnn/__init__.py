@@ -6,7 +6,8 @@ The user story is four calls: :func:`bayesianize` a plain model (or build one fr
 The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the batch + beta * KL_total / N_train``.
 
 After ``import varbnn`` every public module is an attribute: ``varbnn.families``, ``varbnn.priors``, ``varbnn.nn``,
-``varbnn.convert``, ``varbnn.divergence``, ``varbnn.objectives``, ``varbnn.likelihoods``, ``varbnn.train``,
+``varbnn.convert``, ``varbnn.divergence``, ``varbnn.objectives``, ``varbnn.likelihoods``, ``varbnn.training``
+(also under its first name ``varbnn.train``),
 ``varbnn.metrics``, ``varbnn.calibration``, ``varbnn.baselines``, ``varbnn.laplace``, ``varbnn.continual``,
 ``varbnn.prune``, ``varbnn.distributions``, ``varbnn.special``, ``varbnn.data``, ``varbnn.models``,
 ``varbnn.analysis``, ``varbnn.distributed``, ``varbnn.ops``, ``varbnn.plots`` (matplotlib) and
@@ -33,6 +34,7 @@ from varbnn import (
     priors,
     special,
     train,
+    training,
 )
 from varbnn.convert import (
     ConversionReport,
@@ -61,7 +63,7 @@ from varbnn.nn import (
 from varbnn.objectives import ELBOTerms, elbo_loss, linear_kl_annealing
 from varbnn.predict import classification_summary, predict, regression_summary
 from varbnn.priors import RadialDirectionalPrior, RadialPrior, update_adaptive_priors
-from varbnn.train import evaluate, fit
+from varbnn.training import evaluate, fit
 
 __version__ = "0.2.0"
 
@@ -82,6 +84,7 @@ __all__ = [
     "prune",
     "special",
     "train",
+    "training",
     "fit",
     "evaluate",
     "distributions",
