@@ -39,7 +39,6 @@ Learning", NeurIPS. :class:`LastLayerLaplace` plugs into :func:`varbnn.predict` 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -47,15 +46,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from varbnn._checks import as_float_in, check_class_labels
+
 __all__ = ["LastLayerLaplace"]
 
 _DEFAULT_GRID = (-4.0, 4.0, 81)  # log10 range and number of points of the default prior-precision grid
 
 
 def _check_precision(value: float, name: str = "prior_precision") -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    """``value`` as a finite Python float > 0 (numbers, NumPy scalars, 0-d tensors; not bools or strings)."""
+    return as_float_in(value, name, 0.0, None, low_open=True)
+
+
+def _is_integer_labels(labels: object) -> bool:
+    return isinstance(labels, torch.Tensor) and not (
+        labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool
+    )
 
 
 class LastLayerLaplace(nn.Module):
@@ -168,7 +174,8 @@ class LastLayerLaplace(nn.Module):
     def fit(self, loader: Iterable[Sequence[torch.Tensor]]) -> LastLayerLaplace:
         """Accumulate the KFAC factors ``A = sum_n Lambda_n`` and ``G = (1/N) sum_n phi~_n phi~_n^T`` (float64), the
         number of examples ``N`` and ``log p(D | theta*) = -sum_n CE(f_n, y_n)`` over ``loader`` (batches ``(x, y)``,
-        ``y`` integer class labels), then eigendecompose both factors.
+        ``y`` integer class labels of any integer dtype, in ``[0, C)``), then eigendecompose both factors. Features and
+        logits of a float16 / bfloat16 model are accumulated in float64 like any other.
 
         Cost: ONE forward pass over the data in eval mode without gradients, plus ``O(N (C^2 + D^2))`` for the
         factors and ``O(C^3 + D^3)`` for the eigendecompositions. Returns ``self``.
@@ -184,14 +191,14 @@ class LastLayerLaplace(nn.Module):
                 if not isinstance(batch, (tuple, list)) or len(batch) != 2:
                     raise ValueError("loader must yield (x, y) batches")
                 x, y = batch
-                if not isinstance(y, torch.Tensor) or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+                if not _is_integer_labels(y):
                     kind = y.dtype if isinstance(y, torch.Tensor) else type(y).__name__
-                    raise ValueError(f"labels y must be an integer tensor of class indices, got {kind}")
+                    raise ValueError(f"labels y must be an integer tensor of class indices (any integer dtype), got {kind}")
                 logits, phi = self._features(x)
                 classes = logits.shape[1]
                 if y.shape != logits.shape[:1]:
                     raise ValueError(f"labels y must have shape [N] = {tuple(logits.shape[:1])}, got {tuple(y.shape)}")
-                y = y.to(logits.device)
+                y = y.to(device=logits.device, dtype=torch.long)
                 if y.numel() and (int(y.min()) < 0 or int(y.max()) >= classes):
                     raise ValueError(f"labels y must lie in [0, {classes}), got values in [{int(y.min())}, {int(y.max())}]")
                 logits64, phi64 = logits.double(), phi.double()
@@ -261,7 +268,8 @@ class LastLayerLaplace(nn.Module):
         ``O(len(grid) C D)``, no data pass. ``method="validation"``: minimise the validation NLL
         ``-1/M sum_m log (1/S sum_s softmax(f_s(x_m))[y_m])`` of the Monte Carlo predictive with ``samples`` draws
         from the same seeded stream for every grid point (common random numbers; the same draws as
-        ``varbnn.predict(self, x_val, samples, seed=seed)``). The features of ``x_val`` are computed once.
+        ``varbnn.predict(self, x_val, samples, seed=seed)``, kept in float64 here whatever the model's dtype). The
+        features of ``x_val`` are computed once; ``y_val`` holds class indices in ``[0, C)`` (any integer dtype).
         """
         self._fitted()
         if grid is None:
@@ -280,20 +288,24 @@ class LastLayerLaplace(nn.Module):
                 raise ValueError('method="validation" needs x_val and y_val')
             if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
                 raise ValueError(f"samples must be a positive integer, got {samples!r}")
+            if not _is_integer_labels(y_val):
+                kind = y_val.dtype if isinstance(y_val, torch.Tensor) else type(y_val).__name__
+                raise ValueError(f"y_val must be an integer tensor of class indices (any integer dtype), got {kind}")
+            if isinstance(x_val, torch.Tensor) and x_val.dim() > 0 and x_val.shape[0] == 0:
+                raise ValueError(f"x_val must hold at least one example, got shape {tuple(x_val.shape)}")
             with torch.no_grad():
                 logits, phi = self._features(x_val)
-            if y_val.dtype.is_floating_point or y_val.dtype.is_complex or y_val.dtype == torch.bool:
-                raise ValueError(f"y_val must be an integer tensor of class indices, got {y_val.dtype}")
             if y_val.shape != logits.shape[:1]:
                 raise ValueError(f"y_val must have shape [N] = {tuple(logits.shape[:1])}, got {tuple(y_val.shape)}")
-            y_val = y_val.to(logits.device)
+            check_class_labels(y_val, logits.shape[1], "y_val")
+            y_val = y_val.to(device=logits.device, dtype=torch.long)
             scores = []
             for v in values:
                 devices = [logits.device] if logits.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):
                     torch.manual_seed(seed)
-                    draws = self._draws_from_features(logits, phi, samples, v)
-                log_probs = torch.log_softmax(draws.double(), dim=-1).gather(-1, y_val.expand(samples, -1).unsqueeze(-1))
+                    draws = self._draws_from_features(logits, phi, samples, v, dtype=torch.float64)
+                log_probs = torch.log_softmax(draws, dim=-1).gather(-1, y_val.expand(samples, -1).unsqueeze(-1))
                 predictive = torch.logsumexp(log_probs.squeeze(-1), dim=0) - math.log(samples)
                 scores.append(float(predictive.mean()))  # mean log-likelihood: maximise = minimise the NLL
         else:
@@ -351,10 +363,16 @@ class LastLayerLaplace(nn.Module):
         return self.posterior_mean + self._perturbations(samples, self.prior_precision)
 
     # ------------------------------------------------------------------ prediction
-    def _draws_from_features(self, logits: torch.Tensor, phi: torch.Tensor, samples: int, prior_precision: float) -> torch.Tensor:
+    def _draws_from_features(
+        self, logits: torch.Tensor, phi: torch.Tensor, samples: int, prior_precision: float, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """``[S, N, C]`` logit draws in ``dtype`` (default the logits' dtype, float32 for float16 / bfloat16 logits,
+        whose range a wide posterior overflows); summed in float64 first."""
         perturbations = self._perturbations(samples, prior_precision).to(phi.device)  # [S, C, D]
         noise = torch.einsum("nd,scd->snc", phi.double(), perturbations)
-        return logits.unsqueeze(0) + noise.to(logits.dtype)
+        if dtype is None:
+            dtype = logits.dtype if torch.finfo(logits.dtype).bits >= 32 else torch.float32
+        return (logits.double().unsqueeze(0) + noise).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MAP logits ``model(x)``."""
@@ -363,7 +381,8 @@ class LastLayerLaplace(nn.Module):
     @torch.no_grad()
     def predictive_draws(self, x: torch.Tensor, samples: int) -> torch.Tensor:
         """Logits of ``samples`` last-layer draws, ``[samples, N, C]``: ``f_s(x) = W~_s phi~(x)``, computed as the MAP
-        logits plus ``(W~_s - W~*) phi~(x)``. The features run once; the draws use torch's global RNG, so
+        logits plus ``(W~_s - W~*) phi~(x)`` (in the model's dtype; float32 for a float16 / bfloat16 model, whose
+        range the draws of a wide posterior overflow). The features run once; the draws use torch's global RNG, so
         ``varbnn.predict(self, x, samples, seed=...)`` is reproducible. This is the hook :func:`varbnn.predict` calls."""
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"samples must be a positive integer, got {samples!r}")

@@ -10,6 +10,8 @@ A :class:`Likelihood` turns the network's output ``f`` into a distribution over 
   classification; mean and aleatoric / epistemic variance for regression) and the numbers users report.
 
 ``outputs`` of the predictive methods are :func:`varbnn.predict`'s ``[S, N, ...]`` stack of network outputs.
+Half-precision (float16 / bfloat16) outputs and targets are computed in float32: log-densities, summaries and
+metrics come back in float32 (a squared residual above 256 overflows float16, and batch sums lose digits).
 
 | likelihood | network output per example | p(y given f) |
 |---|---|---|
@@ -29,11 +31,23 @@ from torch import nn
 from torch.distributions import Gamma, Normal, StudentT, kl_divergence
 
 from varbnn import metrics as _metrics
-from varbnn._checks import as_float_in, check_class_labels
+from varbnn._checks import as_float_in, as_positive_int, check_class_labels
 from varbnn.families.gaussian import inverse_softplus
 from varbnn.predict import ClassificationSummary, RegressionSummary, classification_summary
 
 __all__ = ["Likelihood", "Categorical", "Gaussian", "HeteroscedasticGaussian", "GammaPrecisionGaussian", "as_likelihood"]
+
+
+def _wide(values: torch.Tensor) -> torch.Tensor:
+    """``values`` in float32 if they are float16 / bfloat16 (or any float narrower than 32 bits), else as they are."""
+    if values.is_floating_point() and torch.finfo(values.dtype).bits < 32:
+        return values.float()
+    return values
+
+
+def _check_finite(values: torch.Tensor, name: str, owner: str) -> None:
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        raise ValueError(f"{owner}: {name} contains NaN or infinite values; the metrics need finite {name}")
 
 
 class Likelihood(nn.Module):
@@ -95,25 +109,27 @@ class Categorical(Likelihood):
                 f"Categorical: output must be logits [N, classes] and target class indices [N]; got output "
                 f"{tuple(output.shape)} and target {tuple(target.shape)}"
             )
-        if target.is_floating_point():
+        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
             raise ValueError(
-                "Categorical: target must hold integer class indices, got a floating-point tensor (regression "
-                "targets? use likelihood=Gaussian() or HeteroscedasticGaussian())"
+                f"Categorical: target must hold integer class indices (any integer dtype), got dtype {target.dtype} "
+                "(regression targets? use likelihood=Gaussian() or HeteroscedasticGaussian())"
             )
 
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """``log softmax(f_n)[y_n] = f_{n, y_n} - logsumexp_c f_{n, c}`` per example, for logits ``[N, C]`` and class
-        indices ``[N]``."""
+        indices ``[N]`` (any integer dtype; half-precision logits in float32)."""
         self._check(output, target)
-        return -F.cross_entropy(output, target, reduction="none")
+        return -F.cross_entropy(_wide(output), target.long(), reduction="none")
 
     def nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The batch-mean cross-entropy ``-mean_n log softmax(f_n)[y_n]`` of one weight draw."""
+        """The batch-mean cross-entropy ``-mean_n log softmax(f_n)[y_n]`` of one weight draw (float32 for
+        half-precision logits)."""
         self._check(output, target)
-        return F.cross_entropy(output, target)
+        return F.cross_entropy(_wide(output), target.long())
 
     def summary(self, outputs: torch.Tensor) -> ClassificationSummary:
-        return classification_summary(outputs)
+        """:func:`varbnn.predict.classification_summary` of ``outputs [S, N, C]`` (in float32 for half precision)."""
+        return classification_summary(_wide(outputs))
 
     def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         if outputs.dim() != 3:
@@ -143,6 +159,16 @@ def _sum_event(log_density: torch.Tensor) -> torch.Tensor:
     return log_density.flatten(1).sum(1) if log_density.dim() > 1 else log_density
 
 
+def _check_regression_inputs(outputs: torch.Tensor, target: torch.Tensor, owner: str) -> None:
+    if outputs.dim() < 2 or outputs.shape[0] == 0 or target.numel() == 0:
+        raise ValueError(
+            f"{owner}: outputs must be [samples >= 1, N >= 1, ...] draws and target non-empty, got outputs "
+            f"{tuple(outputs.shape)} and target {tuple(target.shape)}"
+        )
+    _check_finite(outputs, "outputs", owner)
+    _check_finite(target, "target", owner)
+
+
 def _regression_metrics(summary: RegressionSummary, log_predictive: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
     mean = summary.mean.reshape(target.shape) if summary.mean.numel() == target.numel() else summary.mean
     return {
@@ -168,8 +194,9 @@ class Gaussian(Likelihood):
     def __init__(self, noise_std: float | None = None, *, init_noise_std: float = 1.0) -> None:
         super().__init__()
         self.learn_noise = noise_std is None
-        name, value = ("noise_std", noise_std) if noise_std is not None else ("init_noise_std", init_noise_std)
-        start = as_float_in(value, name, 0.0, None, low_open=True, owner="Gaussian")
+        start = as_float_in(init_noise_std, "init_noise_std", 0.0, None, low_open=True, owner="Gaussian")
+        if noise_std is not None:
+            start = as_float_in(noise_std, "noise_std", 0.0, None, low_open=True, owner="Gaussian")
         log_std = torch.tensor(math.log(start))
         if self.learn_noise:
             self.log_noise_std = nn.Parameter(log_std)
@@ -184,17 +211,21 @@ class Gaussian(Likelihood):
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """``log N(y; f, sigma^2) = -(y - f)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2`` per example (summed over
         any event dims)."""
-        mean = _mean_output(output, target, "Gaussian")
+        mean, target = _mean_output(_wide(output), _wide(target), "Gaussian"), _wide(target)
         # validate_args=False: the checks read device values (a wait per step on a GPU); the std is positive by
         # construction and fit checks the targets
         return _sum_event(Normal(mean, self.noise_std, validate_args=False).log_prob(target))
 
     def summary(self, outputs: torch.Tensor) -> RegressionSummary:
+        """Predictive mean, aleatoric variance ``sigma^2`` and epistemic variance ``var_s f_s`` of ``outputs [S, N, ...]``."""
+        outputs = _wide(outputs)
         means = outputs.squeeze(-1) if outputs.shape[-1] == 1 and outputs.dim() > 2 else outputs
         noise = self.noise_std.detach().square().to(means.dtype)
         return RegressionSummary(means.mean(0), noise.expand_as(means[0]), means.var(0, unbiased=False))
 
     def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """RMSE of the predictive mean, the predictive NLL and the mean predictive std (finite inputs only)."""
+        _check_regression_inputs(outputs, target, "Gaussian")
         summary = self.summary(outputs)
         return _regression_metrics(summary, self.log_predictive(outputs, target), target)
 
@@ -219,22 +250,26 @@ class HeteroscedasticGaussian(Likelihood):
         self.min_variance = as_float_in(min_variance, "min_variance", 0.0, None, low_open=True, owner="HeteroscedasticGaussian")
 
     def _split(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        both = _mean_output(output, target, "HeteroscedasticGaussian", width=2)
+        both = _mean_output(_wide(output), target, "HeteroscedasticGaussian", width=2)
         return both[..., 0], both[..., 1].exp() + self.min_variance
 
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """``log N(y; f_0, v) = -(y - f_0)^2 / (2 v) - log(v) / 2 - log(2 pi) / 2`` with ``v = exp(f_1) + min_variance``,
         per example (summed over any event dims)."""
         mean, variance = self._split(output, target)
-        return _sum_event(Normal(mean, variance.sqrt(), validate_args=False).log_prob(target))  # (see Gaussian)
+        return _sum_event(Normal(mean, variance.sqrt(), validate_args=False).log_prob(_wide(target)))  # (see Gaussian)
 
     def summary(self, outputs: torch.Tensor) -> RegressionSummary:
+        """Predictive mean, aleatoric variance ``mean_s sigma_s^2`` and epistemic variance of ``outputs [S, N, ..., 2]``."""
+        outputs = _wide(outputs)
         if outputs.dim() < 3 or outputs.shape[-1] != 2:
             raise ValueError(f"HeteroscedasticGaussian: outputs must be [samples, N, ..., 2], got {tuple(outputs.shape)}")
         means, variances = outputs[..., 0], outputs[..., 1].exp() + self.min_variance
         return RegressionSummary(means.mean(0), variances.mean(0), means.var(0, unbiased=False))
 
     def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """RMSE of the predictive mean, the predictive NLL and the mean predictive std (finite inputs only)."""
+        _check_regression_inputs(outputs, target, "HeteroscedasticGaussian")
         return _regression_metrics(self.summary(outputs), self.log_predictive(outputs, target), target)
 
     def extra_repr(self) -> str:
@@ -271,18 +306,15 @@ class GammaPrecisionGaussian(Likelihood):
         self, prior_shape: float = 6.0, prior_rate: float = 6.0, init_shape: float | None = None, init_rate: float | None = None
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("prior_shape", prior_shape),
-            ("prior_rate", prior_rate),
-            ("init_shape", init_shape),
-            ("init_rate", init_rate),
-        ):
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"GammaPrecisionGaussian: {name} must be a finite number > 0, got {value!r}")
-        self.register_buffer("prior_shape", torch.tensor(float(prior_shape)))
-        self.register_buffer("prior_rate", torch.tensor(float(prior_rate)))
-        self.shape_rho = nn.Parameter(torch.tensor(inverse_softplus(float(init_shape or prior_shape))))
-        self.rate_rho = nn.Parameter(torch.tensor(inverse_softplus(float(init_rate or prior_rate))))
+        owner = "GammaPrecisionGaussian"
+        shape0 = as_float_in(prior_shape, "prior_shape", 0.0, None, low_open=True, owner=owner)
+        rate0 = as_float_in(prior_rate, "prior_rate", 0.0, None, low_open=True, owner=owner)
+        shape1 = shape0 if init_shape is None else as_float_in(init_shape, "init_shape", 0.0, None, low_open=True, owner=owner)
+        rate1 = rate0 if init_rate is None else as_float_in(init_rate, "init_rate", 0.0, None, low_open=True, owner=owner)
+        self.register_buffer("prior_shape", torch.tensor(shape0))
+        self.register_buffer("prior_rate", torch.tensor(rate0))
+        self.shape_rho = nn.Parameter(torch.tensor(inverse_softplus(shape1)))
+        self.rate_rho = nn.Parameter(torch.tensor(inverse_softplus(rate1)))
         self.register_buffer("mean_square", torch.tensor(float("nan")))  # running E_q[(y - f)^2] (closed form)
 
     @property
@@ -301,9 +333,10 @@ class GammaPrecisionGaussian(Likelihood):
 
     def expected_log_likelihood(self, y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         """Elementwise ``E_q(tau)[log N(y | f, 1/tau)] = (psi(a1) - log b1) / 2 - log(2 pi) / 2 - (a1 / b1) (y - f)^2 / 2``
-        (nats), from ``E[log tau] = psi(a1) - log b1`` and ``E[tau] = a1 / b1``."""
+        (nats), from ``E[log tau] = psi(a1) - log b1`` and ``E[tau] = a1 / b1`` (float32 for half-precision inputs)."""
         if y.shape != f.shape:
             raise ValueError(f"y and f must have the same shape, got {tuple(y.shape)} and {tuple(f.shape)}")
+        y, f = _wide(y), _wide(f)
         a, b = self.shape, self.rate
         return 0.5 * (torch.digamma(a) - b.log()) - 0.5 * math.log(2 * math.pi) - 0.5 * (a / b) * (y - f).square()
 
@@ -319,10 +352,13 @@ class GammaPrecisionGaussian(Likelihood):
     def log_prob(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """``log int N(y | f, 1/tau) q(tau) dtau``: with q(tau) = Gamma(a, b) a Student-t with ``2a`` degrees of
         freedom, location ``f`` and scale ``sqrt(b / a)`` (the predictive integrates tau exactly)."""
-        mean = _mean_output(output, target, "GammaPrecisionGaussian")
-        return _sum_event(self._marginal(mean).log_prob(target))
+        mean = _mean_output(_wide(output), target, "GammaPrecisionGaussian")
+        return _sum_event(self._marginal(mean).log_prob(_wide(target)))
 
     def summary(self, outputs: torch.Tensor) -> RegressionSummary:
+        """Predictive mean, aleatoric variance ``E_q[1/tau] = b1 / (a1 - 1)`` (inf for a1 <= 1) and epistemic
+        variance of ``outputs [S, N, ...]``."""
+        outputs = _wide(outputs)
         means = outputs.squeeze(-1) if outputs.shape[-1] == 1 and outputs.dim() > 2 else outputs
         a, b = float(self.shape.detach()), float(self.rate.detach())
         noise = b / (a - 1) if a > 1 else float("inf")  # E_q[1/tau]
@@ -330,6 +366,8 @@ class GammaPrecisionGaussian(Likelihood):
         return RegressionSummary(means.mean(0), aleatoric, means.var(0, unbiased=False))
 
     def metrics(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """RMSE of the predictive mean, the predictive NLL and the mean predictive std (finite inputs only)."""
+        _check_regression_inputs(outputs, target, "GammaPrecisionGaussian")
         return _regression_metrics(self.summary(outputs), self.log_predictive(outputs, target), target)
 
     def kl(self) -> torch.Tensor:
@@ -341,8 +379,7 @@ class GammaPrecisionGaussian(Likelihood):
     def optimal_posterior(self, expected_sse: torch.Tensor | float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The q(tau) = Gamma(a, b) that maximises the ELBO given ``expected_sse = E_q(w)[sum_n (y_n - f_n)^2]`` over
         ``n`` training points: ``a = a0 + n/2``, ``b = b0 + expected_sse/2``."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive integer (the number of training points), got {n!r}")
+        n = as_positive_int(n, "n (the number of training points)", owner="GammaPrecisionGaussian")
         sse = torch.as_tensor(expected_sse, dtype=self.prior_rate.dtype, device=self.prior_rate.device)
         if not bool(torch.isfinite(sse)) or float(sse) < 0:
             raise ValueError(f"expected_sse must be finite and >= 0, got {float(sse)!r}")
@@ -361,11 +398,12 @@ class GammaPrecisionGaussian(Likelihood):
     def observe(self, y: torch.Tensor, f: torch.Tensor, decay: float) -> None:
         """Fold a batch's mean squared residual (f one draw of the network: unbiased for E_q(w)) into the running
         mean ``mean_square`` with ``mean <- decay * mean + (1 - decay) * batch`` (the first batch sets it)."""
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay!r}")
+        decay = as_float_in(decay, "decay", 0.0, 1.0, high_open=True, owner="GammaPrecisionGaussian.observe")
         if y.shape != f.shape:
             raise ValueError(f"y and f must have the same shape, got {tuple(y.shape)} and {tuple(f.shape)}")
-        batch = (y - f).square().mean().to(self.mean_square.dtype)
+        if y.numel() == 0:
+            raise ValueError("GammaPrecisionGaussian.observe: y and f must hold at least one value, got empty tensors")
+        batch = (_wide(y) - _wide(f)).square().mean().to(self.mean_square.dtype)
         if not torch.isfinite(batch):
             raise ValueError(
                 "observe: the batch's squared residual is not finite (NaN or inf in y or f); the running mean "
