@@ -257,7 +257,7 @@ def run_experiment(
                         workers=workers, commit=commit, fail_fast=fail_fast, redo=redo)  # fmt: skip
             except RunsFailed as error:
                 failed.update(error.failed)
-                if (_FAIL_FAST.get() if fail_fast is None else fail_fast):  # nothing more starts
+                if _FAIL_FAST.get() if fail_fast is None else fail_fast:  # nothing more starts
                     left = [k for k in pending if k not in failed and k not in error.records]
                     raise RunsFailed(config.name, failed, error.records, left, store.path) from None
         if failed:
@@ -462,7 +462,8 @@ def _model_state(model: torch.nn.Module) -> dict[str, Any] | None:
     draw those only), else ``None``."""
     if not any(isinstance(m, BayesianModule) for m in model.modules()):
         return None
-    return {name: value.detach().cpu() if isinstance(value, torch.Tensor) else value for name, value in model.state_dict().items()}
+    state = model.state_dict()
+    return {name: value.detach().cpu() if isinstance(value, torch.Tensor) else value for name, value in state.items()}
 
 
 def _load_figure_data(path: Path, variant: Variant) -> dict[str, Any]:
@@ -473,7 +474,7 @@ def _load_figure_data(path: Path, variant: Variant) -> dict[str, Any]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        reason = "it holds Python objects other than plain data (tensors, numbers, strings, lists, dicts), so it was not unpickled"
+        reason = "it holds Python objects other than plain data (tensors, numbers, strings, lists, dicts): not unpickled"
     except Exception as error:  # noqa: BLE001 -- a damaged archive: RuntimeError, EOFError, OSError, ...
         reason = f"it is not a readable torch file ({_reason(error)})"
     else:
