@@ -115,7 +115,8 @@ def _close_process_group(finished: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``varbnn`` command (``list``, ``demo``, ``reproduce``, ``render``): parse ``argv`` (default ``sys.argv``) and
-    run it; returns the exit status (0 on success, 2 for a usage error)."""
+    run it; returns the exit status (0 on success, 1 when runs of the experiment failed: each was reported with its
+    traceback when it failed, and the last line names them all; 2 for a usage error)."""
     parser = argparse.ArgumentParser(prog="varbnn", description="Variational Bayesian neural networks for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -189,6 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reduce-overhead, max-autotune, max-autotune-no-cudagraphs); a runtime choice like --device, not a new protocol",
     )  # fmt: skip
     rep.add_argument("--no-train", action="store_true", help="render the results from the runs already saved")
+    rep.add_argument(
+        "--fail-fast", action="store_true",
+        help="stop at the first run that fails (the queued runs are not started, the worker processes ended); by "
+        "default the other runs go on, each recorded as it finishes, and the command then exits with status 1 naming "
+        "the failed runs",
+    )  # fmt: skip
     rep.add_argument(
         "--shard", default=None,
         help="K/N runs every N-th run from the K-th (0-based), for parallel processes or machines",
@@ -275,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as error:
                 parser.error(str(error))
     from varbnn.experiments.catalog import experiment
+    from varbnn.experiments.engine import RunsFailed, failure_policy
 
     finished = False
     try:
@@ -290,11 +298,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             options["only"] = _split_variants(args.variants, labels) if getattr(args, "variants", None) else None
         if spec.compiles and getattr(args, "compile", None):
             options["compile"] = args.compile  # True (--compile alone) or a mode string
-        result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
-                          progress=not args.no_progress, command=command, shard=shard,
-                          train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
-                          distributed=distributed, **options)  # fmt: skip
+        with failure_policy(bool(getattr(args, "fail_fast", False))):
+            result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
+                              progress=not args.no_progress, command=command, shard=shard,
+                              train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),
+                              distributed=distributed, **options)  # fmt: skip
         finished = True
+    except RunsFailed as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
     except ValueError as error:
         parser.error(str(error))
     finally:

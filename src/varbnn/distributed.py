@@ -13,8 +13,10 @@ by its rank), so the averaged gradient also averages ``world_size`` independent 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -33,9 +35,19 @@ __all__ = [
     "rank_seed",
     "barrier",
     "equal_share",
+    "SETUP_TIMEOUT",
+    "SETUP_TIMEOUT_ENV",
 ]
 
 BACKENDS = ("gloo", "nccl")
+
+SETUP_TIMEOUT = 300.0
+"""Seconds :func:`setup` waits for every rank to join (and a rank other than 0 for the rendezvous to open) before it
+gives up with a ``TimeoutError`` naming the missing ranks; torch's own default would wait 30 minutes in silence."""
+
+SETUP_TIMEOUT_ENV = "VARBNN_DIST_TIMEOUT"
+"""The environment variable that sets :func:`setup`'s ``timeout`` when the call gives none (seconds, a positive number);
+e.g. ``VARBNN_DIST_TIMEOUT=900 torchrun ... -m varbnn.cli reproduce NAME --distributed``."""
 
 
 @dataclass(frozen=True)
@@ -72,16 +84,85 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
-def setup(backend: str | None = None, device: str | torch.device | None = None) -> DistributedContext:
+def _setup_timeout(timeout: float | None) -> float:
+    """``timeout``, else ``$VARBNN_DIST_TIMEOUT``, else :data:`SETUP_TIMEOUT`: checked to be a positive finite number."""
+    where = "timeout"
+    if timeout is None and os.environ.get(SETUP_TIMEOUT_ENV):
+        where, text = f"environment variable {SETUP_TIMEOUT_ENV}", os.environ[SETUP_TIMEOUT_ENV]
+        try:
+            timeout = float(text)
+        except ValueError:
+            raise ValueError(f"{where} must be a positive number of seconds, got {text!r}") from None
+    if timeout is None:
+        return SETUP_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"{where} must be a positive, finite number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _rendezvous(rank: int, world: int, seconds: float) -> dist.Store:
+    """The store every rank meets at (``MASTER_ADDR:MASTER_PORT``, as torch's ``env://`` opens it: served by rank 0, or
+    by torchrun's agent when it says so), after every rank has checked in; a rank missing after ``seconds`` is a
+    ``TimeoutError`` naming the missing ranks, the world size and the address."""
+    addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
+    if not addr or port is None:
+        raise ValueError(
+            "RANK and WORLD_SIZE are set but MASTER_ADDR / MASTER_PORT are not: launch with torchrun, which sets all four"
+        )
+    where = f"MASTER_ADDR:MASTER_PORT = {addr}:{port}"
+    raise_it = f"(set {SETUP_TIMEOUT_ENV} or setup(timeout=...) to wait longer)"
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves the store
+    serves = rank == 0 and not agent
+    try:
+        store = dist.TCPStore(addr, port, world_size=world, is_master=serves, timeout=timedelta(seconds=seconds),
+                              wait_for_workers=False, multi_tenant=True)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 -- torch raises DistNetworkError, DistStoreError, RuntimeError, ...
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if serves:
+            raise RuntimeError(f"rank 0 of world size {world} could not open the rendezvous at {where}: {reason}") from None
+        raise TimeoutError(
+            f"rank {rank} of world size {world} could not reach the rendezvous at {where} within {seconds:g} s "
+            f"{raise_it}: is rank 0{' (torchrun)' if agent else ''} running, at that address? ({reason})"
+        ) from None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    keys = [f"varbnn/setup/{attempt}/rank{r}" for r in range(world)]
+    store.set(keys[rank], "joined")
+    try:
+        store.wait(keys, timedelta(seconds=seconds))
+    except Exception:  # noqa: BLE001 -- a timeout (DistStoreError), or the store gone with rank 0
+        try:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            missing_text = f"ranks {missing} did not join"
+        except Exception:  # noqa: BLE001 -- the store is gone: rank 0 (its server) ended
+            missing_text = "the rendezvous closed (rank 0 ended?)"
+        raise TimeoutError(
+            f"distributed setup timed out after {seconds:g} s on rank {rank} of world size {world} at {where}: "
+            f"{missing_text} {raise_it}; start every rank (torchrun --nproc_per_node {world}) or lower WORLD_SIZE"
+        ) from None
+    from torch.distributed.constants import default_pg_timeout
+
+    store.set_timeout(default_pg_timeout)  # the collectives' own timeout from here on
+    return store
+
+
+def setup(
+    backend: str | None = None, device: str | torch.device | None = None, timeout: float | None = None
+) -> DistributedContext:
     """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...).
 
     ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); default nccl when ``device`` is CUDA, else gloo.
     ``device``: ``"cpu"``, ``"cuda"`` (then ``cuda:LOCAL_RANK``) or ``None`` (cuda if available). Without
     torchrun's variables this returns a single-process context and initialises nothing, so the same script runs
     with and without ``torchrun``. Calling it again after initialisation returns the current context.
+
+    ``timeout``: seconds to wait for every rank to join at ``MASTER_ADDR:MASTER_PORT`` (``None``: the environment
+    variable ``VARBNN_DIST_TIMEOUT``, else :data:`SETUP_TIMEOUT`, 300 s). A rank still missing then is a
+    ``TimeoutError`` naming the missing ranks, the world size and the address (torch alone would wait 30 minutes in
+    silence); on a rank other than 0, so is a rendezvous that does not open. The collectives keep torch's timeout.
     """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    seconds = _setup_timeout(timeout)
     local_rank = _env_int("LOCAL_RANK") or 0
     if device is None or device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,7 +183,10 @@ def setup(backend: str | None = None, device: str | torch.device | None = None) 
     chosen = backend or ("nccl" if dev.type == "cuda" else "gloo")
     if chosen == "nccl" and dev.type != "cuda":
         raise ValueError("backend 'nccl' needs a CUDA device; use backend='gloo' on the CPU")
-    dist.init_process_group(chosen, rank=env_rank, world_size=env_world)
+    if not 0 <= env_rank < env_world:
+        raise ValueError(f"environment variable RANK must be in [0, WORLD_SIZE = {env_world}), got {env_rank}")
+    store = _rendezvous(env_rank, env_world, seconds)
+    dist.init_process_group(chosen, store=store, rank=env_rank, world_size=env_world)
     return DistributedContext(env_rank, env_world, local_rank, dev, chosen)
 
 

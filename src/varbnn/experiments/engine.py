@@ -20,6 +20,8 @@ The experiment module keeps only its protocol: its config, its run function and 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import itertools
@@ -32,9 +34,11 @@ import shlex
 import subprocess
 import sys
 import time
+import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,9 @@ from varbnn.experiments.config import results_dir
 __all__ = [
     "RunKey",
     "RunStore",
+    "RunsFailed",
+    "failure_policy",
+    "nothing_saved",
     "fingerprint",
     "config_fields",
     "expand",
@@ -135,9 +142,11 @@ class RunStore:
 
     ``key(record)`` names a record's run; ``protocol(key)`` is the protocol hash a record of that run must carry to
     count (``None``: a run this config does not know). Records whose hash differs were trained under another protocol
-    and are ignored (kept in the file). Writes go to ``NAME_runs.jsonl``, or ``NAME_runs.shardK.jsonl`` for shard K, so
-    that shards on one shared folder never write to one file; reads merge every such file (sorted by name; for a run
-    found twice, the last record read wins)."""
+    and are ignored (kept in the file); so is a record that lacks a field of the key (``key`` raises ``KeyError``).
+    Writes go to ``NAME_runs.jsonl``, or ``NAME_runs.shardK.jsonl`` for shard K, so that shards on one shared folder
+    never write to one file; reads merge every such file (sorted by name; for a run found twice, the last record read
+    wins). Appends hold an exclusive lock on the file (``fcntl.flock``, where the platform has it), so that two
+    processes appending to one file (e.g. the same shard started twice) never cut or interleave each other's lines."""
 
     out: Path
     name: str
@@ -146,6 +155,10 @@ class RunStore:
     shard: tuple[int, int] | None = None
     readonly: bool = False
     """A store that never writes (:meth:`append` does nothing): the processes other than rank 0 of a distributed run."""
+    check: Callable[[Mapping[str, Any]], str | None] | None = None
+    """What a record of this protocol must hold beyond its key (``None``: anything): ``check(record)`` returns ``None``
+    for a usable record, else what is wrong with it; :meth:`load` then raises a ``ValueError`` naming the file and line
+    (rather than an unclear error where the page reads the record)."""
 
     @classmethod
     def keyed(
@@ -180,44 +193,132 @@ class RunStore:
             p for p in Path(self.out).glob(f"{_glob_escape(prefix)}*.jsonl") if _SHARD_FILE.fullmatch(p.name[len(self.name) :])
         )
 
-    def load(self) -> dict[RunKey, dict[str, Any]]:
-        """The records of this protocol by run key. A last line cut short by a killed write is skipped (with a
-        warning); a malformed line elsewhere is an error naming the file and line."""
-        done: dict[RunKey, dict[str, Any]] = {}
+    def _records(self) -> Iterator[tuple[Path, int, dict[str, Any]]]:
+        """Every record of every runs file as ``(file, line number, record)``; see :meth:`load` for damaged lines."""
         for path in self.files():
-            lines = path.read_text().splitlines()
+            lines = path.read_bytes().split(b"\n")
+            if lines and not lines[-1]:
+                lines.pop()  # the file ends with a newline, as a finished write leaves it
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
+                    record = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as error:
                     if number == len(lines):
-                        warnings.warn(f"{path}: skipping a last line cut short ({error})", stacklevel=2)
+                        warnings.warn(f"{path}: skipping a last line cut short or damaged ({error})", stacklevel=3)
                         continue
-                    raise ValueError(f"{path}, line {number}: not a JSON record ({error})") from error
-                key = self.key(record)
-                expected = self.protocol(key)
-                if expected is not None and record.get("protocol") == expected:
-                    done[key] = record
+                    raise ValueError(
+                        f"{path}, line {number}: not a JSON record ({error}); repair or delete that line (every other "
+                        "line is a finished run's record, read as it is)"
+                    ) from error
+                if not isinstance(record, dict):
+                    raise ValueError(
+                        f"{path}, line {number}: not a run's record (a JSON object was expected, got "
+                        f"{type(record).__name__}); repair or delete that line"
+                    )
+                yield path, number, record
+
+    def _key_of(self, path: Path, number: int, record: Mapping[str, Any]) -> RunKey | None:
+        """``key(record)`` (``None`` when the record lacks a field of the key); a key that cannot be one (e.g. a list
+        where a label belongs) is an error naming the file and line."""
+        try:
+            key = self.key(record)
+            hash(key)
+        except KeyError:
+            return None  # not a record of this store's layout: like another protocol's, ignored
+        except (TypeError, ValueError, IndexError) as error:
+            raise ValueError(
+                f"{path}, line {number}: the record's run key is not made of plain values ({type(error).__name__}: "
+                f"{error}); repair or delete that line"
+            ) from None
+        return key
+
+    def load(self) -> dict[RunKey, dict[str, Any]]:
+        """The records of this protocol by run key. A last line cut short by a killed write (or whose bytes are not
+        UTF-8 text) is skipped (with a warning); a malformed line elsewhere, a line that is not a JSON object, a run key
+        of other than plain values, or (with :attr:`check`) a record of this protocol missing what it must hold is an
+        error naming the file and line."""
+        done: dict[RunKey, dict[str, Any]] = {}
+        for path, number, record in self._records():
+            key = self._key_of(path, number, record)
+            if key is None:
+                continue
+            expected = self.protocol(key)
+            if expected is not None and record.get("protocol") == expected:
+                problem = self.check(record) if self.check is not None else None
+                if problem is not None:
+                    raise ValueError(f"{path}, line {number}: the record of run {key!r} is not usable: {problem}")
+                done[key] = record
         return done
+
+    def ignored(self) -> int:
+        """How many records the files hold that :meth:`load` does not count (another protocol's, or runs this store
+        does not know): what a page drawn from nothing usable says (:func:`nothing_saved`)."""
+        count = 0
+        for path, number, record in self._records():
+            key = self._key_of(path, number, record)
+            expected = None if key is None else self.protocol(key)
+            count += expected is None or record.get("protocol") != expected
+        return count
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Append one finished run's record as one line. A last line cut short by a killed write (no newline at the end
-        of the file) is removed first, so that it never ends up between two records. A ``readonly`` store writes
-        nothing."""
+        of the file) is removed first, so that it never ends up between two records. The file is locked meanwhile
+        (see the class). A ``readonly`` store writes nothing."""
         if self.readonly:
             return
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > 0:
-            data = path.read_bytes()
-            if not data.endswith(b"\n"):
-                with path.open("r+b") as handle:
+        line = (json.dumps(record) + "\n").encode()  # before the file is touched: a record JSON cannot hold fails here
+        with path.open("ab") as handle, _locked(handle):
+            size = os.fstat(handle.fileno()).st_size
+            if size > 0:
+                with path.open("rb") as reader:
+                    data = reader.read()
+                if not data.endswith(b"\n"):
                     handle.truncate(data.rfind(b"\n") + 1)
-        with path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(line)
             handle.flush()
+
+
+@contextlib.contextmanager
+def _locked(handle: Any) -> Iterator[None]:
+    """An exclusive ``flock`` on the open file ``handle`` for the duration (nothing where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX platform
+        yield
+        return
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def nothing_saved(store: RunStore, count: int, produce: str | None = None) -> ValueError:
+    """The error of a page to be drawn from saved runs only (``--no-train``) when ``store`` holds none of the
+    experiment's ``count`` runs: it names the folder and the experiment, says how many records there belong to another
+    protocol (e.g. trained with ``--quick`` or another ``--set``) and how to produce the runs (``produce``; default: the
+    ``varbnn reproduce`` command of ``store.name`` into ``store.out``)."""
+    if produce is None:
+        base = store.name.removesuffix("-quick")
+        quick = " --quick" if base != store.name else ""
+        produce = f"run the same command without --no-train, e.g. varbnn reproduce {base}{quick} --out {store.out}"
+    files = store.files()
+    ignored = store.ignored() if files else 0
+    found = (
+        f"its runs files there ({', '.join(p.name for p in files)}) hold {ignored} record(s) of another protocol "
+        "(trained with other settings, e.g. with or without --quick or another --set), which do not count"
+        if files
+        else f"there is no {store.name}_runs.jsonl (nor a shard of it) there"
+    )
+    return ValueError(
+        f"train=False (--no-train): none of this experiment's {count} runs is saved in {store.out}, so there is nothing "
+        f"to render: no finished runs of {store.name} were found there ({found}). Train them first ({produce}), or pass "
+        "the folder that holds its _runs.jsonl as out_dir (--out)"
+    )
 
 
 def _glob_escape(text: str) -> str:
@@ -255,6 +356,73 @@ def _run_in_worker(
     return key, run(key), describe_device(device) + " (worker process)"
 
 
+class RunsFailed(RuntimeError):
+    """Some runs of an experiment raised (or their worker process died): raised by :func:`execute` after every other
+    run has finished and been recorded (or, with ``fail_fast``, at once). ``failed``: each failed run's key and its
+    traceback (also printed to stderr when it failed); ``not_started``: the runs a ``fail_fast`` stop left out;
+    ``records``: every record the store holds (the runs found and the runs done now), as :func:`execute` returns them.
+    A rerun of the same command retries exactly the failed and the left-out runs (the finished ones are skipped)."""
+
+    def __init__(
+        self,
+        name: str,
+        failed: Mapping[RunKey, str],
+        records: Mapping[RunKey, dict[str, Any]],
+        not_started: Sequence[RunKey] = (),
+        path: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.failed = dict(failed)
+        self.records = dict(records)
+        self.not_started = list(not_started)
+        stopped = f"; stopped before {len(self.not_started)} other run(s) (fail_fast)" if self.not_started else ""
+        where = f" in {path}" if path is not None else ""
+        super().__init__(
+            f"{len(self.failed)} run(s) of {name} failed: {', '.join(repr(k) for k in self.failed)}{stopped} (each "
+            f"traceback was printed when it failed). The finished runs are saved{where}; rerunning the same command "
+            "runs only the failed and the left-out ones"
+        )
+
+
+_FAIL_FAST: contextvars.ContextVar[bool] = contextvars.ContextVar("varbnn_fail_fast", default=False)
+
+
+@contextlib.contextmanager
+def failure_policy(fail_fast: bool) -> Iterator[None]:
+    """Within the block, :func:`execute` calls that do not say otherwise (``fail_fast=None``) stop at the first failed
+    run (``True``) or let the other runs go on (``False``, the default outside any block). ``varbnn reproduce
+    --fail-fast`` runs its experiment in ``failure_policy(True)``: every experiment's runs go through :func:`execute`."""
+    if not isinstance(fail_fast, bool):
+        raise TypeError(f"fail_fast must be True or False, got {fail_fast!r}")
+    token = _FAIL_FAST.set(fail_fast)
+    try:
+        yield
+    finally:
+        _FAIL_FAST.reset(token)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued runs of ``pool`` and end its worker processes (the runs in progress: a resumable run keeps its
+    epoch checkpoint for the rerun). The pool's own thread cancels the queued runs (a future cancelled from here could
+    be failed again by it when the workers end, which Python 3.11 reports as an error in that thread)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+
+
+def _failure_text(error: BaseException) -> str:
+    """A failed run's traceback (a worker's, as the pool hands it back, included); a worker process that died says
+    so."""
+    if isinstance(error, BrokenProcessPool):
+        return (
+            f"{type(error).__name__}: {error}\n(a worker process died: killed by a signal or out of memory; every run "
+            "in progress in the pool was stopped with it)\n"
+        )
+    return "".join(traceback.format_exception(error))
+
+
 def execute(
     runs: Sequence[RunKey],
     run: Callable[[RunKey], dict[str, Any]],
@@ -264,9 +432,11 @@ def execute(
     workers: int = 1,
     commit: str | None = None,
     on_record: Callable[[RunKey, dict[str, Any]], None] | None = None,
+    fail_fast: bool | None = None,
+    redo: Collection[RunKey] = (),
 ) -> dict[RunKey, dict[str, Any]]:
-    """Run every run of ``runs`` that ``store`` does not hold yet and append its record as soon as it finishes; returns
-    every record of ``store`` (the runs found and the runs done now) by key.
+    """Run every run of ``runs`` that ``store`` does not hold yet (and those of ``redo`` even if it does) and append its
+    record as soon as it finishes; returns every record of ``store`` (the runs found and the runs done now) by key.
 
     ``run(key)`` trains and evaluates one run and returns its record; the engine adds ``protocol``, ``commit`` and
     ``device``. It must seed everything it draws from (each run is then independent of the order and of the process it
@@ -274,19 +444,32 @@ def execute(
     be picklable: a module-level function or a ``functools.partial`` of one); this process appends each record as it
     arrives, so a killed invocation keeps every finished run, and its workers end within a second of it (they watch
     their parent). ``on_record(key, record)`` is called after each append
-    (progress lines)."""
+    (progress lines).
+
+    A run that raises (or whose record cannot be written, or whose worker process dies) is reported on stderr at once,
+    with its key and traceback. With ``fail_fast`` False the other runs go on (each recorded as it finishes) and
+    :class:`RunsFailed` is raised at the end, naming the failed runs; with ``fail_fast`` True the queued runs are
+    cancelled and the worker processes ended at the first failure, then :class:`RunsFailed` is raised. ``None`` (the
+    default): the :func:`failure_policy` in force (``False`` outside any). Under ``torchrun`` (every rank trains every
+    run together) a failure is raised at once, as it is: the ranks cannot go on apart."""
     check_workers(workers, device)
+    fail_fast = _FAIL_FAST.get() if fail_fast is None else fail_fast
+    if not isinstance(fail_fast, bool):
+        raise TypeError(f"fail_fast must be True, False or None, got {fail_fast!r}")
     done = store.load()
-    pending = [key for key in runs if key not in done]
+    again = set(redo)
+    pending = [key for key in runs if key not in done or key in again]
     from varbnn import distributed as vdist
 
-    if vdist.is_distributed():  # every rank runs rank 0's list (the ranks must train the same runs in the same order)
+    distributed = vdist.is_distributed()
+    if distributed:  # every rank runs rank 0's list (the ranks must train the same runs in the same order)
         import torch.distributed as dist
 
         shared: list[Any] = [pending]
         dist.broadcast_object_list(shared, src=0)
         pending = [tuple(key) for key in shared[0]]
     commit = git_commit() if commit is None else commit
+    failed: dict[RunKey, str] = {}
 
     def save(key: RunKey, record: dict[str, Any], device_text: str) -> None:
         record.update(protocol=store.protocol(key), commit=commit, device=device_text)
@@ -295,15 +478,55 @@ def execute(
         if on_record is not None:
             on_record(key, record)
 
+    def fail(key: RunKey, error: BaseException) -> None:
+        failed[key] = text = _failure_text(error)
+        then = "stopping the others (fail_fast)" if fail_fast else "the other runs go on"
+        print(f"[{store.name}] run {key!r} failed ({then}):\n{text}", file=sys.stderr, end="", flush=True)
+
+    finished: set[RunKey] = set()
     if workers > 1 and len(pending) > 1:
         with worker_pool(min(workers, len(pending))) as pool:
-            futures = [pool.submit(_run_in_worker, run, key, device) for key in pending]
+            futures = {pool.submit(_run_in_worker, run, key, device): key for key in pending}
+            stopped = False
             for future in as_completed(futures):
-                save(*future.result())
+                key = futures[future]
+                if future.cancelled():
+                    continue
+                try:
+                    save(*future.result())
+                    finished.add(key)
+                except Exception as error:  # the run's own error, or its record's; a dead worker's BrokenProcessPool
+                    fail(key, error)
+                    finished.add(key)
+                    if fail_fast and not stopped:
+                        stopped = True
+                        _stop_pool(pool)
+                        break
+            if stopped:  # a run that finished while the pool was being stopped is still recorded
+                for future, key in futures.items():
+                    if key in finished or not future.done() or future.cancelled() or future.exception() is not None:
+                        continue
+                    try:
+                        save(*future.result())
+                    except Exception as error:  # its record could not be written
+                        fail(key, error)
+                    finished.add(key)
     else:
         text = describe_device(device)
         for key in pending:
-            save(key, run(key), text)
+            try:
+                save(key, run(key), text)
+            except Exception as error:
+                if distributed:
+                    raise
+                fail(key, error)
+                if fail_fast:
+                    finished.add(key)
+                    break
+            finished.add(key)
+    if failed:
+        left_out = [key for key in pending if key not in finished and key not in done]
+        raise RunsFailed(store.name, failed, done, left_out, None if store.readonly else store.path)
     return done
 
 
@@ -408,10 +631,7 @@ class Invocation:
                        on_record=on_record)  # fmt: skip
         keys = list(runs)
         if not train and keys and not any(key in done for key in keys):  # a page of NaNs otherwise
-            raise ValueError(
-                f"train=False (--no-train): none of this experiment's {len(keys)} runs is saved in {self.out}, so there "
-                "is nothing to render; pass the folder that holds its _runs.jsonl as out_dir (--out), or train the runs"
-            )
+            raise nothing_saved(store, len(keys))
         return done
 
     def writes(self, shard: tuple[int, int] | None = None) -> bool:

@@ -11,10 +11,12 @@ import io
 import json
 import math
 import os
+import pickle
 import shlex
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,12 +30,15 @@ from varbnn.convert import bayesianize
 from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
 from varbnn.experiments.engine import (
+    _FAIL_FAST,
+    RunsFailed,
     RunStore,
     describe_device,
     execute,
     expand,
     fingerprint,
     git_commit,
+    nothing_saved,
     processes,
     select_shard,
 )
@@ -179,6 +184,7 @@ def run_experiment(
     workers: int = 1,
     only: Sequence[str] | None = None,
     compile: bool | str = False,
+    fail_fast: bool | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate every variant of ``config`` for every seed (``only``: just the runs of these variant labels;
     the page still shows every run saved); write JSON, Markdown and figures to ``out_dir``
@@ -194,7 +200,17 @@ def run_experiment(
     its epoch checkpoint when ``config.resumable``); ``workers`` > 1 runs them in that many CPU processes, ``shard=(k,
     n)`` only every n-th from the k-th (into ``NAME_runs.shardK.jsonl``; nothing is rendered), ``train=False`` only
     renders the runs saved (a batch with one run to train runs in this process, and its ``prune_front`` points in the
-    ``workers`` processes). The first seed's run of each variant saves what the figures need next to the checkpoints.
+    ``workers`` processes; none saved at all is a ``ValueError`` naming the folder). The first seed's run of each
+    variant saves what the figures need next to the checkpoints, as plain tensors (the Bayesian model as its state
+    dict), read back with ``torch.load(weights_only=True)``: a file there that does not load so (written by an older
+    varbnn, which pickled the whole model, or not varbnn's) is never unpickled; a training call moves it aside
+    (``.refused``, with a warning) and redoes that run, a ``train=False`` call stops with a ``ValueError`` naming it.
+
+    A run that raises is reported at once (its key and traceback, on stderr); the other runs go on and a
+    :class:`~varbnn.experiments.engine.RunsFailed` naming the failed runs is raised at the end, before any page is
+    written (every finished run is saved). ``fail_fast=True`` stops at the first failure instead (the queued runs are
+    not started, the worker processes ended); ``None``: the engine's
+    :func:`~varbnn.experiments.engine.failure_policy` (``False`` by default).
 
     With ``distributed`` (launch with ``torchrun``; see :mod:`varbnn.distributed`) every process trains on its shard
     with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
@@ -222,20 +238,33 @@ def run_experiment(
     store = RunStore(
         Path(out_dir), config.name, key=lambda r: (r.get("variant"), r.get("seed")),
         protocol=lambda k: protocols[k[0]] if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
+        check=_check_record,
     )  # fmt: skip
     run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress, compile=compile)
     if train:
         pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
         post_hoc = {v.label for v in config.variants if v.family in POST_HOC or v.convert_epochs}
         saved = store.load()
+        redo = _refused_figure_data(config, out_dir, saved, pending) if vdist.is_main_process() else set()
+        failed: dict[tuple[Any, ...], str] = {}
         # seed by seed (a partial run still compares every variant), the post-hoc baselines and the converted networks
         # after the plain run whose training they reuse
         for batch in _batches(pending, config.seeds, post_hoc, workers):
             # a batch of one run to train runs in this process: the idle workers take its front points
-            alone = len([k for k in batch if k not in saved]) == 1 and not distributed
-            execute(batch, functools.partial(run, workers=workers if alone else 1), store, device=dev,
-                    workers=workers, commit=commit)  # fmt: skip
+            alone = len([k for k in batch if k not in saved or k in redo]) == 1 and not distributed
+            try:
+                execute(batch, functools.partial(run, workers=workers if alone else 1), store, device=dev,
+                        workers=workers, commit=commit, fail_fast=fail_fast, redo=redo)  # fmt: skip
+            except RunsFailed as error:
+                failed.update(error.failed)
+                if _FAIL_FAST.get() if fail_fast is None else fail_fast:  # nothing more starts
+                    left = [k for k in pending if k not in failed and k not in error.records]
+                    raise RunsFailed(config.name, failed, error.records, left, store.path) from None
+        if failed:
+            raise RunsFailed(config.name, failed, store.load(), (), None if store.readonly else store.path)
     done = store.load()
+    if not train and not any(k in done for k in runs):  # an empty page (or a plotting library's error) otherwise
+        raise nothing_saved(store, len(runs))
     if shard is not None:
         return {"name": config.name, "rows": [], "figures": [], "written": False, "runs_file": str(store.path)}
     rows: list[dict[str, Any]] = []
@@ -259,10 +288,11 @@ def run_experiment(
                 traces.setdefault(variant.label, []).append(record["traces"])
         path = _figure_data_path(config, out_dir, variant, config.seeds[0])
         if (variant.label, config.seeds[0]) in done and path.exists() and vdist.is_main_process():
-            figure_data = torch.load(path, map_location="cpu", weights_only=False)
+            figure_data = _load_figure_data(path, variant)
             label = figure_data["label"]
             first_seed_predictions[label] = figure_data["predictions"]
-            first_seed_models[label] = figure_data["model"]
+            if figure_data["model_state"] is not None:
+                first_seed_models[label] = _rebuild_model(config, variant, figure_data["model_state"], path)
             if "entropies" in figure_data:
                 first_seed_entropies[label] = figure_data["entropies"]
             if "validation_cuts" in figure_data:
@@ -422,6 +452,96 @@ def _figure_data_path(config: ExperimentConfig, out_dir: str | os.PathLike[str],
     return Path(out_dir) / ".checkpoints" / f"{config.name}-{_protocol(config, variant)}" / f"{slug}-seed{seed}.figures"
 
 
+_FIGURE_FORMAT = "varbnn-figure-data-2"
+"""The ``format`` entry of a figure-data file: plain tensors, numbers, strings, tuples and dicts only (the Bayesian
+model as its state dict), so that it loads with ``torch.load(weights_only=True)``."""
+
+
+def _model_state(model: torch.nn.Module) -> dict[str, Any] | None:
+    """What the figures need of a trained model: its state dict on the CPU when it has Bayesian layers (the figures
+    draw those only), else ``None``."""
+    if not any(isinstance(m, BayesianModule) for m in model.modules()):
+        return None
+    state = model.state_dict()
+    return {name: value.detach().cpu() if isinstance(value, torch.Tensor) else value for name, value in state.items()}
+
+
+def _load_figure_data(path: Path, variant: Variant) -> dict[str, Any]:
+    """The figure data at ``path`` (:func:`_figure_data_path`), loaded with ``torch.load(weights_only=True)``: nothing
+    in it is run. A file that does not load so, or is not of :data:`_FIGURE_FORMAT`, is a ``ValueError`` naming it."""
+    from varbnn.train import _reason
+
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        reason = "it holds Python objects other than plain data (tensors, numbers, strings, lists, dicts): not unpickled"
+    except Exception as error:  # noqa: BLE001 -- a damaged archive: RuntimeError, EOFError, OSError, ...
+        reason = f"it is not a readable torch file ({_reason(error)})"
+    else:
+        if isinstance(data, dict) and data.get("format") == _FIGURE_FORMAT and "label" in data and "predictions" in data:
+            data.setdefault("model_state", None)
+            return data
+        reason = f"it is not figure data of format {_FIGURE_FORMAT!r}"
+    raise ValueError(
+        f"{path}: the figure data of {variant.label!r}'s first seed cannot be used: {reason}. It was written by an older "
+        "varbnn (which pickled the whole model) or it is not varbnn's file. Rerun the command without --no-train (that "
+        "run is redone and the file written again), or delete the file (the page is then drawn without that variant's "
+        "figures)"
+    )
+
+
+def _rebuild_model(config: ExperimentConfig, variant: Variant, state: Mapping[str, Any], path: Path) -> torch.nn.Module:
+    """``variant``'s model (:func:`build_model`) holding the saved ``state`` of the figure-data file ``path``."""
+    model = build_model(config, variant)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path}: the saved model of {variant.label!r} does not fit the config's model ({str(error).splitlines()[0]}); "
+            "delete the file and rerun the command without --no-train"
+        ) from None
+    return model
+
+
+def _refused_figure_data(
+    config: ExperimentConfig, out_dir: str | os.PathLike[str], saved: Mapping[tuple[Any, ...], Any], pending: Sequence[Any]
+) -> set[tuple[Any, ...]]:
+    """The finished first-seed runs of ``pending`` whose figure-data file cannot be used (:func:`_load_figure_data`):
+    each file is moved aside (``.refused``, with a warning) and its run is redone, which writes it again."""
+    redo: set[tuple[Any, ...]] = set()
+    for variant in config.variants:
+        key = (variant.label, config.seeds[0])
+        path = _figure_data_path(config, out_dir, variant, config.seeds[0])
+        if key not in saved or key not in pending or not path.exists():
+            continue
+        try:
+            _load_figure_data(path, variant)
+        except ValueError as error:
+            aside = path.with_name(path.name + ".refused")
+            os.replace(path, aside)
+            warnings.warn(f"{str(error).split('. It was')[0]}; moved to {aside.name}, redoing run {key!r} to write it again",
+                          UserWarning, stacklevel=3)  # fmt: skip
+            redo.add(key)
+    return redo
+
+
+def _check_record(record: Mapping[str, Any]) -> str | None:
+    """What the page needs of a run's record (:class:`~varbnn.experiments.engine.RunStore`'s ``check``): ``scores`` a
+    list of ``[label, {name: number or text}]`` pairs, ``traces`` a list or null; ``None`` when it holds them."""
+    scores = record.get("scores")
+    if not isinstance(scores, list) or not scores:
+        return "'scores' must be a non-empty list of [label, scores] pairs"
+    for entry in scores:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict)):
+            return f"'scores' entry {entry!r:.80} is not a [label, {{name: value}}] pair"
+        for name, value in entry[1].items():
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                return f"score {name!r} of {entry[0]!r} is {value!r:.40}, not a number or text"
+    if record.get("traces") is not None and not isinstance(record["traces"], list):
+        return "'traces' must be a list or null"
+    return None
+
+
 def _run_seed(
     config: ExperimentConfig,
     data_dir: str | None,
@@ -532,7 +652,7 @@ def _run_seed(
                             scores[f"{name}@{int(record['step'])}"] = record[name]
         scored.append((label, scores))
         if seed == config.seeds[0] and which == "":
-            figure_data.update(label=label, predictions=(probs, y_test), model=model)
+            figure_data.update(format=_FIGURE_FORMAT, label=label, predictions=(probs, y_test), model_state=_model_state(model))
         if progress:
             summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
             print(f"[{config.name}] {label} seed {seed}: {summary}", file=sys.stderr)
