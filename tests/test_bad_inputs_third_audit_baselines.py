@@ -216,6 +216,12 @@ ROWS = [
         match=r"member 1 is \(or holds\) a DeepEnsemble",
     ),
     BadInput(
+        "MC dropout around an ensemble",
+        lambda: MCDropout(DeepEnsemble([_dropout_net(), _dropout_net()])),
+        raises=ValueError,
+        match=r"MCDropout: model holds a DeepEnsemble.*DeepEnsemble\(\[MCDropout\(m\) for m in members\]\)",
+    ),
+    BadInput(
         "predict of a list",
         lambda: predict(_mlp(), [[0.0] * 4]),
         raises=TypeError,

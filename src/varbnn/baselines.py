@@ -61,8 +61,9 @@ class MCDropout(nn.Module):
     running statistics in eval mode, which :func:`varbnn.predict` selects).
 
     Raises ``ValueError`` if ``model`` has no dropout module (``nn.Dropout``, ``Dropout1d/2d/3d``, ``AlphaDropout``,
-    ``FeatureAlphaDropout``): its draws would all be equal. Dropout applied functionally (``F.dropout`` in a custom
-    ``forward``) is not seen and not switched on.
+    ``FeatureAlphaDropout``): its draws would all be equal; and if ``model`` holds a :class:`DeepEnsemble` (wrap
+    each member instead: ``DeepEnsemble([MCDropout(m) for m in members])``). Dropout applied functionally
+    (``F.dropout`` in a custom ``forward``) is not seen and not switched on.
 
     :param model: a network containing dropout layers (see :func:`add_dropout` to insert them).
     """
@@ -77,6 +78,11 @@ class MCDropout(nn.Module):
             raise ValueError(
                 "MCDropout: model has no dropout layer (nn.Dropout, Dropout1d/2d/3d, AlphaDropout, "
                 "FeatureAlphaDropout), so its draws would all be equal; insert them with add_dropout"
+            )
+        if any(isinstance(module, DeepEnsemble) for module in model.modules()):
+            raise ValueError(
+                "MCDropout: model holds a DeepEnsemble, whose forward is its members' mean (the mixture would collapse "
+                "to one network); wrap each member instead: DeepEnsemble([MCDropout(m) for m in members])"
             )
         self.model = model
         self._dropout_on()
@@ -106,7 +112,9 @@ class DeepEnsemble(nn.Module):
     networks ...), ``predict`` returns exactly ``S`` draws, grouped by member: member ``m`` gives ``S // M`` of them,
     plus one for each of the first ``S % M`` members (so an ``S`` that is a multiple of ``M`` weights the members
     exactly equally; others by at most one draw apart). ``S < M`` is a ``ValueError`` (a member would be left out).
-    A deterministic member in such an ensemble runs once and its output is repeated.
+    A deterministic member in such an ensemble runs once and its output is repeated. Each stochastic member's draws
+    run as :func:`varbnn.predict`'s default would (batched unless it has Bayesian convolutions on the CPU), all at
+    once: ``predict``'s ``chunk_size`` and ``vectorize`` do not reach them (its ``batch_size`` caps the memory).
 
     A member that is or holds a ``DeepEnsemble`` is a ``ValueError`` (pass the inner members flat).
 
