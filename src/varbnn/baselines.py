@@ -2,7 +2,8 @@
 
 * :class:`MCDropout` (Gal & Ghahramani 2016): dropout stays on at prediction; each forward pass is one draw.
 * :class:`DeepEnsemble` (Lakshminarayanan et al. 2017): independently trained plain networks; the members are the
-  draws (the predictive is their uniform mixture). :func:`train_ensemble` trains one with :func:`varbnn.train.fit`.
+  draws (the predictive is their uniform mixture; members that sample themselves, e.g. Bayesian networks, share the
+  draws asked for). :func:`train_ensemble` trains one with :func:`varbnn.train.fit`, a checkpoint file per member.
 * Temperature scaling lives in :mod:`varbnn.calibration`.
 * Last-layer Laplace lives in :mod:`varbnn.laplace` (KFAC, prior precision by marginal likelihood).
 
