@@ -8,9 +8,13 @@ the function :func:`predict`; this module is ``import varbnn.predict``'s ``sys.m
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import vmap
@@ -28,7 +32,7 @@ __all__ = [
 @torch.no_grad()
 def predict(
     model: nn.Module,
-    x: torch.Tensor,
+    x: torch.Tensor | np.ndarray,
     samples: int = 16,
     *,
     chunk_size: int | None = None,
@@ -54,13 +58,22 @@ def predict(
     untouched), so results are reproducible, and with estimators that draw whole weights (``reparam``) draw ``s``
     is the same network on every batch. The batched draws depend on ``chunk_size`` (a different chunking gives
     different, equally distributed draws), and the loop's differ from the batched ones for the same seed.
-    The model's ``training`` flag is left as it is.
+
+    The model runs in ``eval()`` mode for the call (batch norm uses its running statistics and never updates them,
+    plain dropout is off), and every submodule's ``training`` flag is restored afterwards, as it was. Bayesian layers
+    sample in either mode; to sample dropout, wrap the network in :class:`varbnn.baselines.MCDropout`, whose dropout
+    layers keep sampling in eval mode.
 
     A model that defines ``predictive_draws(x, samples)`` supplies its own draws (:class:`varbnn.baselines.DeepEnsemble`:
-    one per member, whatever ``samples``).
+    its members' draws, see there; :class:`varbnn.laplace.LastLayerLaplace`).
+
+    ``x`` is a ``torch.Tensor`` (used as it is: its dtype must be the one the model computes in, e.g. ``float16``
+    inputs for a ``model.half()``) or a ``numpy.ndarray``, converted to a tensor on the model's device, a floating
+    array in the dtype of the model's floating parameters (``float32`` for a network of the default dtype; integer
+    arrays, e.g. token ids, keep their dtype). Anything else is a ``TypeError``.
 
     :param model: the network; a Bayesian layer draws fresh weights on every call (:mod:`varbnn.nn.base`).
-    :param x: inputs ``[N, ...]`` (finite).
+    :param x: inputs ``[N, ...]`` (finite), a tensor or a NumPy array.
     :param samples: the number of draws S, an int >= 1 (default 16).
     :param chunk_size: draws batched at once (default ``None``: all).
     :param batch_size: examples per pass (default ``None``: all).
@@ -69,6 +82,7 @@ def predict(
         loop (False); default ``None``: :func:`vectorized_by_default`.
     :returns: the stacked outputs ``[S, N, ...]`` (logits for a classifier), without gradients.
     """
+    x = _as_input(model, x)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
     for name, value in (("chunk_size", chunk_size), ("batch_size", batch_size)):
@@ -87,16 +101,99 @@ def predict(
         vectorize = vectorized_by_default(model, x)
     step = batch_size or max(int(x.shape[0]), 1)
     outputs = []
-    for start in range(0, max(int(x.shape[0]), 1), step):
-        xb = x[start : start + step]
-        if seed is None:
-            outputs.append(_draws(model, xb, samples, chunk_size, vectorize))
-            continue
-        devices = [x.device] if x.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            outputs.append(_draws(model, xb, samples, chunk_size, vectorize))
+    with _prediction_mode(model):
+        for start in range(0, max(int(x.shape[0]), 1), step):
+            xb = x[start : start + step]
+            if seed is None:
+                outputs.append(_checked_draws(model, xb, samples, chunk_size, vectorize))
+                continue
+            devices = [x.device] if x.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                outputs.append(_checked_draws(model, xb, samples, chunk_size, vectorize))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+@contextlib.contextmanager
+def _prediction_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Context manager: ``model.eval()`` inside the block (batch norm reads its running statistics and leaves them
+    alone, plain dropout is off; :class:`varbnn.baselines.MCDropout` keeps its dropout sampling), then every
+    submodule's ``training`` flag set back to what it was, one by one (a model mixing train- and eval-mode parts
+    gets the same mix back). :func:`predict` runs its passes inside it."""
+    previous = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, mode in previous:
+            module.training = mode
+
+
+def _floating_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first floating parameter (else buffer), None when it has neither."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
+
+
+def _as_input(model: nn.Module, x: Any) -> torch.Tensor:
+    """``x`` as :func:`predict` takes it: a tensor as it is; a NumPy array converted (floating arrays to the model's
+    floating dtype, all to its device)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+            raise TypeError(f"predict: x must be a numeric numpy.ndarray, got one of dtype {x.dtype}")
+        tensor = torch.from_numpy(np.ascontiguousarray(x))
+        dtype = _floating_dtype(model) or torch.get_default_dtype()
+        device = _model_device(model)
+        return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
+    raise TypeError(
+        f"predict: x must be a torch.Tensor or a numpy.ndarray (converted to the model's dtype and device), got "
+        f"{type(x).__module__}.{type(x).__qualname__}"
+    )
+
+
+def _checked_draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: int | None, vectorize: bool) -> torch.Tensor:
+    """:func:`_draws`, with a dtype mismatch between ``x`` and the model's parameters named (torch's own message
+    names neither)."""
+    try:
+        return _draws(model, x, samples, chunk_size, vectorize)
+    except RuntimeError as error:
+        dtype = _floating_dtype(model)
+        if x.is_floating_point() and dtype is not None and x.dtype != dtype and "type" in str(error):
+            raise TypeError(
+                f"predict: x has dtype {x.dtype} but the model's parameters are {dtype}; predict does not cast "
+                f"tensors: pass x.to({dtype}) (or a NumPy array, which is converted)"
+            ) from error
+        raise
+
+
+def _is_stochastic(model: nn.Module) -> bool:
+    """Whether two prediction passes of ``model`` can differ: it holds a Bayesian layer in ``sample_mode="sample"``
+    (:class:`varbnn.nn.base.BayesianModule`), a :class:`varbnn.baselines.MCDropout`, or a module with a
+    ``predictive_draws`` hook of its own (e.g. :class:`varbnn.laplace.LastLayerLaplace`; wrappers that only pass
+    their inner model's draws on, :class:`~varbnn.baselines.DeepEnsemble` and
+    :class:`~varbnn.calibration.TemperatureScaled`, count by what they wrap). Randomness a custom module draws in
+    its own ``forward`` is not seen."""
+    from varbnn.nn.base import BayesianModule
+
+    for module in model.modules():
+        if isinstance(module, BayesianModule):
+            if module.sample_mode == "sample":
+                return True
+        elif getattr(module, "_varbnn_samples_at_prediction", False):
+            return True
+        elif not getattr(module, "_varbnn_delegates_draws", False) and callable(getattr(module, "predictive_draws", None)):
+            return True
+    return False
 
 
 def vectorized_by_default(model: nn.Module, x: torch.Tensor) -> bool:
@@ -194,17 +291,52 @@ class RegressionSummary:
 
 
 def regression_summary(means: torch.Tensor, noise_variance: float | torch.Tensor) -> RegressionSummary:
-    """The :class:`RegressionSummary` of ``means``, ``[samples, batch, ...]`` predicted means, under a Gaussian
-    likelihood of variance ``noise_variance`` (a number, or a tensor broadcastable to ``means`` for heteroscedastic
-    models, averaged over the samples): mean ``mean_s f_s``, aleatoric variance the noise, epistemic variance
-    ``var_s f_s`` (population variance over the draws). A noise tensor with as many dimensions as ``means`` is read
-    per draw (its first dimension over the draws, e.g. ``[S, N]``); one with fewer, per example (``[N]``): give a
-    per-example noise of ``[N, 1]`` with means ``[S, N, 1]``, not ``[S, N]``."""
+    """The :class:`RegressionSummary` of ``means``, ``[S, N, *D]`` predicted means (S draws of N examples, as returned
+    by :func:`predict`), under a Gaussian likelihood of variance ``noise_variance``: mean ``mean_s f_s``, aleatoric
+    variance the noise (averaged over the draws when given per draw), epistemic variance ``var_s f_s`` (population
+    variance over the draws).
+
+    The shape of ``noise_variance`` says how it is read, by its number of dimensions alone (never by its sizes, so
+    ``N == S`` cannot be misread):
+
+    * a number, or a tensor of one element: the same noise everywhere;
+    * ``means.dim() - 2`` dimensions (means with output dimensions ``D`` only), ``[*D']``: per output, the same for
+      every example, ``D'`` broadcastable to ``D`` (e.g. ``[D]`` with means ``[S, N, D]``);
+    * ``means.dim() - 1`` dimensions, ``[N, *D']``: per example, ``N`` exactly, ``D'`` broadcastable to ``D``
+      (e.g. ``[N]`` with means ``[S, N]``; ``[N, 1]`` or ``[N, D]`` with means ``[S, N, D]``);
+    * ``means.dim()`` dimensions, ``[S, N, *D']``: per draw (a heteroscedastic model's predicted variances), ``S``
+      and ``N`` exactly, ``D'`` broadcastable to ``D``.
+
+    Any other shape is a ``ValueError`` naming the shapes accepted: e.g. ``[N, 1]`` with means ``[S, N]`` (give
+    ``[N]``, or means ``[S, N, 1]``)."""
     if means.dim() < 2:
         raise ValueError(f"means must be [samples, batch, ...], got shape {tuple(means.shape)}")
     _check_outputs(means, "means")
     noise = torch.as_tensor(noise_variance, dtype=means.dtype, device=means.device)
     if (noise < 0).any() or not math.isfinite(float(noise.sum())):
         raise ValueError("noise_variance must be finite and >= 0")
-    aleatoric = noise.expand_as(means).mean(0) if noise.dim() == means.dim() else noise.expand_as(means[0])
+    samples, examples, event = means.shape[0], means.shape[1], tuple(means.shape[2:])
+
+    def fits(shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(event) and all(a in (1, b) for a, b in zip(shape, event))
+
+    shape = tuple(noise.shape)
+    if noise.numel() == 1:
+        aleatoric = noise.reshape(()).expand_as(means[0])
+    elif event and fits(shape):
+        aleatoric = noise.expand_as(means[0])
+    elif len(shape) == means.dim() - 1 and shape[0] == examples and fits(shape[1:]):
+        aleatoric = noise.expand_as(means[0])
+    elif len(shape) == means.dim() and shape[:2] == (samples, examples) and fits(shape[2:]):
+        aleatoric = noise.expand_as(means).mean(0)
+    else:
+        d = "".join(f", {n}" for n in event)
+        star = ", *D" if event else ""
+        per_output = f"a per-output tensor [*D] = [{d[2:]}], " if event else ""
+        raise ValueError(
+            f"noise_variance of shape {shape} fits neither reading for means of shape {tuple(means.shape)} "
+            f"[S, N{star}]: give a number, {per_output}a per-example tensor [N{star}] = [{examples}{d}] or a per-draw "
+            f"tensor [S, N{star}] = [{samples}, {examples}{d}] (trailing sizes may be 1); the reading goes by the "
+            "number of dimensions, so a per-example [N, 1] needs means [S, N, 1]"
+        )
     return RegressionSummary(means.mean(0), aleatoric, means.var(0, unbiased=False))
