@@ -381,7 +381,7 @@ class ConversionReport:
         ]
         lines += _table(("name", "type", "parameters", "reason"), rows) if rows else ["  (none)"]
         if self.shared:
-            lines.append("shared (one module object at several places; one posterior, one KL term):")
+            lines.append("shared (one module object at several places; a Bayesian one has one posterior, one KL term):")
             lines += [f"  {row.name or '(model)'} also at {', '.join(row.also_at)}" for row in self.shared]
         return "\n".join(lines)
 
@@ -390,7 +390,7 @@ def _shared_text(rows: Sequence[ConvertedModule | DeterministicModule]) -> str:
     if not rows:
         return ""
     shown = "; ".join(f"{row.name or '(model)'!r} also at {', '.join(map(repr, row.also_at))}" for row in rows[:3])
-    return f"; shared module{'s' if len(rows) > 1 else ''} (one object, one posterior): {shown}" + (
+    return f"; shared module{'s' if len(rows) > 1 else ''} (one object at several places): {shown}" + (
         ", ..." if len(rows) > 3 else ""
     )
 
