@@ -8,7 +8,7 @@ guards on the patched globals and would recompile); the parent lets them take tu
 per-round ratios.
 
 Two processes of the same code can differ for a whole run: in A/A runs (``--variants current,current-again``, three
-processes each, ``ab_meanfield_a_a.md``) the compiled MeanField-reparam step's six processes had median steps of
+processes each, ``studies/ab_meanfield_a_a.md``) the compiled MeanField-reparam step's six processes had median steps of
 6.63-7.60 ms under glibc's default allocator, and 7.45-7.77 ms with ``+glibc-keep-heap`` (``_glibc_keep_heap.md``).
 ``--processes K`` runs K processes per variant (pairs taking turns) and reports how far each
 variant's own processes differ; read a ratio inside that spread as no difference.
@@ -21,7 +21,8 @@ Variants (``VARIANTS``): ``current`` (the code as it is) and the alternatives th
 alternative form of one change; ``a+b`` applies both (e.g. ``current+glibc-keep-heap``: glibc's default allocator
 decides per process, from the sizes it has freed so far, which buffers get their own mappings, so a change that
 alters a step's allocations can meet a different allocator state in each process). Writes
-``benchmarks/results/step-time/ab_<name>.json`` / ``.md``.
+``benchmarks/results/step-time/studies/ab_<name>.json`` / ``.md`` (the step-time studies, indexed by that
+folder's README.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-OUT = ROOT / "benchmarks" / "results" / "step-time"
+OUT = ROOT / "benchmarks" / "results" / "step-time" / "studies"
 
 
 def _plain_outer() -> None:
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="processes per variant (default 1): two processes of the same code can differ by several "
                              "percent for the whole run (e.g. glibc's allocator state), which more processes average out")
     parser.add_argument("--name", default=None, help="the result file's name: ab_NAME (default: from the variants)")
-    parser.add_argument("--out", default=str(OUT), help="the results folder (default: benchmarks/results/step-time)")
+    parser.add_argument("--out", default=str(OUT), help="the results folder (default: benchmarks/results/step-time/studies)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:

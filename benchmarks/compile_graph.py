@@ -1,9 +1,10 @@
 """What ``fit(compile=True)``'s traced step consists of: the operations torch.compile captures in one training step's
 graph, per family, counted by the varbnn function that issued them (the innermost ``varbnn`` frame of each node's
 stack trace). A graph's size drives the compile time (tracing, autograd's joint graph, inductor's code generation and
-the C++ compilation of its kernels: ``compile_time.md``); the step's run time depends on the fused kernels, not on this.
+the C++ compilation of its kernels: ``step-time/compile_time.md``); the step's run time depends on the fused kernels, not on this.
 
-Usage: python benchmarks/compile_graph.py [--model mlp] [--only SUBSTRING,...] [--top 6] [--out benchmarks/results/step-time]
+Usage: python benchmarks/compile_graph.py [--model mlp] [--only SUBSTRING,...] [--top 6]
+       [--out benchmarks/results/step-time/studies]
 
 Captured with a counting backend (no code generation: seconds per family), on the CPU, where the weight noise of a
 compiled step comes from :mod:`varbnn.philox` (``draws="counter"``), batch 2. Writes OUT/compile_graph[_MODEL].json
@@ -71,7 +72,7 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
     parser.add_argument("--only", default="", help="comma-separated substrings of the family names to keep")
     parser.add_argument("--top", type=int, default=6, help="functions listed per family (default 6)")
-    parser.add_argument("--out", default="benchmarks/results/step-time")
+    parser.add_argument("--out", default="benchmarks/results/step-time/studies")
     args = parser.parse_args()
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     families = [f for f in FAMILIES if not wanted or any(w in f for w in wanted)]

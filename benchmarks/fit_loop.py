@@ -9,7 +9,7 @@ MNIST-shaped data, batch 100): the bare step, ``fit`` as it runs, and ``fit`` wi
 ones turned off), each the median over epochs after the first (which includes compilation) of the time per step.
 
 Usage: python benchmarks/fit_loop.py [--device cuda] [--compile] [--epochs 4] [--steps 60] [--families
-       MeanField,RadialDirectional] [--out benchmarks/results/step-time]
+       MeanField,RadialDirectional] [--out benchmarks/results/step-time/studies]
 Writes OUT/fit_loop_<device>[_compiled].json and .md.
 """
 
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="steps per epoch (batches of 100)")
     parser.add_argument("--families", default="MeanField,RadialDirectional")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=str(results_dir("step-time")))
+    parser.add_argument("--out", default=str(results_dir("step-time") / "studies"))
     args = parser.parse_args()
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))

@@ -21,7 +21,7 @@ the MNIST MLP), per step, with the device synchronised around each variant's pas
 
     python benchmarks/ktied_gemms.py [--model resnet18] [--device cpu] [--threads 2] [--repeats 20]
 
-Writes OUT/ktied_gemms[_MODEL][_DEVICE].json and .md (``--out``, default benchmarks/results/step-time).
+Writes OUT/ktied_gemms[_MODEL][_DEVICE].json and .md (``--out``, default benchmarks/results/step-time/studies).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", default="benchmarks/results/step-time")
+    parser.add_argument("--out", default="benchmarks/results/step-time/studies")
     args = parser.parse_args()
     if args.repeats < 1 or args.threads < 1:
         parser.error(f"--repeats and --threads must be >= 1, got {args.repeats} and {args.threads}")

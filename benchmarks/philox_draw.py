@@ -13,7 +13,7 @@ Median of ``--repeats`` x ``--steps`` calls after a warm-up.
 
     .venv/bin/python benchmarks/philox_draw.py [--threads 2] [--steps 200] [--repeats 5]
 
-Writes ``benchmarks/results/step-time/philox_draw.json`` / ``.md``.
+Writes ``benchmarks/results/step-time/studies/philox_draw.json`` / ``.md``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ lever a parameterisation change would pull. Median of ``--repeats`` x ``--steps`
 
     .venv/bin/python benchmarks/sigma_param.py [--threads 2] [--steps 200] [--repeats 3]
 
-Writes ``benchmarks/results/step-time/sigma_param.json`` / ``.md``.
+Writes ``benchmarks/results/step-time/studies/sigma_param.json`` / ``.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-OUT = ROOT / "benchmarks" / "results" / "step-time"
+OUT = ROOT / "benchmarks" / "results" / "step-time" / "studies"
 SHAPES = ((400, 784), (400,), (400, 400), (400,), (10, 400), (10,))  # the MNIST MLP 784-400-400-10
 
 

@@ -15,7 +15,7 @@ scripts/install_peers.sh``), in the same process and on the same model. ``--comp
 ``fit(compile=True)``'s step for the deterministic network and every family that compiles (their warm-up steps include
 the compilation). ``--processes K`` runs every candidate in K processes of its own, all taking turns, instead of all
 candidates in one process: two processes of the same code can differ by several percent for a whole run
-(``ab_meanfield_a_a.md``), and the machine changes speed within a run (``history/step_time_processes_acc6ebf.md``:
+(``studies/ab_meanfield_a_a.md``), and the machine changes speed within a run (``history/step_time_processes_acc6ebf.md``:
 deterministic steps of about 2.3 and 4.1 ms in one run). Its table adds per-round ratios (two candidates compared within each
 round) to the deterministic step, the fastest peer and the family's own floor, and how far each candidate's processes
 differ (files get a ``_processes`` suffix).
@@ -448,7 +448,7 @@ def main() -> None:
         "--processes", type=int, default=0, metavar="K",
         help="run each candidate in K processes of its own, all taking turns (a shuffled order each round), instead of "
         "all in this one (default 0: one process); files get a _processes suffix. Processes of the same code differ "
-        "by up to 1.15x under glibc's default allocator (ab_meanfield_a_a.md): more of them average that out",
+        "by up to 1.15x under glibc's default allocator (studies/ab_meanfield_a_a.md): more of them average that out",
     )  # fmt: skip
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(results_dir("step-time")))

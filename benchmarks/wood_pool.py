@@ -17,7 +17,7 @@ Both give i.i.d. draws of the same distribution (tests/test_vmf.py). Median of `
 
     .venv/bin/python benchmarks/wood_pool.py [--threads 2] [--steps 200] [--repeats 5]
 
-Writes ``benchmarks/results/step-time/wood_pool.json`` / ``.md``.
+Writes ``benchmarks/results/step-time/studies/wood_pool.json`` / ``.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from sigma_param import provenance, timing_args, write_result  # type: ignore[im
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-OUT = ROOT / "benchmarks" / "results" / "step-time"
+OUT = ROOT / "benchmarks" / "results" / "step-time" / "studies"
 # (groups, dim) of the MNIST MLP's weights: rows (out, in), then columns (in, out)
 SAMPLERS = ((400, 784), (400, 400), (10, 400), (784, 400), (400, 400), (400, 10))
 

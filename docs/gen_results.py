@@ -2,8 +2,9 @@
 
 One page per experiment folder (``results/<folder>.md``): a header with the paper, its claim, varbnn's number and
 whether it reproduces (the human-written part, :data:`CLAIMS` below), the command, commit, device and seconds read from
-the folder's JSON files, then the folder's committed Markdown page(s), its variants (sub-folders), its ``history/``
-and links to every file of the folder (copied next to the page). ``results/index.md`` is the one-table summary, one row
+the folder's JSON files, then the folder's committed Markdown page(s), its variants (sub-folders), its ``studies/``
+(A/B runs and profiles behind the tables, indexed by ``studies/README.md``), its ``history/`` and links to every file
+of the folder (copied next to the page). ``results/index.md`` is the one-table summary, one row
 per seed experiment; ``results/journal.md`` renders ``benchmarks/results/README.md``, the experiment journal.
 
 :data:`CLAIMS` is the one reviewed place for claims and verdicts. Every number in a claim's text must appear in one of
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 SITE = "results"  # the pages' folder in the site
 JOURNAL = "journal.md"
+STUDIES = "studies"  # an experiment folder's A/B and profiling pages, beside its tables; never a variant
 
 PAPERS: dict[str, str] = {
     "graves": "Graves (2011), Practical Variational Inference for Neural Networks",
@@ -531,7 +533,7 @@ CLAIMS: tuple[Claim, ...] = (
         "RDP row 2.65x, double 3.94x; torchbnn 2.76x, bayesian-torch 3.66x; floors 1.59x / 1.89x. Interleaved A/B "
         "against torch's generator's draws: compiled MeanField reparam 0.849, local 0.962, flipout 0.750, KTied "
         "0.600, Radial 0.709, RDP row 1.020; the MLP's draw alone 0.62 ms against torch.randn's 1.66 ms "
-        "(philox_draw.md). Code e5111d1 (ten interleaved rounds; deterministic 3.91 ms, a phase with slow "
+        "(studies/philox_draw.md). Code e5111d1 (ten interleaved rounds; deterministic 3.91 ms, a phase with slow "
         "matrix products): compiled MeanField reparam 2.28x, local 2.45x, KTied 2.19x / 2.46x, Radial 2.32x, RDP row "
         "2.49x, double 4.28x; torchbnn 2.77x, bayesian-torch 3.47x; floors 1.54x / 1.93x. Interleaved A/B "
         "(benchmarks/ab_step.py): compiled KTied 0.920 with its sigma shared by the forward pass and the KL, 0.980 "
@@ -597,7 +599,7 @@ CLAIMS: tuple[Claim, ...] = (
         "repeat minutes later (a slower deterministic step, 4.03 ms against 2.39) 2.68x and 5.90x: the row's target is "
         "met in both, within the ratio's run-to-run spread (3.68x and 3.81x before), double's in neither; compiled "
         "MeanField reparam is 1.52x and 1.42x its floor. The softplus parameterisation's per-weight work is most of that "
-        "gap: 1.48 ms per MLP step against 0.56 ms with sigma = exp(rho) (sigma_param.md), a parameterisation change "
+        "gap: 1.48 ms per MLP step against 0.56 ms with sigma = exp(rho) (studies/sigma_param.md), a parameterisation change "
         "not made. The GPU rows of issue 29 "
         "are measured on an H100 for ResNet-18 (compiled and eager) and LeNet-5 (eager) at bb019df: compiled ResNet-18 "
         "meets MeanField reparam <= 1.3x and Radial <= 1.5x, not KTied (2.39x); eager, MeanField reparam is level with "
@@ -768,8 +770,18 @@ def current_pages(folder: Path) -> list[Path]:
 
 
 def variant_folders(folder: Path) -> list[Path]:
-    """Sub-folders other than ``history/`` that hold a page: variants of the experiment (e.g. ``uci/200-epochs``)."""
-    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "history" and list(p.glob("*.md")))
+    """Sub-folders other than ``history/`` and ``studies/`` that hold a page: variants of the experiment (e.g.
+    ``uci/200-epochs``)."""
+    return sorted(
+        p for p in folder.iterdir() if p.is_dir() and p.name not in ("history", STUDIES) and list(p.glob("*.md"))
+    )
+
+
+def study_pages(folder: Path) -> list[Path]:
+    """The pages of the folder's ``studies/`` (A/B runs, profiles, micro-benchmarks behind its tables), without its
+    index ``studies/README.md``."""
+    studies = folder / STUDIES
+    return sorted(p for p in studies.glob("*.md") if p.name != "README.md") if studies.is_dir() else []
 
 
 def history_pages(folder: Path) -> list[Path]:
@@ -837,12 +849,14 @@ def rewrite_links(text: str, source: Path, assets: set[Path]) -> str:
             return label if not bang else f"`{path_part}`"
         if path.is_dir():
             page = _page_of(path)
-            anchor = "#history" if "history" in rel.parts else ""
+            anchor = "#history" if "history" in rel.parts else "#studies" if STUDIES in rel.parts else ""
             return f"[{label}]({page}{anchor})"
         if path.suffix == ".md":
             page = _page_of(path)
             if page in ("index.md", JOURNAL) or len(rel.parts) == 1:
                 return f"[{label}]({page})"
+            if path.name == "README.md" and path.parent.name == STUDIES:  # a studies index: the page's Studies section
+                return f"[{label}]({page}#studies)"
             anchor = fragment or _anchor(path)
             single = len(current_pages(RESULTS / rel.parts[0])) == 1 and path.parent == RESULTS / rel.parts[0]
             return f"[{label}]({page})" if single else f"[{label}]({page}#{anchor})"
@@ -967,6 +981,23 @@ def render_folder(folder: str) -> tuple[str, set[Path]]:
                 page_title, body = _body(page, assets, 3)
                 rel = page.relative_to(path).as_posix()
                 lines += [f"### {rel}: {page_title} {{#{_anchor(page)}}}", "", *provenance_table([page]), "", body]
+    studies = study_pages(path)
+    if studies or (path / STUDIES / "README.md").is_file():
+        lines += ["## Studies {#studies}", ""]
+        lines += [f"From `benchmarks/results/{folder}/{STUDIES}/`: the A/B runs, profiles and micro-benchmarks behind "
+                  "the pages above.", ""]  # fmt: skip
+        index = path / STUDIES / "README.md"
+        if index.is_file():
+            _, body = _body(index, assets, 1)
+            lines += [body]
+        if studies:
+            lines += ["### The study pages", ""]
+        for page in studies:
+            page_title, body = _body(page, assets, 4)
+            lines += [f"#### {page.name} {{#{_anchor(page)}}}", "", *provenance_table([page]), ""]
+            lines += [f'??? note "{page.name}: {page_title}"', ""]
+            lines += [("    " + line) if line.strip() else "" for line in body.splitlines()]
+            lines += [""]
     history = history_pages(path)
     history_dirs = sorted(p for p in (path / "history").glob("*") if p.is_dir()) if (path / "history").is_dir() else []
     if history or history_dirs:

@@ -16,7 +16,7 @@
 #                 matrix products three ways)); DEADLINE=SECONDS caps the
 #                 whole script (a part gets at most what is left; the archive is repacked after every part)
 #
-# Then unpack the archive into benchmarks/results/ (step-time/, predict-time/, vmf/), record the device on each page
+# Then unpack the archive into benchmarks/results/ (step-time/, its studies/, predict-time/, vmf/), record the device on each page
 # (resnet18-graphs-N/step_time_resnet18_cuda_reduce_overhead.* become step-time/step_time_resnet18_cuda_reduce_overhead
 # .*, _2.* and _3.*: the summary merges a group's tables), and rebuild the side-by-side table:
 # PYTHONPATH=src:benchmarks python benchmarks/step_time_summary.py
@@ -27,7 +27,7 @@ device="${DEVICE:-cuda}"
 steps="${STEPS:-50}"
 repeats="${REPEATS:-2}"
 work="$(mktemp -d)"
-mkdir -p "$out" "$work/step-time" "$work/predict-time" "$work/vmf"
+mkdir -p "$out" "$work/step-time/studies" "$work/predict-time" "$work/vmf"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python="${PYTHON:-python3}"
 if [ "${PEERS:-0}" = 1 ]; then
@@ -112,13 +112,13 @@ for name in $parts; do
                  --only "fit(compile" --skip Delta --skip RadialDirectional --skip MeanField --skip Radial- \
                  --skip "KTied(rank=2)-local" --out "$work/step-time/resnet18-graphs-3" ;;
         fit-loop)  # fit's whole loop against its bare step, with and without the deferred NaN checks (CUDA graphs)
-            part "${FIT_LOOP_SECONDS:-180}" benchmarks/fit_loop.py --device "$device" --compile --out "$work/step-time" ;;
+            part "${FIT_LOOP_SECONDS:-180}" benchmarks/fit_loop.py --device "$device" --compile --out "$work/step-time/studies" ;;
         compile-time)  # what fit(compile=True) costs before it pays on the GPU: cold / warm-cache first steps (CUDA graphs)
             part "${COMPILE_TIME_SECONDS:-240}" benchmarks/compile_time.py --model mlp --device "$device" \
                  --compile-mode reduce-overhead --only "${COMPILE_TIME_ONLY:-deterministic,MeanField-reparam,RadialDirectional(row)}" \
                  --out "$work/step-time" ;;
         ktied-gemms)  # KTied's thin matrix products per ResNet-18 step, as KTied computes them and two other ways
-            part "${KTIED_GEMMS_SECONDS:-60}" benchmarks/ktied_gemms.py --device "$device" --out "$work/step-time" ;;
+            part "${KTIED_GEMMS_SECONDS:-60}" benchmarks/ktied_gemms.py --device "$device" --out "$work/step-time/studies" ;;
         host) part "${HOST_SECONDS:-60}" benchmarks/step_time.py --model host "${common[@]}" --skip graves \
                  --skip RadialDirectional --out "$work/step-time" ;;
         predict) part "${PREDICT_SECONDS:-75}" benchmarks/predict_time.py --device "$device" --repeats "$repeats" \

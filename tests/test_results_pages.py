@@ -38,7 +38,7 @@ def layout_problems() -> list[str]:
             problems.append(f"{folder}: no page")
         if folder in g.NO_JSON:
             continue
-        for page in pages + [p for v in g.variant_folders(path) for p in g.current_pages(v)]:
+        for page in pages + [p for v in g.variant_folders(path) for p in g.current_pages(v)] + g.study_pages(path):
             json_path = g.result_json(page)
             if json_path is None:
                 problems.append(f"{page.relative_to(g.RESULTS)}: no JSON beside it")
@@ -69,7 +69,7 @@ def summary_problems() -> list[str]:
 def _jsons_shown(folder: str) -> list[Path]:
     path = g.RESULTS / folder
     pages = g.current_pages(path) + [p for v in g.variant_folders(path) for p in g.current_pages(v)]
-    pages += g.history_pages(path)
+    pages += g.history_pages(path) + g.study_pages(path)
     return [j for j in (g.result_json(p) for p in pages) if j is not None]
 
 
@@ -140,6 +140,33 @@ def link_problems() -> list[str]:
     return problems
 
 
+def studies_problems() -> list[str]:
+    """A/B pages (``ab_*``) beside an experiment's tables instead of in its ``studies/``; a ``studies/`` without its
+    index ``README.md``, a study page the index does not link, an index link to no file; an experiment folder or a
+    ``studies/`` index that the journal (``benchmarks/results/README.md``) does not link."""
+    journal = (g.RESULTS / "README.md").read_text(encoding="utf-8")
+    problems = []
+    for folder in g.experiment_folders():
+        path = g.RESULTS / folder
+        problems += [f"{folder}/{p.name}: an A/B page outside studies/" for p in path.glob("ab_*.md")]
+        if f"]({folder}/" not in journal:
+            problems.append(f"{folder}: not linked from the journal")
+        studies = path / g.STUDIES
+        if not studies.is_dir():
+            continue
+        index = studies / "README.md"
+        if not index.is_file():
+            problems.append(f"{folder}/{g.STUDIES}: no README.md index")
+            continue
+        links = {t.partition("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", index.read_text(encoding="utf-8"))}
+        problems += [f"{folder}/{g.STUDIES}/{p.name}: not in the index" for p in g.study_pages(path) if p.name not in links]
+        problems += [f"{folder}/{g.STUDIES}/README.md: {t} does not exist" for t in sorted(links)
+                     if not re.match(r"^[a-z]+:", t) and not (studies / t).exists()]  # fmt: skip
+        if f"]({folder}/{g.STUDIES}/README.md)" not in journal:
+            problems.append(f"{folder}/{g.STUDIES}: its index is not linked from the journal")
+    return problems
+
+
 def _heading_slugs(text: str) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
 
@@ -199,6 +226,14 @@ def test_the_nav_lists_every_results_page() -> None:
     assert not nav_problems((ROOT / "mkdocs.yml").read_text())
 
 
+def test_studies_are_indexed_and_apart_from_the_tables() -> None:
+    assert not studies_problems()
+    text, _ = g.render_folder("step-time")
+    assert "## Studies {#studies}" in text and "{#step-time-studies-ab_meanfield_a_a}" in text
+    assert g.STUDIES not in {v.name for v in g.variant_folders(g.RESULTS / "step-time")}  # not a variant
+    assert "### step_time_summary.md" in text and not re.search(r"^### ab_", text, re.M)  # A/B pages: not tables
+
+
 def test_generated_pages_hold_the_json_command_and_commit() -> None:
     """Spot check on real pages: the header block and the JSON's provenance."""
     for folder, stem in (("uci", "uci"), ("lenet5-prune", "lenet5-prune"), ("step-time", "step_time")):
@@ -221,6 +256,15 @@ def test_the_default_output_folder_is_one_per_experiment() -> None:
     for script in (ROOT / "benchmarks").glob("*.py"):
         named |= set(re.findall(r'results_dir\("([^"]+)"\)', script.read_text()))
     assert named and not {n for n in named if not (ROOT / RESULTS_DIR / n).is_dir()}, named
+
+
+def test_the_study_scripts_write_into_studies() -> None:
+    """The scripts whose pages are studies (A/B runs, micro-benchmarks; philox_draw.py takes sigma_param's folder)
+    default to ``step-time/studies/``, not beside the step-time tables."""
+    for name in ("ab_step", "sigma_param", "wood_pool", "ktied_gemms", "compile_graph", "fit_loop"):
+        text = (ROOT / "benchmarks" / f"{name}.py").read_text()
+        assert re.search(r'"step-time"\)? / "studies"|"benchmarks/results/step-time/studies"', text), name
+    assert "from sigma_param import OUT" in (ROOT / "benchmarks" / "philox_draw.py").read_text()
 
 
 # --- the checks fail where they should -----------------------------------------------------------------------------------
@@ -279,6 +323,26 @@ def test_the_checks_catch_a_broken_link(broken_results: Path, monkeypatch: pytes
         "vmf.md: demo.md has no section #nope",
         "vmf.md: #nothing is not a section of the page",
     ]
+
+
+def test_the_checks_catch_studies_out_of_place_or_unindexed(broken_results: Path) -> None:
+    vmf = broken_results / "vmf"
+    (vmf / "ab_stray.md").write_text("# A/B\n")
+    (vmf / g.STUDIES).mkdir()
+    (vmf / g.STUDIES / "ab_listed.md").write_text("# A/B\n")
+    (vmf / g.STUDIES / "ab_unlisted.md").write_text("# A/B\n")
+    (vmf / g.STUDIES / "README.md").write_text("# Studies\n\n[a](ab_listed.md) [b](ab_gone.md) [c](../vmf.md)\n")
+    (broken_results / "README.md").write_text("[demo](demo/demo.md)\n")
+    assert sorted(studies_problems()) == [
+        "vmf/ab_stray.md: an A/B page outside studies/",
+        "vmf/studies/README.md: ab_gone.md does not exist",
+        "vmf/studies/ab_unlisted.md: not in the index",
+        "vmf/studies: its index is not linked from the journal",
+        "vmf: not linked from the journal",
+    ]
+    text, _ = g.render_folder("vmf")
+    assert "## Studies {#studies}" in text and "#### ab_unlisted.md {#vmf-studies-ab_unlisted}" in text
+    assert "## Variants" not in text
 
 
 def test_the_checks_catch_a_nav_without_a_results_page() -> None:

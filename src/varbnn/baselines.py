@@ -228,7 +228,7 @@ def train_ensemble(
     The cost is ``members`` times one network's training. (Lakshminarayanan et al. also add adversarial training;
     this is the plain form that is usually compared.)
     """
-    from varbnn.train import fit, seed_everything
+    from varbnn.training import fit, seed_everything
 
     members = as_int(members, "members", 2, owner="train_ensemble")
     checkpoint = fit_kwargs.pop("checkpoint", None)

@@ -5,7 +5,7 @@ Why: torch's CPU generator (a Mersenne twister) fills a tensor on one thread, in
 weight of the MNIST MLP's 478,410 weights took ~1.6 ms of a ~9 ms compiled training step on two cores (issue 29's
 floor rows time exactly this draw). Philox is a pure function of a 64-bit key and a 128-bit counter, written here in
 integer torch operations, so :func:`torch.compile` turns a draw into one vectorised loop that every thread of the step
-shares (``benchmarks/results/step-time/philox_draw.md``).
+shares (``benchmarks/results/step-time/studies/philox_draw.md``).
 
 ``fit(compile=True)`` uses it on the CPU (:func:`counter_draws`): one key per step drawn from torch's generator (so
 :func:`torch.manual_seed` makes a run reproducible), and one stream (the counter's upper 64 bits) per draw site, in

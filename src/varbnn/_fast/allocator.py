@@ -19,7 +19,7 @@ def keep_freed_memory(trim_threshold: int = 1 << 30, mmap_threshold: int = _MMAP
 
     A Bayesian step allocates and frees tensors of its weights' size every step (noise, draws, gradients), which glibc's
     defaults return to the system and fault back in, page by page. In interleaved A/B runs
-    (``benchmarks/ab_step.py``, ``benchmarks/results/step-time/ab_*_glibc_keep_heap.md``) the setting made compiled
+    (``benchmarks/ab_step.py``, ``benchmarks/results/step-time/studies/ab_*_glibc_keep_heap.md``) the setting made compiled
     MeanField reparam steps 12% faster, eager ones 7%, compiled RadialDirectional (double grouping) 18%, torchbnn's
     5%, and left the plain network's step unchanged. The process keeps up to ``trim_threshold`` bytes of freed heap
     that it would otherwise give back (its resident memory stays at its peak), and tensors up to ``mmap_threshold``

@@ -469,7 +469,7 @@ def _model_state(model: torch.nn.Module) -> dict[str, Any] | None:
 def _load_figure_data(path: Path, variant: Variant) -> dict[str, Any]:
     """The figure data at ``path`` (:func:`_figure_data_path`), loaded with ``torch.load(weights_only=True)``: nothing
     in it is run. A file that does not load so, or is not of :data:`_FIGURE_FORMAT`, is a ``ValueError`` naming it."""
-    from varbnn.train import _reason
+    from varbnn.training.checkpoint import _reason
 
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)

@@ -106,7 +106,8 @@ def share_sigmas_in_trace(active: bool) -> None:
     pass and the KL each compute sigma and autograd runs sigma's backward once for each: for KTied, two pairs of its
     ``G V`` / ``G^T U`` GEMMs per tensor and step. An elementwise sigma (``softplus(rho)``) is not shared: inductor
     recomputes it inside the kernels that read it, where one shared node would be written out and read back (shared,
-    a compiled MeanField step was 2.2% slower on the CPU: ``benchmarks/results/step-time/ab_meanfield_shared_sigma.md``)."""
+    a compiled MeanField step was 2.2% slower on the CPU:
+    ``benchmarks/results/step-time/studies/ab_meanfield_shared_sigma.md``)."""
     global _step_sigmas
     _step_sigmas = {} if active else None
 
@@ -340,7 +341,7 @@ class SoftplusGroup:
     :class:`_SoftplusStats`): the same operations, and ``eps`` drawn where the member's forward pass draws it. What
     changes is a step's host time (the Python, autograd and dispatch work that bounds an eager step on a GPU): a
     MeanField-reparam step of an 11-layer MLP of 8 units at batch 4 took 0.81x the time
-    (``benchmarks/results/step-time/ab_host_meanfield_softplus_group.md``)."""
+    (``benchmarks/results/step-time/studies/ab_host_meanfield_softplus_group.md``)."""
 
     __slots__ = ("members", "ids", "__weakref__")
 

@@ -30,7 +30,7 @@ __all__ = ["KTied"]
 def _times_v(grad: torch.Tensor, v: torch.Tensor, base: torch.Tensor | None = None, alpha: float = 1.0) -> torch.Tensor:
     """``base + alpha grad @ v`` (``base`` None: 0) for a (m, n) ``grad`` and a thin (n, k) ``v``, with ``v`` handed to
     the GEMM column-major: the BLAS then takes row dot products, where ``grad @ v`` as it is runs a slow path for thin
-    outputs on the CPU (the step's effect: ``benchmarks/results/step-time/ab_ktied_eager_gemms.md``)."""
+    outputs on the CPU (the step's effect: ``benchmarks/results/step-time/studies/ab_ktied_eager_gemms.md``)."""
     v_columns = v.T.contiguous().T
     if base is None:
         return torch.mm(grad, v_columns).mul_(alpha) if alpha != 1.0 else torch.mm(grad, v_columns)

@@ -283,7 +283,7 @@ class RadialDirectional(VariationalFamily):
         """Double grouping: inductor's ``realize_opcount_threshold`` 8 (default 30), so that the column factor's
         per-column values (Wood's omega and sin(theta), the Householder scalars) are computed once into a buffer instead
         of inside the output pass for every row; 11-13% faster compiled steps on the CPU's MNIST MLP
-        (``benchmarks/results/step-time/ab_rdp_double_realize*.md``), while the row grouping and the Gaussian families
+        (``benchmarks/results/step-time/studies/ab_rdp_double_realize*.md``), while the row grouping and the Gaussian families
         were 1-1.5% slower with it (``ab_*_realize.md``)."""
         return {"realize_opcount_threshold": 8} if self.grouping == "double" else {}
 

@@ -107,14 +107,13 @@ def _compiled_elbo_step(
     backend: str | Callable[..., Any] = "inductor",
 ) -> Callable[[torch.Tensor, torch.Tensor, float, int], ELBOTerms]:
     """``fit(compile=...)``'s step: ``step(x, y, beta, samples)`` accumulates the same ``.grad`` as
-    :func:`~varbnn.training.loop._accumulated_elbo_gradient` from a :func:`torch.compile`-d loss (the forward, the NLL, the KL and the score
-    correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``draws``: where the weight
-    noise comes from: ``"counter"`` (the CPU's default) :mod:`varbnn.philox`'s generator inside the compiled kernels,
-    one key per call drawn from torch's generator; ``"inductor"`` (every other device's default) inductor's own
-    in-kernel generator; ``"generator"`` torch's generator, called as the eager step calls it (the same numbers for
-    the same seed). Other random calls (RDP's rejection rounds) use torch's generator in every mode but
-    ``"inductor"``.
-    ``backend`` another torch.compile backend, a name or a callable (the tests trace every family with
+    :func:`~varbnn.training.loop._accumulated_elbo_gradient` from a :func:`torch.compile`-d loss (the forward, the NLL,
+    the KL and the score correction of :func:`varbnn.objectives.elbo_loss`; ``beta`` a 0-d tensor input). ``draws``:
+    where the weight noise comes from: ``"counter"`` (the CPU's default) :mod:`varbnn.philox`'s generator inside the
+    compiled kernels, one key per call drawn from torch's generator; ``"inductor"`` (every other device's default)
+    inductor's own in-kernel generator; ``"generator"`` torch's generator, called as the eager step calls it (the same
+    numbers for the same seed). Other random calls (RDP's rejection rounds) use torch's generator in every mode but
+    ``"inductor"``. ``backend`` another torch.compile backend, a name or a callable (the tests trace every family with
     ``"aot_eager"``: the same graph capture and compiled backward, without inductor's slow code generation)."""
     mode = compile_mode(compile)
     if graves:
