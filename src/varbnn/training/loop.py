@@ -7,15 +7,16 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from varbnn import distributed as vdist
 from varbnn._checks import as_bool, as_float_in, as_int, as_positive_int
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
@@ -239,8 +240,6 @@ def fit(
         ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` the schedule's value after the epoch's last
         step (the next step's weight), and ``skipped`` with ``skip_nonfinite``.
     """
-    from varbnn import distributed as vdist
-
     n_data = _training_set_size(n_data)
     epochs = as_int(epochs, "epochs", low=0, owner="fit")
     lr = as_float_in(lr, "lr", 0.0, None, low_open=True, owner="fit")
@@ -256,22 +255,8 @@ def fit(
         raise TypeError(f"fit: model must be a torch.nn.Module, got {type(model).__name__}")
     _refuse_posthoc_wrappers(model)
     _warn_if_not_sampling(model)
-    lik: Likelihood | None = None
-    if likelihood is not None:
-        if nll is not F.cross_entropy:
-            raise ValueError("pass either nll= (a loss function) or likelihood= (a Likelihood), not both")
-        lik = as_likelihood(likelihood)
-        nll = _likelihood_loss(lik, n_data)
-    elif nll is F.cross_entropy:
-        nll = _default_cross_entropy
-    if beta is None:
-        beta = default_kl_weight(model)
-    elif not callable(beta):
-        try:
-            beta = as_float_in(beta, "beta", 0.0, None, owner="fit")
-        except ValueError as error:
-            raise type(error)(f"{error} (beta is the KL weight: a finite number >= 0, a function of the step, or None "
-                              "for the family default)") from None  # fmt: skip
+    lik, nll = _data_term(nll, likelihood, n_data)
+    schedule = _kl_weight_schedule(beta, model)
     per_epoch = _distinct_examples_per_epoch(loader)
     if per_epoch is not None and per_epoch > n_data:
         raise ValueError(
@@ -279,13 +264,7 @@ def fit(
             "must be the training-set size (the number of examples the KL is spread over), not a batch size"
         )
     check_batch_size = not _draws_with_replacement(loader)
-    if distributed is None:
-        distributed = vdist.is_distributed()
-    elif distributed and not vdist.is_distributed():
-        raise ValueError(
-            "distributed=True needs an initialised process group of more than one process: launch with torchrun "
-            "and call varbnn.distributed.setup() first"
-        )
+    distributed = _distributed(distributed)
     dev = resolve_device(device, model)
     model.to(dev)
     extra_parameters: list[nn.Parameter] = []
@@ -293,31 +272,10 @@ def fit(
         lik.to(dev)
         extra_parameters = [p for p in lik.parameters() if p.requires_grad]
     default_rate = optimizer is None  # fit's own Adam at lr: a resumed state keeps the checkpoint's rate instead
-    if optimizer is None:
-        optimizer = default_optimizer([*model.parameters(), *extra_parameters], lr)
-    else:
-        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if trainable and not any(id(p) in held for p in trainable):
-            raise ValueError(
-                "the given optimizer holds none of the model's trainable parameters (built over another model, or "
-                "over a copy?): build it over model.parameters() after converting the model, or leave optimizer=None"
-            )
-        if any(id(p) not in held for p in extra_parameters):
-            raise ValueError(
-                f"the likelihood {type(lik).__name__} has learnable parameters that the given optimizer does not hold: "
-                "build it over [*model.parameters(), *likelihood.parameters()], or leave optimizer=None"
-            )
+    optimizer = _optimizer(model, optimizer, lr, extra_parameters, lik)
     adaptive = _has_adaptive_prior(model)
     graves = uses_graves_estimator(model)
-    if graves and extra_parameters:
-        raise ValueError(
-            f"the likelihood {type(lik).__name__} has learnable parameters, which MeanField(estimator='graves') does not "
-            "train (its gradients are per-example Fisher estimates of the model's parameters only): fix them (e.g. "
-            "Gaussian(noise_std=...)) or use another estimator"
-        )
-    if graves and mc_samples != 1:
-        raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
+    _check_graves(graves, extra_parameters, lik, mc_samples)
     compiled_step, mode = None, None
     compiled_shapes: set[tuple[int, ...]] = set()  # the batch shapes the compiled step has met (each compiled once)
     if compile is not False:
@@ -333,29 +291,8 @@ def fit(
             net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     if adaptive:
         update_adaptive_priors(model)
-    schedule: BetaSchedule = beta if callable(beta) else (lambda _step: float(beta))  # type: ignore[misc, assignment]
-    history: list[dict[str, float]] = []
-    step = 0
-    first_epoch = 0
-    if not resume and not overwrite and checkpoint is not None and Path(checkpoint).exists():
-        raise ValueError(
-            f"fit(checkpoint={str(checkpoint)!r}): the file exists (another run's?) and resume=False would replace it: "
-            "pass resume=True to continue it, overwrite=True to replace it, or another checkpoint path"
-        )
-    if resume and checkpoint is not None and Path(checkpoint).exists():
-        rates = [group.get("lr") for group in optimizer.param_groups]
-        first_epoch, history, step = _resume(Path(checkpoint), model, optimizer, loader, dev, lik)
-        restored = [group.get("lr") for group in optimizer.param_groups]
-        if default_rate and restored != rates:
-            warnings.warn(
-                f"fit(resume=True): the optimizer state from {checkpoint} keeps its learning rate {restored}, not the "
-                f"{rates} this call set up; to change it, set optimizer.param_groups[i]['lr'] in on_epoch_end, or "
-                "start a new checkpoint",
-                TrainingWarning,
-                stacklevel=2,
-            )
-        if first_epoch > epochs:
-            raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
+    first_epoch, history, step = _start(checkpoint, resume, overwrite, epochs, model, optimizer, loader, dev, lik,
+                                        default_rate)  # fmt: skip
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
         torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
     parameters = [*model.parameters(), *extra_parameters]
@@ -405,32 +342,11 @@ def fit(
                     if distributed:
                         vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
                 elif compiled_step is not None:
-                    compiling = tuple(x.shape) not in compiled_shapes  # a first step, or a new batch shape: compiles
-                    if compiling:  # (torch.compile compiles again for a second shape, then one graph for any shape)
-                        bar.set_postfix_str("compiling the step" if not compiled_shapes else "a new batch shape")
-                        logger.info("first training step with batches of shape %s: torch.compile (mode %r) %s (on a "
-                                    "CPU, a minute or more the first time)", tuple(x.shape), mode,
-                                    "compiles the step first" if not compiled_shapes
-                                    else "may compile the step again for it")  # fmt: skip
-                        began = time.perf_counter()
-                    terms = compiled_step(x, y, schedule(step), mc_samples)
-                    if compiling:
-                        compiled_shapes.add(tuple(x.shape))
-                        logger.info("the first training step with batches of shape %s took %.1f s (its compilation "
-                                    "included)", tuple(x.shape), time.perf_counter() - began)  # fmt: skip
-                        bar.set_postfix_str("")
+                    terms = _compiled_terms(compiled_step, compiled_shapes, mode, bar, x, y, schedule(step), mc_samples)
                 else:
                     terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
                 if distributed and outside:
-                    has = torch.tensor([p.grad is not None for p in outside], dtype=torch.float32, device=dev)
-                    vdist.all_reduce_mean_([has])  # a parameter no rank has a gradient for keeps none (the optimizer skips it)
-                    for p in outside:
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                    vdist.all_reduce_mean_([p.grad for p in outside])
-                    for p, anyone in zip(outside, has.tolist()):
-                        if anyone == 0:
-                            p.grad = None
+                    _average_outside_gradients(outside, dev)
                 if checks is not None:  # the checks and the sums on the device; one read every _DeferredChecks.EVERY steps
                     checks.step(terms, optimizer, where, epoch + 1, step + 1, batches - 1)
                     if on_step_end is not None:
@@ -442,17 +358,7 @@ def fit(
                         checks.check()
                     continue
                 loss = float(terms.loss.detach())
-                if kind is None and not math.isfinite(loss):
-                    kind, detail = "loss", _loss_detail(loss, float(terms.nll), float(terms.kl))
-                if kind is None and not _gradients_finite(parameters):
-                    names = _nonfinite_names((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
-                    kind, detail = "gradient", _gradient_detail(names, loss)
-                if distributed:
-                    flags = torch.tensor([kind == k for k in _KINDS], dtype=torch.float32, device=dev)
-                    vdist.all_reduce_mean_([flags])
-                    if kind is None and bool((flags > 0).any()):
-                        kind = _KINDS[int((flags > 0).nonzero()[0, 0])]
-                        detail = f"another rank met a non-finite {kind}"
+                kind, detail = _step_problem(kind, detail, loss, terms, model, parameters, distributed, dev)
                 if kind is not None:
                     if kind == "data" or not skip_nonfinite:
                         raise _nonfinite_error(kind, str(detail), where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
@@ -533,6 +439,186 @@ def fit(
     if diagnose and history and first_epoch < epochs and vdist.is_main_process():
         _diagnose(model, history, n_data, _label_entropy(seen_labels))
     return history
+
+
+def _data_term(nll: NLLFunction, likelihood: Likelihood | str | None, n_data: int) -> tuple[Likelihood | None, NLLFunction]:
+    """fit's data term: the likelihood object (or ``None``) and the batch-mean NLL function it trains with."""
+    if likelihood is not None:
+        if nll is not F.cross_entropy:
+            raise ValueError("pass either nll= (a loss function) or likelihood= (a Likelihood), not both")
+        lik = as_likelihood(likelihood)
+        return lik, _likelihood_loss(lik, n_data)
+    return None, _default_cross_entropy if nll is F.cross_entropy else nll
+
+
+def _kl_weight_schedule(beta: float | BetaSchedule | None, model: nn.Module) -> BetaSchedule:
+    """fit's ``beta`` as a function of the global step (``None``: the model's families' default KL weight)."""
+    if beta is None:
+        beta = default_kl_weight(model)
+    elif not callable(beta):
+        try:
+            beta = as_float_in(beta, "beta", 0.0, None, owner="fit")
+        except ValueError as error:
+            raise type(error)(f"{error} (beta is the KL weight: a finite number >= 0, a function of the step, or None "
+                              "for the family default)") from None  # fmt: skip
+    if callable(beta):
+        return beta
+    weight = float(beta)
+    return lambda _step: weight
+
+
+def _distributed(distributed: bool | None) -> bool:
+    """fit's ``distributed`` resolved: ``None`` follows the process group; ``True`` needs one of several processes."""
+    if distributed is None:
+        return vdist.is_distributed()
+    if distributed and not vdist.is_distributed():
+        raise ValueError(
+            "distributed=True needs an initialised process group of more than one process: launch with torchrun "
+            "and call varbnn.distributed.setup() first"
+        )
+    return distributed
+
+
+def _optimizer(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    lr: float,
+    extra_parameters: list[nn.Parameter],
+    lik: Likelihood | None,
+) -> torch.optim.Optimizer:
+    """fit's default optimizer over the model's and the likelihood's parameters, or the given one, checked to hold them."""
+    if optimizer is None:
+        return default_optimizer([*model.parameters(), *extra_parameters], lr)
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if trainable and not any(id(p) in held for p in trainable):
+        raise ValueError(
+            "the given optimizer holds none of the model's trainable parameters (built over another model, or "
+            "over a copy?): build it over model.parameters() after converting the model, or leave optimizer=None"
+        )
+    if any(id(p) not in held for p in extra_parameters):
+        raise ValueError(
+            f"the likelihood {type(lik).__name__} has learnable parameters that the given optimizer does not hold: "
+            "build it over [*model.parameters(), *likelihood.parameters()], or leave optimizer=None"
+        )
+    return optimizer
+
+
+def _check_graves(graves: bool, extra_parameters: list[nn.Parameter], lik: Likelihood | None, mc_samples: int) -> None:
+    """What the Graves estimator (per-example Fisher gradients of the model's parameters) cannot train."""
+    if graves and extra_parameters:
+        raise ValueError(
+            f"the likelihood {type(lik).__name__} has learnable parameters, which MeanField(estimator='graves') does not "
+            "train (its gradients are per-example Fisher estimates of the model's parameters only): fix them (e.g. "
+            "Gaussian(noise_std=...)) or use another estimator"
+        )
+    if graves and mc_samples != 1:
+        raise ValueError("mc_samples > 1 is not available with MeanField(estimator='graves'): it draws weights per example")
+
+
+def _start(
+    checkpoint: str | os.PathLike[str] | None,
+    resume: bool,
+    overwrite: bool,
+    epochs: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: object,
+    dev: torch.device,
+    lik: Likelihood | None,
+    default_rate: bool,
+) -> tuple[int, list[dict[str, float]], int]:
+    """Where fit starts: ``(completed epochs, history, step)``, restored from ``checkpoint`` with ``resume`` (an
+    existing file without ``resume`` is refused unless ``overwrite``)."""
+    if not resume and not overwrite and checkpoint is not None and Path(checkpoint).exists():
+        raise ValueError(
+            f"fit(checkpoint={str(checkpoint)!r}): the file exists (another run's?) and resume=False would replace it: "
+            "pass resume=True to continue it, overwrite=True to replace it, or another checkpoint path"
+        )
+    if not (resume and checkpoint is not None and Path(checkpoint).exists()):
+        return 0, [], 0
+    rates = [group.get("lr") for group in optimizer.param_groups]
+    first_epoch, history, step = _resume(Path(checkpoint), model, optimizer, loader, dev, lik)
+    restored = [group.get("lr") for group in optimizer.param_groups]
+    if default_rate and restored != rates:
+        warnings.warn(
+            f"fit(resume=True): the optimizer state from {checkpoint} keeps its learning rate {restored}, not the "
+            f"{rates} this call set up; to change it, set optimizer.param_groups[i]['lr'] in on_epoch_end, or "
+            "start a new checkpoint",
+            TrainingWarning,
+            stacklevel=3,
+        )
+    if first_epoch > epochs:
+        raise ValueError(f"checkpoint {checkpoint} is at epoch {first_epoch}, beyond epochs={epochs}")
+    return first_epoch, history, step
+
+
+def _average_outside_gradients(outside: Sequence[torch.Tensor], dev: torch.device) -> None:
+    """Average across ranks the gradients of parameters DDP does not see (a likelihood's learned noise, ...); a
+    parameter no rank has a gradient for keeps none (the optimizer skips it)."""
+    has = torch.tensor([p.grad is not None for p in outside], dtype=torch.float32, device=dev)
+    vdist.all_reduce_mean_([has])
+    for p in outside:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    vdist.all_reduce_mean_([cast(torch.Tensor, p.grad) for p in outside])
+    for p, anyone in zip(outside, has.tolist()):
+        if anyone == 0:
+            p.grad = None
+
+
+def _step_problem(
+    kind: str | None,
+    detail: str | None,
+    loss: float,
+    terms: ELBOTerms,
+    model: nn.Module,
+    parameters: Sequence[torch.Tensor],
+    distributed: bool,
+    dev: torch.device,
+) -> tuple[str | None, str | None]:
+    """The step's problem ``(kind, detail)``, checked on the host: bad data (already known), a non-finite loss or
+    gradient; in distributed training agreed on by every rank."""
+    if kind is None and not math.isfinite(loss):
+        kind, detail = "loss", _loss_detail(loss, float(terms.nll), float(terms.kl))
+    if kind is None and not _gradients_finite(parameters):
+        names = _nonfinite_names((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
+        kind, detail = "gradient", _gradient_detail(names, loss)
+    if distributed:
+        flags = torch.tensor([kind == k for k in _KINDS], dtype=torch.float32, device=dev)
+        vdist.all_reduce_mean_([flags])
+        if kind is None and bool((flags > 0).any()):
+            kind = _KINDS[int((flags > 0).nonzero()[0, 0])]
+            detail = f"another rank met a non-finite {kind}"
+    return kind, detail
+
+
+def _compiled_terms(
+    compiled_step: Callable[[torch.Tensor, torch.Tensor, float, int], ELBOTerms],
+    compiled_shapes: set[tuple[int, ...]],
+    mode: str | None,
+    bar: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    beta: float,
+    mc_samples: int,
+) -> ELBOTerms:
+    """One compiled step; the first of each batch shape (which compiles) is announced on the bar and the logger."""
+    compiling = tuple(x.shape) not in compiled_shapes  # a first step, or a new batch shape: compiles
+    if compiling:  # (torch.compile compiles again for a second shape, then one graph for any shape)
+        bar.set_postfix_str("compiling the step" if not compiled_shapes else "a new batch shape")
+        logger.info("first training step with batches of shape %s: torch.compile (mode %r) %s (on a "
+                    "CPU, a minute or more the first time)", tuple(x.shape), mode,
+                    "compiles the step first" if not compiled_shapes
+                    else "may compile the step again for it")  # fmt: skip
+        began = time.perf_counter()
+    terms = compiled_step(x, y, beta, mc_samples)
+    if compiling:
+        compiled_shapes.add(tuple(x.shape))
+        logger.info("the first training step with batches of shape %s took %.1f s (its compilation "
+                    "included)", tuple(x.shape), time.perf_counter() - began)  # fmt: skip
+        bar.set_postfix_str("")
+    return terms
 
 
 def _refuse_posthoc_wrappers(model: nn.Module) -> None:
