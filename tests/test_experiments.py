@@ -36,7 +36,8 @@ def test_on_step_end_sees_every_step_with_its_gradients():
     def hook(step, terms):
         grads = [p.grad for p in model.parameters()]
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
-        model.eval()  # the loop must put the model back into training mode
+        assert model.training  # the loop put the model back into training mode after the last call's eval()
+        model.eval()
         seen.append((step, terms.beta))
 
     fit(
@@ -50,7 +51,7 @@ def test_on_step_end_sees_every_step_with_its_gradients():
     )
     assert [s for s, _ in seen] == list(range(1, 7))
     assert [b for _, b in seen] == pytest.approx([s / 10 for s in range(6)])  # beta of the step that was taken
-    assert model.training
+    assert not model.training  # fit returns the model in eval mode
 
 
 def test_weight_sample_evaluation_shares_one_draw_across_batches():

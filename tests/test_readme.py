@@ -105,4 +105,4 @@ def test_relative_links_exist(page: Path) -> None:
 
 def test_links_into_generated_pages_are_checked() -> None:
     generated = _generated_pages()
-    assert {"reference/varbnn.md", "reference/train.md", "reference/prune.md", "changelog.md"} <= generated
+    assert {"reference/varbnn.md", "reference/training.md", "reference/prune.md", "changelog.md"} <= generated
