@@ -259,10 +259,14 @@ def _check_outputs(values: torch.Tensor, name: str, *, allow_negative_inf: bool 
 def classification_summary(logits: torch.Tensor) -> ClassificationSummary:
     """The :class:`ClassificationSummary` of ``logits`` of shape ``[samples, batch, classes]`` (as returned by
     :func:`predict`): mean softmax probabilities, predictive and expected entropies and their difference, the
-    mutual information between the label and the weights."""
+    mutual information between the label and the weights. float16 / bfloat16 logits are summarised in float32 (the
+    mutual information, a small difference of two entropies, is lost to rounding in half precision: it kept no rank
+    order with its float32 value), and the summary is float32."""
     if logits.dim() < 3:
         raise ValueError(f"logits must be [samples, batch, classes], got shape {tuple(logits.shape)}")
     _check_outputs(logits, "logits", allow_negative_inf=True)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
     per_sample = torch.softmax(logits, dim=-1)
     probs = per_sample.mean(0)
     total = _entropy(probs)

@@ -347,6 +347,9 @@ def _apply_checkpoint(
             raise CheckpointError(
                 path, f"holds NaN or inf values in {_listing(bad)}: refusing to load it (allow_nonfinite=True loads it)"
             )
+    if optimizer is not None and optimizer_state is not None:
+        _check_optimizer_fits(path, optimizer_state, optimizer)  # before the model is touched
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()} if optimizer is not None else None
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError, TypeError, ValueError) as error:
@@ -355,7 +358,27 @@ def _apply_checkpoint(
         try:
             optimizer.load_state_dict(optimizer_state)
         except (RuntimeError, KeyError, TypeError, ValueError) as error:
+            if before is not None:  # nothing half-loaded: the model as it was
+                model.load_state_dict(before)
             raise CheckpointError(path, f"does not fit the optimizer: {error}") from None
+
+
+def _check_optimizer_fits(path: Path, saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Refuse (:class:`CheckpointError`) an optimizer state whose parameter groups do not hold as many tensors as the
+    optimizer's: the checkpoint of a model with other parameters (e.g. a layer shared at two places, which has one set
+    of parameters, against one with two separate layers of the same shapes)."""
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        raise CheckpointError(path, "its optimizer state has no list of parameter groups: not written by an optimizer")
+    held = [len(g["params"]) for g in optimizer.param_groups]
+    stored = [len(g["params"]) for g in groups]
+    if held != stored:
+        raise CheckpointError(
+            path,
+            f"does not fit the optimizer: it holds optimizer state for {stored} parameter tensors (per group), the "
+            f"optimizer has {held}: a checkpoint of a model with other parameters (another architecture, or modules "
+            "shared or tied differently); nothing was loaded",
+        )
 
 
 def _loader_generators(loader: object) -> dict[str, torch.Generator]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from varbnn import metrics
-from varbnn._checks import as_positive_int
+from varbnn._checks import as_int, as_positive_int
 from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.predict import classification_summary, predict
 from varbnn.training.setup import NLLFunction, resolve_device
@@ -46,6 +49,12 @@ def evaluate(
     """
     lik = as_likelihood(likelihood)
     batch_size = as_positive_int(batch_size, "batch_size", owner="evaluate")
+    if seed is not None:
+        seed = as_int(seed, "seed (or None)", owner="evaluate")
+    floating = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    x, y = _as_tensor(x, "x", floating), _as_tensor(y, "y", None)
+    if x.dim() == 0 or y.dim() == 0:
+        raise ValueError(f"evaluate: x and y must have an example dimension, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
     dev = resolve_device(device, model)
@@ -56,6 +65,17 @@ def evaluate(
         dim=1,
     )
     return lik.metrics(outputs, y.to(dev))
+
+
+def _as_tensor(value: Any, name: str, floating: torch.dtype | None) -> torch.Tensor:
+    """``value`` as a tensor: a tensor as it is; a NumPy array converted, a floating one to ``floating`` (the model's
+    dtype, as :func:`~varbnn.predict.predict` does) when given; anything else a ``TypeError`` naming the argument."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        tensor = torch.from_numpy(value)
+        return tensor.to(floating) if floating is not None and tensor.is_floating_point() else tensor
+    raise TypeError(f"evaluate: {name} must be a torch.Tensor or a NumPy array, got {type(value).__name__}")
 
 
 @torch.no_grad()

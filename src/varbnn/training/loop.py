@@ -33,6 +33,7 @@ from varbnn.training.checkpoint import _resume, _rng_state, save_checkpoint
 from varbnn.training.checks import (
     _KINDS,
     NonFiniteError,
+    _batch_pair,
     _DeferredChecks,
     _distinct_examples_per_epoch,
     _draws_with_replacement,
@@ -318,7 +319,8 @@ def fit(
         batches = used = skipped = 0
         distinct: set[tuple[int, int, int]] = set()  # (storage, offset, count): the same batch yielded again counts once
         try:
-            for x, y in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
+            for batch in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
+                x, y = _batch_pair(batch, batches)
                 if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
                     seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
                 where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
@@ -530,6 +532,12 @@ def _start(
 ) -> tuple[int, list[dict[str, float]], int]:
     """Where fit starts: ``(completed epochs, history, step)``, restored from ``checkpoint`` with ``resume`` (an
     existing file without ``resume`` is refused unless ``overwrite``)."""
+    if checkpoint is None and resume:
+        warnings.warn("fit(resume=True) without checkpoint=: there is nothing to resume from, training starts afresh",
+                      TrainingWarning, stacklevel=3)  # fmt: skip
+    if checkpoint is not None and Path(checkpoint).is_dir():
+        raise ValueError(f"fit: checkpoint must be a file path, {str(checkpoint)!r} is a directory (e.g. give "
+                         f"{str(Path(checkpoint) / 'run.pt')!r})")  # fmt: skip
     if not resume and not overwrite and checkpoint is not None and Path(checkpoint).exists():
         raise ValueError(
             f"fit(checkpoint={str(checkpoint)!r}): the file exists (another run's?) and resume=False would replace it: "
