@@ -152,7 +152,7 @@ def execute(run: Run) -> dict[str, Any]:
     loader = DataLoader(TensorDataset(x, y), batch_size=settings["batch"], shuffle=True,
                         generator=torch.Generator().manual_seed(run.seed))  # fmt: skip
     start = time.perf_counter()
-    fit(model, loader, n_data=x.shape[0], epochs=settings["epochs"], lr=settings["lr"], beta=run.beta, progress=False)
+    fit(model, loader, n_data=x.shape[0], epochs=settings["epochs"], lr=settings["lr"], kl_weight=run.beta, progress=False)
     seconds = time.perf_counter() - start
     model.eval()
     logits = varbnn.predict(model, xv, samples=1 if run.family == "plain" else 32, seed=run.seed)
@@ -319,7 +319,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def library_betas(init_stds: tuple[float, ...] = ()) -> dict[str, float]:
-    """Each family's default KL weight in the library as it is (``default_kl_weight``, what ``fit(beta=None)`` uses);
+    """Each family's default KL weight in the library as it is (``default_kl_weight``, what ``fit(kl_weight=None)`` uses);
     the ``NAME@STD`` families of ``init_stds`` too."""
     from varbnn.families import make_family
 

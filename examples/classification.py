@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --- Training ---------------------------------------------------------------------------------------------------
     # fit minimises  mean NLL of the batch + beta * KL(q || prior) / N_train.  For the plain network the KL is zero
     # and this is ordinary cross-entropy training; for the Bayesian one beta is the family's default KL weight
-    # (0.1 for MeanField; beta=1.0 would be the exact ELBO). Both see the same batches in the same order.
+    # (0.1 for MeanField; kl_weight=1.0 would be the exact ELBO). Both see the same batches in the same order.
     def loader() -> DataLoader:
         generator = torch.Generator().manual_seed(args.seed)
         return DataLoader(TensorDataset(x_train, y_train), batch_size=64, shuffle=True, generator=generator)

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         for name, model in learners.items():
             bayesian = name != "plain"
             # task_model(t) = Sequential(trunk, heads[t]): fit trains the trunk and this task's head only, and its
-            # KL covers exactly those tensors. n_data is the task's training-set size. beta=1.0: VCL is Bayes' rule
+            # KL covers exactly those tensors. n_data is the task's training-set size. kl_weight=1.0: VCL is Bayes' rule
             # applied task after task, so each task's loss is the exact negative ELBO (mean NLL + KL / N_task).
             task_model = model.task_model(t)
             loader = DataLoader(
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
                 n_data=len(x_task),
                 epochs=epochs,
                 lr=3e-3,
-                beta=1.0 if bayesian else None,
+                kl_weight=1.0 if bayesian else None,
                 device=device,
                 progress=False,
             )

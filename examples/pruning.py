@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     # ================================================================================================================
     # The prior's half-Cauchy scales (global 1e-4, local 5e-3: the paper's LeNet-5 setting) are small, so every
     # group's radius is pulled towards zero unless the data need it. pretrained=False: each layer starts from its own
-    # He initialisation (the network is untrained anyway). beta=1.0 trains the exact ELBO, as the paper does: the
+    # He initialisation (the network is untrained anyway). kl_weight=1.0 trains the exact ELBO, as the paper does: the
     # sparsity comes from the prior, and down-weighting the KL (the RDP default is 0.03) weakens it.
     say()
     say("== Part 1: radial-directional posterior, structured pruning ==")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         varbnn.RadialDirectionalPrior(global_scale=1e-4, local_scale=5e-3),
         pretrained=False,
     )
-    history = varbnn.fit(rdp, loader(), n_data=len(x_train), epochs=rdp_epochs, lr=3e-3, beta=1.0, device=device, progress=False)
+    history = varbnn.fit(rdp, loader(), n_data=len(x_train), epochs=rdp_epochs, lr=3e-3, kl_weight=1.0, device=device, progress=False)
     say(f"trained: last epoch NLL {history[-1]['nll']:.4f}, KL {history[-1]['kl']:.0f} nats")
     bayes_metrics = varbnn.evaluate(rdp, x_test, y_test, samples=samples, seed=args.seed, device=device)
 

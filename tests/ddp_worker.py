@@ -52,7 +52,7 @@ def main(out: Path) -> None:
     # Delta: 2 epochs of SGD, 4 steps each on 8 examples per rank (the union batch is 16 consecutive examples).
     model = build("delta")
     losses: list[float] = []
-    history = fit(model, vdist.data_loader(data, 8, shuffle=False), n_data=64, epochs=2, beta=1.0,
+    history = fit(model, vdist.data_loader(data, 8, shuffle=False), n_data=64, epochs=2, kl_weight=1.0,
                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1), progress=False,
                   checkpoint=out / "delta.pt", on_step_end=lambda s, t: losses.append(float(t.loss)))  # fmt: skip
     torch.save({"state": model.state_dict(), "losses": losses, "history": history}, out / f"delta_rank{ctx.rank}.pt")
@@ -60,11 +60,11 @@ def main(out: Path) -> None:
     # MeanField: a few Adam steps (parameters must stay equal across ranks while the noise differs), then
     # 100 steps at fixed parameters (lr 0) to estimate the expected loss.
     model = build("meanfield")
-    fit(model, vdist.data_loader(data, 16, seed=3), n_data=64, epochs=3, beta=1.0,
+    fit(model, vdist.data_loader(data, 16, seed=3), n_data=64, epochs=3, kl_weight=1.0,
         optimizer=torch.optim.Adam(model.parameters(), lr=0.01), progress=False)  # fmt: skip
     trained = {k: v.clone() for k, v in model.state_dict().items()}
     losses = []
-    fit(model, vdist.data_loader(data, 32, shuffle=False), n_data=64, epochs=100, beta=1.0,
+    fit(model, vdist.data_loader(data, 32, shuffle=False), n_data=64, epochs=100, kl_weight=1.0,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.0), progress=False,
         on_step_end=lambda s, t: losses.append(float(t.loss)))  # fmt: skip
     torch.save({"state": trained, "losses": losses, "noise": torch.randn(4)}, out / f"meanfield_rank{ctx.rank}.pt")

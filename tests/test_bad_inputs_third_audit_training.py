@@ -39,9 +39,9 @@ CASES = [
     BadInput("fit lr=nan", lambda: _fit(lr=float("nan")), ValueError, r"fit: lr must be a finite number > 0"),
     BadInput("fit lr=0", lambda: _fit(lr=0.0), ValueError, r"fit: lr must be a finite number > 0, got 0.0"),
     BadInput("fit lr=1e39", lambda: _fit(lr=1e39), ValueError, r"fit: lr must be .* that float32 can hold"),
-    BadInput("fit beta=1e300", lambda: _fit(beta=1e300), ValueError, r"fit: beta must be .* float32 can hold.*KL weight"),
-    BadInput("fit beta=True", lambda: _fit(beta=True), ValueError, r"fit: beta must be a finite number >= 0, got a bool"),
-    BadInput("fit beta='0.1'", lambda: _fit(beta="0.1"), ValueError, r"fit: beta must be a finite number >= 0, got str"),
+    BadInput("fit kl_weight=1e300", lambda: _fit(kl_weight=1e300), ValueError, r"fit: kl_weight must be .* float32 can hold.*KL weight"),
+    BadInput("fit kl_weight=True", lambda: _fit(kl_weight=True), ValueError, r"fit: kl_weight must be a finite number >= 0, got a bool"),
+    BadInput("fit kl_weight='0.1'", lambda: _fit(kl_weight="0.1"), ValueError, r"fit: kl_weight must be a finite number >= 0, got str"),
     BadInput("fit mc_samples=2.0", lambda: _fit(mc_samples=2.0), ValueError, r"fit: mc_samples must be an int >= 1"),
     BadInput("fit resume='yes'", lambda: _fit(resume="yes"), ValueError, r"fit: resume must be True or False"),
     BadInput("fit progress=1", lambda: _fit(progress=1), ValueError, r"fit: progress must be True or False"),
@@ -178,7 +178,7 @@ def test_fit_trains_a_bfloat16_model_with_a_finite_loss():
 
 def test_a_kl_weight_that_overflows_the_loss_is_named_not_the_learning_rate():
     with pytest.raises(NonFiniteError, match=r"beta \(the KL weight\) is too large") as info:
-        _fit(beta=3e38)
+        _fit(kl_weight=3e38)
     assert "lower lr" not in str(info.value)
 
 

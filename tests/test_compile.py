@@ -217,7 +217,7 @@ def test_fit_compiled_trains_with_annealing_without_recompiling(caplog):
     torch.distributions.Distribution.set_default_validate_args(True)  # (torch.compile() itself turns it off)
     validating = torch.distributions.Distribution._validate_args
     history = fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=64, epochs=3, lr=1e-2,
-                  beta=lambda s: min(1.0, s / 8), progress=False, diagnose=False, compile=True)  # fmt: skip
+                  kl_weight=lambda s: min(1.0, s / 8), progress=False, diagnose=False, compile=True)  # fmt: skip
     assert len(history) == 3 and all(math.isfinite(r[k]) for r in history for k in ("loss", "nll", "kl"))
     assert history[-1]["beta"] == 1.0 and history[-1]["nll"] < history[0]["nll"]
     assert counts["stats"]["unique_graphs"] == 1  # beta is a tensor input: 12 steps, 9 betas, one graph

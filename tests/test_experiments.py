@@ -45,7 +45,7 @@ def test_on_step_end_sees_every_step_with_its_gradients():
         DataLoader(TensorDataset(x, y), batch_size=32),
         n_data=96,
         epochs=2,
-        beta=lambda s: s / 10,
+        kl_weight=lambda s: s / 10,
         progress=False,
         on_step_end=hook,
     )

@@ -88,7 +88,7 @@ def test_beta_none_is_the_families_default_kl_weight(monkeypatch) -> None:
     assert default_kl_weight(nn.Linear(2, 2)) == 1.0
     history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32), n_data=64, epochs=1, progress=False)
     assert history[0]["beta"] == 0.25
-    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32), n_data=64, epochs=1, beta=1.0, progress=False)
+    history = fit(model, DataLoader(TensorDataset(x, y), batch_size=32), n_data=64, epochs=1, kl_weight=1.0, progress=False)
     assert history[0]["beta"] == 1.0
 
 
@@ -99,7 +99,7 @@ def test_fit_warns_when_the_posterior_sits_on_the_prior() -> None:
     x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2)), MeanField())
     with pytest.warns(TrainingWarning, match="posterior sits on the prior .* did not fall by 10% of its first-epoch value"):
-        fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=16, epochs=300, lr=3e-2, beta=1.0, progress=False)
+        fit(model, DataLoader(TensorDataset(x, y), batch_size=16), n_data=16, epochs=300, lr=3e-2, kl_weight=1.0, progress=False)
 
 
 def test_fit_warns_about_a_practically_deterministic_posterior_and_is_quiet_otherwise() -> None:
@@ -112,8 +112,8 @@ def test_fit_warns_about_a_practically_deterministic_posterior_and_is_quiet_othe
     healthy = varbnn.bayesianize(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), MeanField(init_std=0.05))
     with warnings.catch_warnings():
         warnings.simplefilter("error", TrainingWarning)
-        fit(healthy, loader, n_data=64, epochs=1, beta=0.1, progress=False)
-        fit(healthy, loader, n_data=64, epochs=1, beta=0.1, progress=False, diagnose=False)
+        fit(healthy, loader, n_data=64, epochs=1, kl_weight=0.1, progress=False)
+        fit(healthy, loader, n_data=64, epochs=1, kl_weight=0.1, progress=False, diagnose=False)
 
 
 def test_fit_logs_every_epoch_through_python_logging(caplog) -> None:
@@ -144,7 +144,7 @@ def test_fit_refuses_what_it_would_train_wrongly(tmp_path) -> None:
     with pytest.raises(ValueError, match="stale"):
         fit(LastLayerLaplace(nn.Linear(3, 2)), cls, n_data=64, epochs=1, progress=False)
     with pytest.raises(ValueError, match="beta must be a finite number"):
-        fit(nn.Linear(3, 2), cls, n_data=64, epochs=1, beta="0.1", progress=False)
+        fit(nn.Linear(3, 2), cls, n_data=64, epochs=1, kl_weight="0.1", progress=False)
     graves = varbnn.bayesianize(nn.Linear(3, 1), MeanField(estimator="graves"))
     with pytest.raises(ValueError, match="does not train"):
         fit(graves, loader, n_data=64, epochs=1, likelihood=Gaussian(), progress=False)

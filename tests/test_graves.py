@@ -198,8 +198,8 @@ def test_graves_gradients_of_a_delta_model_equal_ordinary_backprop():
     clone = _delta_model(Normal(0.0, 0.5))
     clone.load_state_dict(model.state_dict())
     x, y = torch.randn(8, 6), torch.randint(0, 4, (8,))
-    terms = graves_gradients(model, x, y, n_data=100, beta=0.7)
-    reference = varbnn.elbo_loss(F.cross_entropy(clone(x), y), clone, 100, beta=0.7)
+    terms = graves_gradients(model, x, y, n_data=100, kl_weight=0.7)
+    reference = varbnn.elbo_loss(F.cross_entropy(clone(x), y), clone, 100, kl_weight=0.7)
     reference.loss.backward()
     assert float(terms.loss) == pytest.approx(float(reference.loss), rel=1e-6)
     for (name, p), q in zip(model.named_parameters(), clone.parameters()):
@@ -234,7 +234,7 @@ def test_graves_variance_gradient_matches_the_second_derivative_form_on_a_quadra
     x = torch.randn(n, d) * torch.tensor([0.5, 1.0, 2.0])
     y = x @ w_true[0] + torch.randn(n)
     nll = lambda out, target: 0.5 * (out.squeeze(-1) - target).square().mean()  # noqa: E731
-    graves_gradients(layer, x, y, n_data=n, nll=nll, beta=0.0, weight_draws=weight_draws)
+    graves_gradients(layer, x, y, n_data=n, nll=nll, kl_weight=0.0, weight_draws=weight_draws)
     family = layer.posteriors["weight"]
     sigmoid = torch.sigmoid(family.rho.detach())
     estimate = family.rho.grad / sigmoid  # d/d sigma

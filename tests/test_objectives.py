@@ -18,7 +18,7 @@ def model():
 def test_loss_is_mean_nll_plus_beta_kl_over_n():
     m = model()
     nll = torch.tensor(0.7, requires_grad=True)
-    terms = varbnn.elbo_loss(nll, m, n_data=1000, beta=0.5)
+    terms = varbnn.elbo_loss(nll, m, n_data=1000, kl_weight=0.5)
     kl = float(varbnn.kl(m))
     assert float(terms.loss) == pytest.approx(0.7 + 0.5 * kl / 1000, rel=1e-6)
     assert float(terms.kl) == pytest.approx(kl, rel=1e-6)
@@ -52,12 +52,24 @@ def test_delta_with_normal_prior_is_l2_regularisation():
     [
         ({"nll": torch.ones(4), "n_data": 10}, "nll must be a scalar"),
         ({"nll": torch.tensor(1.0), "n_data": 0}, "n_data must be a positive integer"),
-        ({"nll": torch.tensor(1.0), "n_data": 10, "beta": -1.0}, "beta must be"),
+        ({"nll": torch.tensor(1.0), "n_data": 10, "kl_weight": -1.0}, "elbo_loss: kl_weight must be"),
+        ({"nll": torch.tensor(1.0), "n_data": 10, "kl_weight": True}, "elbo_loss: kl_weight must be .* got a bool"),
+        ({"nll": torch.tensor(1.0), "n_data": 10, "kl_weight": 0.5, "beta": 0.5}, "kl_weight= only .* not both"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         varbnn.elbo_loss(model=model(), **kwargs)
+
+
+def test_beta_is_the_kl_weights_earlier_name():
+    nll = torch.tensor(0.5)
+    torch.manual_seed(0)
+    m = model()
+    with pytest.warns(FutureWarning, match=r"elbo_loss\(beta=...\) is now elbo_loss\(kl_weight=...\)"):
+        old = varbnn.elbo_loss(nll, m, n_data=10, beta=0.3)
+    new = varbnn.elbo_loss(nll, m, n_data=10, kl_weight=0.3)
+    assert old.kl_weight == new.kl_weight == new.beta == 0.3 and torch.equal(old.loss, new.loss)
 
 
 def test_linear_annealing():

@@ -143,7 +143,7 @@ def test_mc_samples_average_one_draw_gradients_exactly_and_cut_their_variance():
     # exact: one SGD step with S = 2 equals the mean of two one-draw gradients from the same random stream
     model = build()
     torch.manual_seed(11)
-    fit(model, loader, n_data=32, epochs=1, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), beta=1.0, progress=False,
+    fit(model, loader, n_data=32, epochs=1, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), kl_weight=1.0, progress=False,
         mc_samples=2)  # fmt: skip
     reference = build()
     torch.manual_seed(11)

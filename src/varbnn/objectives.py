@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from varbnn._checks import as_float_in
 from varbnn.divergence import kl as model_kl
 
 __all__ = [
@@ -49,18 +51,23 @@ NATS_PER_BIT = math.log(2.0)
 class ELBOTerms:
     """The loss to minimise and its parts (all in nats unless the name says bits).
 
-    :ivar loss: ``nll + beta * kl / n_data`` (a scalar tensor with gradient).
+    :ivar loss: ``nll + kl_weight * kl / n_data`` (a scalar tensor with gradient).
     :ivar nll: mean negative log-likelihood of the batch, per example (detached).
     :ivar kl: total KL of the model, summed over all weights (detached).
-    :ivar beta: the KL weight used.
+    :ivar kl_weight: the KL weight used (beta in the papers' notation; also :attr:`beta`).
     :ivar n_data: the number of training examples the KL is spread over.
     """
 
     loss: torch.Tensor
     nll: torch.Tensor
     kl: torch.Tensor
-    beta: float
+    kl_weight: float
     n_data: int
+
+    @property
+    def beta(self) -> float:
+        """The KL weight, under the papers' name: the same as :attr:`kl_weight`."""
+        return self.kl_weight
 
     @property
     def nll_bits(self) -> float:
@@ -74,19 +81,36 @@ class ELBOTerms:
 
     @property
     def negative_elbo(self) -> float:
-        """-ELBO per training example at beta = 1, ``nll + kl / n_data`` (nats), whatever ``beta`` was used."""
+        """-ELBO per training example at a KL weight of 1, ``nll + kl / n_data`` (nats), whatever weight was used."""
         return float(self.nll) + float(self.kl) / self.n_data
 
     def as_dict(self) -> dict[str, float]:
-        """``{"loss", "nll", "kl", "nll_bits", "kl_bits", "beta"}`` as Python floats (for logs and JSON)."""
+        """``{"loss", "nll", "kl", "nll_bits", "kl_bits", "beta"}`` as Python floats (for logs and JSON; ``"beta"`` is the
+        KL weight, under the key fit's history and the saved results use)."""
         return {
             "loss": float(self.loss.detach()),
             "nll": float(self.nll),
             "kl": float(self.kl),
             "nll_bits": self.nll_bits,
             "kl_bits": self.kl_bits,
-            "beta": self.beta,
+            "beta": self.kl_weight,
         }
+
+
+def check_kl_weight(value: Any, owner: str) -> float:
+    """``value`` as a KL weight: a finite number >= 0 that float32 can hold, or a ``ValueError`` naming ``kl_weight``."""
+    return as_float_in(value, "kl_weight", 0.0, None, owner=owner)
+
+
+def kl_weight_alias(kl_weight: Any, beta: Any, default: Any, owner: str) -> Any:
+    """The KL weight of a call that may still use the earlier keyword ``beta``: ``kl_weight``, or ``beta`` with a
+    ``FutureWarning`` (an error when both are given)."""
+    if beta is None:
+        return kl_weight
+    if kl_weight is not default:
+        raise ValueError(f"{owner}: pass the KL weight as kl_weight= only (beta= is its earlier name), not both")
+    warnings.warn(f"{owner}(beta=...) is now {owner}(kl_weight=...): beta= will be removed", FutureWarning, stacklevel=3)
+    return beta
 
 
 def _training_set_size(n_data: Any, name: str = "n_data") -> int:
@@ -110,10 +134,12 @@ def _training_set_size(n_data: Any, name: str = "n_data") -> int:
     return value
 
 
-def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.0) -> ELBOTerms:
-    """``loss = nll + beta * kl(model) / n_data``, with the parts returned for logging (an :class:`ELBOTerms`).
+def elbo_loss(
+    nll: torch.Tensor, model: nn.Module, n_data: int, kl_weight: float = 1.0, *, beta: float | None = None
+) -> ELBOTerms:
+    """``loss = nll + kl_weight * kl(model) / n_data``, with the parts returned for logging (an :class:`ELBOTerms`).
 
-    At ``beta = 1`` this is the negative ELBO per training example, Graves' online loss (2011, eq. 18,
+    At ``kl_weight = 1`` this is the negative ELBO per training example, Graves' online loss (2011, eq. 18,
     ``L^C / B + L^E(b_j)``) divided by the batch size; ``kl(model)`` is :func:`varbnn.divergence.kl`, the KL summed
     over every weight. When the model holds vMF directions drawn by rejection sampling, ``nll.detach() * score`` (value
     0) is added so that the concentration gradient is unbiased (:func:`score_correction`).
@@ -121,16 +147,16 @@ def elbo_loss(nll: torch.Tensor, model: nn.Module, n_data: int, beta: float = 1.
     :param nll: the MEAN negative log-likelihood over the batch (a scalar), nats.
     :param model: the model whose Bayesian layers contribute ``varbnn.kl(model)``.
     :param n_data: number of training examples (not the batch size), > 0: any integral number (e.g. ``np.int64``).
-    :param beta: KL weight (1 for the true ELBO; < 1 during annealing), >= 0.
+    :param kl_weight: the KL weight (beta in the papers; 1 for the true ELBO, < 1 during annealing), >= 0.
+    :param beta: the earlier name of ``kl_weight`` (a ``FutureWarning``).
     """
     if not isinstance(nll, torch.Tensor) or nll.dim() != 0:
         shape = tuple(nll.shape) if isinstance(nll, torch.Tensor) else type(nll).__name__
         raise ValueError(f"nll must be a scalar tensor (the batch-mean NLL), got {shape}")
     n_data = _training_set_size(n_data)
-    if not (math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    loss, kl_total = elbo_objective(nll, model, n_data, beta)
-    return ELBOTerms(loss=loss, nll=nll.detach(), kl=kl_total.detach(), beta=float(beta), n_data=n_data)
+    weight = check_kl_weight(kl_weight_alias(kl_weight, beta, 1.0, "elbo_loss"), "elbo_loss")
+    loss, kl_total = elbo_objective(nll, model, n_data, weight)
+    return ELBOTerms(loss=loss, nll=nll.detach(), kl=kl_total.detach(), kl_weight=weight, n_data=n_data)
 
 
 def elbo_objective(
@@ -270,11 +296,13 @@ def graves_gradients(
     *,
     n_data: int,
     nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-    beta: float = 1.0,
+    kl_weight: float = 1.0,
     weight_draws: str = "example",
     chunk_size: int | None = None,
+    beta: float | None = None,
 ) -> ELBOTerms:
-    """Accumulate into ``.grad`` (as ``loss.backward()`` would) the gradient of ``mean_n E_q[nll_n] + beta KL / n_data``
+    """Accumulate into ``.grad`` (as ``loss.backward()`` would) the gradient of ``mean_n E_q[nll_n] + kl_weight KL /
+    n_data`` (``beta``: the earlier name of ``kl_weight``)
     by Graves' (2011) estimator, and return the loss terms.
 
     With ``weight_draws="example"`` (default) every example gets its own weight draw (eq. 16-17); ``"batch"`` shares
@@ -290,8 +318,7 @@ def graves_gradients(
     from varbnn.families.gaussian import MeanField
 
     n_data = _training_set_size(n_data)
-    if not (math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    beta = check_kl_weight(kl_weight_alias(kl_weight, beta, 1.0, "graves_gradients"), "graves_gradients")
     fisher_families: list[tuple[MeanField, str]] = []
     replaced: set[str] = set()
     for prefix, module in model.named_modules():
@@ -316,7 +343,7 @@ def graves_gradients(
         ((beta / n_data) * kl_total).backward()
     nll_mean = values.mean().detach()
     loss = nll_mean + (beta / n_data) * kl_total.detach()
-    return ELBOTerms(loss=loss, nll=nll_mean, kl=kl_total.detach(), beta=float(beta), n_data=n_data)
+    return ELBOTerms(loss=loss, nll=nll_mean, kl=kl_total.detach(), kl_weight=float(beta), n_data=n_data)
 
 
 # ---------------------------------------------------------------------------------------------------------

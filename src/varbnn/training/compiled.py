@@ -204,6 +204,6 @@ def _compiled_elbo_step(
             loss, nll_value, kl_total = parts[0]
         else:
             loss, nll_value, kl_total = (torch.stack(values).mean() for values in zip(*parts))
-        return ELBOTerms(loss=loss, nll=nll_value, kl=kl_total, beta=float(beta), n_data=n_data)
+        return ELBOTerms(loss=loss, nll=nll_value, kl=kl_total, kl_weight=float(beta), n_data=n_data)
 
     return step

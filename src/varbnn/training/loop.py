@@ -23,9 +23,11 @@ from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.objectives import (
     ELBOTerms,
     _training_set_size,
+    check_kl_weight,
     default_kl_weight,
     elbo_loss,
     graves_gradients,
+    kl_weight_alias,
     uses_graves_estimator,
 )
 from varbnn.priors import update_adaptive_priors
@@ -72,7 +74,7 @@ def fit(
     lr: float = 1e-3,
     nll: NLLFunction = F.cross_entropy,
     likelihood: Likelihood | str | None = None,
-    beta: float | BetaSchedule | None = None,
+    kl_weight: float | BetaSchedule | None = None,
     device: str | torch.device | None = "model",
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
@@ -86,12 +88,13 @@ def fit(
     checkpoint_extra: Callable[[], dict[str, Any]] | None = None,
     diagnose: bool = True,
     compile: bool | str = False,
+    beta: float | BetaSchedule | None = None,
 ) -> list[dict[str, float]]:
-    """Minimise ``nll(model(x), y) + beta * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
+    """Minimise ``nll(model(x), y) + kl_weight * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
     The loss is the negative ELBO per training example (Graves 2011 eq. 18 divided by the batch size; see
     :mod:`varbnn.divergence` for the convention): the batch-mean NLL of one weight draw plus the model's KL, SUMMED
-    over every weight, times ``beta / n_data``. Each step is one forward pass, ``loss.backward()`` and one optimizer
+    over every weight, times ``kl_weight / n_data``. Each step is one forward pass, ``loss.backward()`` and one optimizer
     step, followed by :func:`varbnn.priors.update_adaptive_priors`. The paragraphs below say what each argument does;
     the parameter list at the end sums them up.
 
@@ -102,7 +105,7 @@ def fit(
     :meth:`~varbnn.likelihoods.Likelihood.kl` (a noise posterior's) joins the KL term at weight 1. Default: ``nll``,
     the cross-entropy of a classifier's logits.
 
-    ``beta`` (the KL weight): ``None`` (default) is the library's default for the model's families
+    ``kl_weight`` (beta in the papers' notation): ``None`` (default) is the library's default for the model's families
     (:func:`varbnn.objectives.default_kl_weight`; the value and its evidence are on the defaults results page);
     ``1.0`` is the true ELBO, as the papers train.
 
@@ -115,9 +118,9 @@ def fit(
 
     Adaptive priors are set to their optimum after every step. Models with a ``MeanField(estimator="graves")`` tensor
     take their gradients from :func:`varbnn.objectives.graves_gradients` (a weight draw per example, Fisher
-    variance gradient) instead of ``loss.backward()``. ``beta`` is a number or a function of the
+    variance gradient) instead of ``loss.backward()``. ``kl_weight`` is a number or a function of the
     global step (e.g. ``lambda s: linear_kl_annealing(s, 1000)``). Returns one dict per epoch with the mean
-    loss, NLL (nats), KL (nats) and beta.
+    loss, NLL (nats), KL (nats) and the KL weight (under the key ``"beta"``).
 
     ``n_data`` is the training-set size (the number of examples the KL is spread over): any integral number >= 1
     (Python or NumPy integer, 0-d tensor, integer-valued float). A ``ValueError`` names it when a batch, or the
@@ -173,7 +176,7 @@ def fit(
     0, gradients averaged), each rank's weight noise is seeded by its rank (:func:`varbnn.distributed.rank_seed`
     of ``torch.initial_seed()``), ``loader.sampler.set_epoch`` is called every epoch, the returned history is
     averaged over the ranks and only rank 0 writes ``checkpoint`` (the unwrapped model's state dict, loadable in a
-    single process). The per-rank loss is ``mean NLL of the shard + beta * KL / n_data``, so with averaged gradients
+    single process). The per-rank loss is ``mean NLL of the shard + kl_weight * KL / n_data``, so with averaged gradients
     the KL counts once per global step (see :mod:`varbnn.distributed`). Models with the Graves estimator are not
     wrapped: their gradients (per-example Fisher) are averaged with an all-reduce instead. Non-finite checks are
     agreed on by all ranks (every rank raises, or skips, together).
@@ -184,7 +187,7 @@ def fit(
     dataset) in mode ``"reduce-overhead"``, which records the step in CUDA graphs (on an H200's LeNet-5, 0.85x-1.70x
     the plain network's eager step for every family, against 1.78x-3.71x without graphs), elsewhere in the default
     mode. A string (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``) is
-    passed as its ``mode`` as it is. ``beta`` enters as a tensor, so an annealing schedule does not recompile. The
+    passed as its ``mode`` as it is. The KL weight enters as a tensor, so an annealing schedule does not recompile. The
     weight noise is drawn where it is cheapest: inside the compiled kernels, on the CPU by :mod:`varbnn.philox`'s
     counter-based generator (one key per step from torch's generator, so ``torch.manual_seed`` still makes a run
     reproducible; torch's own CPU generator fills a tensor on one thread), on other devices by inductor's. Either is
@@ -210,7 +213,7 @@ def fit(
     :param lr: the learning rate of the default optimizer (default 1e-3; not used with ``optimizer``).
     :param nll: the data term ``nll(output, target)``, the batch-mean NLL (default ``F.cross_entropy``).
     :param likelihood: a likelihood object or name, used instead of ``nll`` (see above).
-    :param beta: the KL weight: a number >= 0, a function of the global step, or ``None`` for the family default.
+    :param kl_weight: the KL weight: a number >= 0, a function of the global step, or ``None`` for the family default.
     :param device: where to train (default ``"model"``: where the model's parameters already are, so a model moved
         to a GPU trains there; ``None`` or ``"auto"``: CUDA when available; or a device such as ``"cpu"`` or ``"cuda"``,
         to which the model is moved).
@@ -233,12 +236,14 @@ def fit(
         GPU when the batches have one shape, see above), or a mode string (default False: eager). The first step
         compiles: on a 2-core CPU 38-96 s for an MNIST MLP the first time, 8-26 s once torch's on-disk cache holds
         the graphs, so that compiling pays after thousands of steps there (the training guide's "Compiled steps").
+    :param beta: the earlier name of ``kl_weight`` (a ``FutureWarning``; an error together with ``kl_weight``).
+
     On return the model is in ``eval()`` mode (dropout off, batch normalisation using its running statistics), so that
     predicting right after training does not update batch-norm statistics from the test inputs; Bayesian layers still
     sample (see :mod:`varbnn.nn.base`). Each epoch switches it back to ``train()``.
 
     :returns: the history: one dict per epoch (restored ones included) with ``epoch``, the epoch's mean ``loss``,
-        ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` the schedule's value after the epoch's last
+        ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` the KL weight's value after the epoch's last
         step (the next step's weight), and ``skipped`` with ``skip_nonfinite``.
     """
     n_data = _training_set_size(n_data)
@@ -257,7 +262,7 @@ def fit(
     _refuse_posthoc_wrappers(model)
     _warn_if_not_sampling(model)
     lik, nll = _data_term(nll, likelihood, n_data)
-    schedule = _kl_weight_schedule(beta, model)
+    schedule = _kl_weight_schedule(kl_weight_alias(kl_weight, beta, None, "fit"), model)
     per_epoch = _distinct_examples_per_epoch(loader)
     if per_epoch is not None and per_epoch > n_data:
         raise ValueError(
@@ -326,7 +331,7 @@ def fit(
                 where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
                 batches += 1
                 if per_epoch is None and epoch == first_epoch and x.dim() > 0:
-                    distinct.add((x.untyped_storage().data_ptr(), x.storage_offset(), x.shape[0]))
+                    distinct.add((x.untyped_storage().data_ptr(), int(x.storage_offset()), int(x.shape[0])))
                 kind, detail = None, _nonfinite_data(x, y)  # before the transfer: no wait on the device for a CPU batch
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
                 if check_batch_size and x.dim() > 0 and x.shape[0] > n_data:
@@ -340,7 +345,7 @@ def fit(
                         raise _nonfinite_error(kind, detail, where, epoch + 1, step + 1, batches - 1, skip_nonfinite)
                 optimizer.zero_grad(set_to_none=True)
                 if graves:
-                    terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, beta=schedule(step))
+                    terms = graves_gradients(model, x, y, n_data=n_data, nll=nll, kl_weight=schedule(step))
                     if distributed:
                         vdist.all_reduce_mean_([p.grad for p in model.parameters() if p.grad is not None])
                 elif compiled_step is not None:
@@ -454,15 +459,15 @@ def _data_term(nll: NLLFunction, likelihood: Likelihood | str | None, n_data: in
 
 
 def _kl_weight_schedule(beta: float | BetaSchedule | None, model: nn.Module) -> BetaSchedule:
-    """fit's ``beta`` as a function of the global step (``None``: the model's families' default KL weight)."""
+    """fit's ``kl_weight`` as a function of the global step (``None``: the model's families' default KL weight)."""
     if beta is None:
         beta = default_kl_weight(model)
     elif not callable(beta):
         try:
-            beta = as_float_in(beta, "beta", 0.0, None, owner="fit")
+            beta = check_kl_weight(beta, "fit")
         except ValueError as error:
-            raise type(error)(f"{error} (beta is the KL weight: a finite number >= 0, a function of the step, or None "
-                              "for the family default)") from None  # fmt: skip
+            raise type(error)(f"{error} (the KL weight: a finite number >= 0, a function of the step, or None for the "
+                              "family default)") from None  # fmt: skip
     if callable(beta):
         return beta
     weight = float(beta)
@@ -678,14 +683,14 @@ def _accumulated_elbo_gradient(
         no_sync = getattr(net, "no_sync", None)
         context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
         with context:
-            terms = elbo_loss(nll(net(x), y), model, n_data, beta)
+            terms = elbo_loss(nll(net(x), y), model, n_data, kl_weight=beta)
             (terms.loss / samples if samples > 1 else terms.loss).backward()
         parts.append(terms)
     if samples == 1:
         return parts[0]
     mean = lambda values: torch.stack(values).mean()  # noqa: E731
     return ELBOTerms(loss=mean([t.loss.detach() for t in parts]), nll=mean([t.nll for t in parts]),
-                     kl=mean([t.kl for t in parts]), beta=float(beta), n_data=n_data)  # fmt: skip
+                     kl=mean([t.kl for t in parts]), kl_weight=float(beta), n_data=n_data)  # fmt: skip
 
 
 @torch.no_grad()
