@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
         varbnn.RadialDirectionalPrior(global_scale=1e-4, local_scale=5e-3),
         pretrained=False,
     )
-    history = varbnn.fit(rdp, loader(), n_data=len(x_train), epochs=rdp_epochs, lr=3e-3, kl_weight=1.0, device=device, progress=False)
+    history = varbnn.fit(rdp, loader(), n_data=len(x_train), epochs=rdp_epochs, lr=3e-3, kl_weight=1.0, device=device,
+                         progress=False)
     say(f"trained: last epoch NLL {history[-1]['nll']:.4f}, KL {history[-1]['kl']:.0f} nats")
     bayes_metrics = varbnn.evaluate(rdp, x_test, y_test, samples=samples, seed=args.seed, device=device)
 
