@@ -35,7 +35,13 @@ What happens to each module type:
 * a module object used at several places (``nn.Sequential(lin, nn.ReLU(), lin)``) becomes ONE Bayesian module used at
   the same places: one posterior and one KL term, as the plain network had one weight; its report row lists the other
   places in ``also_at``. Each call of a Bayesian layer draws its own weights, so the two uses see two draws of that
-  one posterior within a forward pass (as with local reparameterization anyway).
+  one posterior within a forward pass (as with local reparameterization anyway). Excluding any one name of a shared
+  module excludes it everywhere, and so does excluding a PARENT (by name or type) at one of its places: a module that
+  sits inside a subtree left as it is (excluded, frozen, ``nn.MultiheadAttention``, a transformer encoder layer, a
+  module that is Bayesian already) at one place stays as it is at all its places, one plain object; its report row
+  names the subtree (deliberate when that subtree is excluded or frozen, warned otherwise). A module inside a module
+  that a registered converter replaces as a whole cannot stay one object with its other places: that gets a
+  :class:`ConversionWarning`.
 * a converted layer is put on the plain module's device, its posteriors in its floating dtype (``float16``,
   ``bfloat16`` ...; the priors keep theirs), with the plain module's forward and backward hooks. A module on the meta
   device gives a meta Bayesian layer (``to_empty`` then a state dict fills it). A lazy module (``nn.LazyLinear``)
@@ -57,6 +63,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedParameter
 from torch.nn.utils import parametrize
 
 from varbnn.families.base import VariationalFamily
@@ -516,11 +523,34 @@ class _Row:
         return dataclasses.replace(self.row, also_at=tuple(self.also_at)) if self.also_at else self.row
 
 
+@dataclass(frozen=True)
+class _Pin:
+    """A module that sits inside a subtree left as it is (excluded, frozen, attention ...) and at another place too:
+    it stays as it is at that place as well, so that it remains one object."""
+
+    module: nn.Module
+    inner: str  # one of its places inside the subtree
+    holder: str  # the place of the subtree left as it is
+    holder_reason: str
+    deliberate: bool
+
+    def reason(self) -> str:
+        if self.holder_reason == FROZEN:  # its parameters are the frozen subtree's: frozen too
+            return FROZEN
+        inside = f"one object with {self.inner!r}, inside {self.holder or '(model)'!r}"
+        if self.holder_reason == EXCLUDED:
+            return f"{EXCLUDED}: {inside}, which is excluded; left as it is at all its places"
+        return f"{inside}, which is left whole ({self.holder_reason}); left as it is at all its places"
+
+
 class _Walker:
     """Walks a model top-down: converts what has a converter (when ``context`` is given), records the rest.
 
     A module object met again at another place (``nn.Sequential(lin, nn.ReLU(), lin)``) is given the same
     replacement there, and its row (and the rows of the modules inside it) lists the other place in ``also_at``.
+    A module in ``pins`` (it sits inside a subtree left as it is, e.g. under an excluded parent) is left as it is at
+    its other places too. ``dry=True`` decides without converting anything (the model is not changed) and collects in
+    ``found_pins`` the modules inside the subtrees it leaves as they are: the ``pins`` of the walk that converts.
     """
 
     def __init__(
@@ -532,8 +562,15 @@ class _Walker:
         frozen: str = "keep",
         aliases: dict[int, list[str]] | None = None,
         ties: dict[int, str] | None = None,
+        pins: dict[int, _Pin] | None = None,
+        dry: bool = False,
     ) -> None:
         self.context = context
+        self.pins = pins or {}
+        self.dry = dry
+        self.found_pins: dict[int, _Pin] = {}
+        # id -> (a module inside one that a converter replaces whole, its place there, the converted one, its place)
+        self.found_replaced: dict[int, tuple[nn.Module, str, nn.Module, str]] = {}
         self.excluded_names = excluded_names
         self.excluded_types = excluded_types
         self.frozen = frozen
@@ -553,10 +590,20 @@ class _Walker:
         self._rows[id(placed)] = (placed, entry)
 
     def _leave(self, module: nn.Module, name: str, reason: str, deliberate: bool, recurse: bool = True) -> nn.Module:
-        count = sum(p.numel() for p in module.parameters(recurse=recurse))
-        if count:
+        parameters = list(module.parameters(recurse=recurse))
+        lazy = [p for p in parameters if isinstance(p, UninitializedParameter)]  # no size yet: counted as 0
+        count = sum(p.numel() for p in parameters if not isinstance(p, UninitializedParameter))
+        if count or lazy:
             self._add(self.deterministic, module, DeterministicModule(name, type(module).__name__, count, reason, deliberate))
+        if recurse and self.dry:
+            self._pin_inside(module, name, reason, deliberate)
         return module
+
+    def _pin_inside(self, module: nn.Module, name: str, reason: str, deliberate: bool) -> None:
+        """Note every module inside ``module`` (left as it is at ``name``, not walked into) in ``found_pins``."""
+        for sub_name, sub in module.named_modules(prefix=name, remove_duplicate=False):
+            if sub is not module and id(sub) not in self.found_pins:
+                self.found_pins[id(sub)] = _Pin(sub, sub_name, name, reason, deliberate)
 
     def _record(self, name: str, new: nn.Module, source: nn.Module | None) -> nn.Module:
         variational = sum(p.numel() for p in new.parameters())
@@ -596,7 +643,17 @@ class _Walker:
         if any(n in self.excluded_names for n in places) or (self.excluded_types and isinstance(module, self.excluded_types)):
             return self._leave(module, name, EXCLUDED, True)
         if isinstance(module, BayesianModule):
+            if self.dry:
+                self._pin_inside(module, name, "a Bayesian module already, left as it is", False)
+                return module
             return self._record(name, module, None)
+        pin = self.pins.get(id(module))
+        if pin is not None and pin.module is module:  # also inside a subtree left as it is: one object, so here too
+            self._leave(module, name, pin.reason(), pin.deliberate)
+            found = self._rows.get(id(module))
+            if found is not None and found[0] is module:
+                found[1].also_at.extend(p for p in places if p != name and p not in found[1].also_at)
+            return module
         registered, converter = _lookup_class(_CONVERTERS, module)
         if converter is not None:
             assert registered is not None
@@ -642,6 +699,11 @@ class _Walker:
             return self._leave(module, name, _TIED.format(pairs=self.ties[id(module)]), False)
         if self.context is None:
             return self._leave(module, name, _NOT_CONVERTED, False)
+        if self.dry:
+            for sub_name, sub in module.named_modules(prefix=name, remove_duplicate=False):
+                if sub is not module:  # replaced with the module by its converter: not one object with another place
+                    self.found_replaced.setdefault(id(sub), (sub, sub_name, module, name))
+            return module
         if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
             where = repr(name) if name else "the model"
             raise ValueError(
@@ -739,7 +801,9 @@ def bayesianize(
     a posterior. Exclude all tied modules to keep the tie without the warning, or untie before converting (e.g.
     ``model.decoder.weight = nn.Parameter(model.decoder.weight.detach().clone())``). A module OBJECT used at several
     places is different: it becomes one Bayesian module at all of them (one posterior, one KL term; the report's
-    ``also_at``). Frozen modules (all parameters ``requires_grad=False``) stay deterministic and frozen (``frozen``).
+    ``also_at``), or stays one plain module at all of them when one of its places lies inside a subtree left as it is
+    (an excluded parent, a frozen or attention module; its row says so). Frozen modules (all parameters
+    ``requires_grad=False``) stay deterministic and frozen (``frozen``).
     A batch norm with running statistics after a Bayesian layer is warned about (once): in eval mode every sampled
     network is normalised with one set of statistics, estimated for other weights; a Bayesian bias right before it
     is cancelled by it, so its posterior drifts to the prior (build that layer with ``bias=False``). The warning lists
@@ -761,7 +825,8 @@ def bayesianize(
     :param bias_prior: prior of the bias tensors (default: ``prior``).
     :param exclude: qualified module names (as in ``named_modules``; any name of a module used at several places
         excludes it at all of them) or module types to leave unchanged (deliberately: they are reported, not warned
-        about).
+        about), with everything inside them: a module inside an excluded one that is also used at another place
+        stays plain there too (one object; reported as excluded, with the excluded place).
     :param pretrained: copy the plain weights into the posterior means (default True: a trained network keeps what it
         learned, and an untrained one starts from torch's own initialisation; on fresh networks the
         defaults study (two seeds) found each layer's own initialisation the better start for 4 of 5 families,
@@ -813,16 +878,32 @@ def bayesianize(
         )  # fmt: skip
 
     copied = _deep_copy(model)
-    walker = _Walker(
-        context,
-        frozenset(e for e in exclude if isinstance(e, str)),
-        tuple(e for e in exclude if isinstance(e, type)),
-        frozen=frozen,
-        aliases=_places(copied),
-        ties=_tied_parameters(copied),
-    )
-    new = walker.visit(copied, "")
-    result = walker.report()
+    aliases, ties = _places(copied), _tied_parameters(copied)
+
+    def walker(pins: dict[int, _Pin] | None = None, dry: bool = False) -> _Walker:
+        return _Walker(
+            context,
+            frozenset(e for e in exclude if isinstance(e, str)),
+            tuple(e for e in exclude if isinstance(e, type)),
+            frozen=frozen,
+            aliases=aliases,
+            ties=ties,
+            pins=pins,
+            dry=dry,
+        )
+
+    pins: dict[int, _Pin] = {}
+    replaced: dict[int, tuple[nn.Module, str, nn.Module, str]] = {}
+    if any(len(places) > 1 for places in aliases.values()):
+        # a module used at several places may sit inside a subtree left as it is (an excluded parent) at one of them:
+        # find those first, so that it is left as it is at all its places (a split would be silent)
+        scout = walker(dry=True)
+        scout.visit(copied, "")
+        pins, replaced = scout.found_pins, scout.found_replaced
+    converting = walker(pins)
+    new = converting.visit(copied, "")
+    _warn_split_by_converters(replaced, aliases, pins)
+    result = converting.report()
     unintended = result.unintended
     if unintended:
         count = sum(d.num_parameters for d in unintended)
@@ -871,6 +952,36 @@ def _places(model: nn.Module) -> dict[int, list[str]]:
     for name, module in model.named_modules(remove_duplicate=False):
         places.setdefault(id(module), []).append(name)
     return places
+
+
+def _warn_split_by_converters(
+    replaced: dict[int, tuple[nn.Module, str, nn.Module, str]], aliases: dict[int, list[str]], pins: dict[int, _Pin]
+) -> None:
+    """One :class:`ConversionWarning` for modules that sat inside a module converted as a whole (by a registered
+    converter of a type with submodules) and at another place too: the converter made what it made of them, the
+    other place got its own treatment, so they are no longer one object (two posteriors for what was one weight). A
+    converted module that was pinned (left as it is, see :class:`_Pin`) was not converted: nothing split there."""
+    split = []
+    for module, inner, converted, holder in replaced.values():
+        if id(converted) in pins:
+            continue
+        holders = aliases.get(id(converted), [holder])
+        if "" in holders:  # the model itself was converted: nothing is outside it
+            continue
+        inside = tuple(f"{h}." for h in holders)
+        outer = [p for p in aliases.get(id(module), []) if not p.startswith(inside)]
+        if outer:
+            split.append(f"{outer[0]!r} (also {inner!r} inside {holder!r})")
+    if split:
+        warnings.warn(
+            f"bayesianize: {len(split)} modules used at several places sat inside a module that a registered converter "
+            f"replaced as a whole, and their other place got its own treatment: {', '.join(split[:3])}"
+            f"{', ...' if len(split) > 3 else ''}. They are no longer one object (e.g. two posteriors for what was one "
+            "weight). Exclude the converted module to keep it and them plain and shared, or give the other place a copy "
+            "of its own before bayesianize.",
+            ConversionWarning,
+            stacklevel=3,
+        )
 
 
 def _hints(unintended: Sequence[DeterministicModule]) -> str:
