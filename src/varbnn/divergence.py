@@ -455,7 +455,7 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
     """The sum of KL(q || p) over the model's Bayesian tensors, None if it has none: the tensors whose KL has
     :class:`NormalKLParts` in one :func:`normal_kl_sum` per device and dtype (outside ``torch.compile`` and torch.func
     transforms, which take each tensor's own KL), the others one by one. Outside them it also makes the tensors whose
-    sigma is ``softplus(rho)`` (``_softplus_group_eligible``) one :class:`~varbnn.families.gaussian.SoftplusGroup` per
+    sigma is ``softplus(rho)`` (``_softplus_group_eligible``) one :class:`~varbnn._fast.softplus.SoftplusGroup` per
     device and dtype, whose statistics the next steps compute in one node."""
     from varbnn.families.base import VariationalFamily
     from varbnn.nn.base import BayesianModule
@@ -490,7 +490,7 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
         term = normal_kl_sum(parts_list)
         total = term if total is None else total + term
     if softplus:  # the next steps compute these tensors' sigma statistics together (host time)
-        from varbnn.families.gaussian import join_softplus_groups
+        from varbnn._fast.softplus import join_softplus_groups
 
         for families in softplus.values():
             join_softplus_groups(families)

@@ -18,8 +18,8 @@ paths, a closed-form KL registered with :func:`varbnn.divergence.register_family
 
 from varbnn.families.base import FAMILIES, SampleMode, VariationalFamily, make_family, register_family
 from varbnn.families.delta import Delta
-from varbnn.families.gaussian import MeanField
 from varbnn.families.ktied import KTied
+from varbnn.families.meanfield import MeanField
 from varbnn.families.radial import Radial
 from varbnn.families.rdp import RadialDirectional
 

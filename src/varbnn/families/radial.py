@@ -18,25 +18,23 @@ from torch.distributions import Distribution
 
 from varbnn import philox
 from varbnn._checks import as_float_in, as_positive_int
-from varbnn.distributions.radial import Radial as RadialDistribution
-from varbnn.distributions.radial import radial_entropy_constant
-from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
-from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
-from varbnn.families.gaussian import (
-    INIT_STD_RANGE,
-    _functorch_active,
-    _rademacher,
+from varbnn._fast.softplus import (
     cache_until_backward,
     cached_draw,
     cached_softplus,
     fused_normal_kl,
     group_stats,
-    inverse_softplus,
     normal_kl_from_stats,
     softplus_sample,
     softplus_stats,
     step_key,
 )
+from varbnn._transforms import functorch_active as _functorch_active
+from varbnn.distributions.radial import Radial as RadialDistribution
+from varbnn.distributions.radial import radial_entropy_constant
+from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
+from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
+from varbnn.families.meanfield import INIT_STD_RANGE, _rademacher, inverse_softplus
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 from varbnn.priors import Prior
@@ -64,7 +62,7 @@ class Radial(VariationalFamily):
     :func:`~varbnn.convert.bayesianize`).
 
     :param init_std: initial ``sigma = softplus(rho)`` of every element, a number in ``[1e-8, 1e2]``
-        (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`; the paper initialises rho = -6 for both families in its
+        (:data:`~varbnn.families.meanfield.INIT_STD_RANGE`; the paper initialises rho = -6 for both families in its
         continual-learning runs, i.e. 2.5e-3). The per-element standard deviation of a radial draw is
         ``sigma / sqrt(D)`` for a tensor of ``D`` elements, so a given ``sigma`` is ``sqrt(D)`` times less noise
         per weight than :class:`MeanField`'s: with sigma = 1e-2 a 784x400 layer starts at 1.8e-5 per weight and,
@@ -128,7 +126,7 @@ class Radial(VariationalFamily):
         return cached_softplus(self)
 
     def _softplus_group_eligible(self) -> bool:
-        """Whether this tensor joins its model's :class:`~varbnn.families.gaussian.SoftplusGroup`: Radial's own sigma
+        """Whether this tensor joins its model's :class:`~varbnn._fast.softplus.SoftplusGroup`: Radial's own sigma
         and draw (either estimator)."""
         cls = type(self)
         return cls.scale is Radial.scale and cls.rsample is Radial.rsample
