@@ -164,6 +164,11 @@ class KTied(MeanField):
 
     default_kl_weight = 0.03  # benchmarks/results/defaults
 
+    # its own sigma (U V^T, or softplus(rho) untied) keeps MeanField's fast paths: declared for its overrides
+    softplus_group = True  # the untied tensors only (_softplus_group_eligible)
+    has_fused_sample = True
+    has_plain_scale = True
+
     log_u: nn.Parameter
     log_v: nn.Parameter
 
@@ -247,10 +252,10 @@ class KTied(MeanField):
         """An untied tensor (sigma = softplus(rho): biases, and ranks at least the matrix's smaller side) joins its
         model's :class:`~varbnn._fast.softplus.SoftplusGroup` as a MeanField tensor does; a tied one keeps its own
         node (U V^T)."""
-        return not self.tied and self._softplus_path_of(KTied)
+        return not self.tied and super()._softplus_group_eligible()
 
     def _fused_sample(self) -> torch.Tensor | None:
-        if type(self)._scale_stats is not KTied._scale_stats or type(self).scale is not MeanField.scale:
+        if not self.has_fused_sample:
             return None  # a subclass with its own sigma draws from it
         if not self.tied:
             return softplus_sample(self)

@@ -102,6 +102,11 @@ class MeanField(VariationalFamily):
         "graves": LAYER_KINDS,
     }
 
+    # the fast paths of its sigma = softplus(rho) (varbnn._fast.softplus), declared for this class's own members
+    softplus_group = True
+    has_fused_sample = True
+    has_plain_scale = True
+
     loc: nn.Parameter
     rho: torch.Tensor
     weight_mask: torch.Tensor | None
@@ -163,16 +168,10 @@ class MeanField(VariationalFamily):
         """Posterior standard deviations (softplus(rho); KTied's U V^T), computed once per training step with the KL's
         statistics (:func:`~varbnn._fast.softplus.stats_per_step`); outside training steps (no gradients recorded, e.g.
         prediction) sigma alone."""
-        if self._plain_scale_applies() and not _records_step(self._scale_sources()):
+        if self.has_plain_scale and not _records_step(self._scale_sources()):
             shared = _shared_sigma(self, self._plain_scale)
             return self._plain_scale() if shared is None else shared
         return self._scale_stats()[0]
-
-    def _plain_scale_applies(self) -> bool:
-        """Whether :meth:`_plain_scale` is this class's sigma: a subclass that overrides :meth:`_scale_stats` without it
-        (another parameterisation of sigma) keeps :meth:`_scale_stats` outside training steps too."""
-        cls = type(self)
-        return cls._scale_stats is MeanField._scale_stats or cls._plain_scale is not MeanField._plain_scale
 
     def _scale_sources(self) -> tuple[torch.Tensor, ...]:
         """The parameters sigma is computed from (the per-step cache's key); subclasses with another parameterisation
@@ -184,30 +183,19 @@ class MeanField(VariationalFamily):
         return softplus(self.rho)
 
     def _softplus_group_eligible(self) -> bool:
-        """Whether this tensor joins its model's :class:`~varbnn._fast.softplus.SoftplusGroup`: unpruned, any estimator
-        but Graves' (whose steps run under torch.func), and MeanField's own sigma and draw (a subclass with another
-        parameterisation keeps its own nodes)."""
-        return self._softplus_path_of(MeanField)
-
-    def _softplus_path_of(self, owner: type[MeanField]) -> bool:
-        """Unpruned, not the Graves estimator, and sigma's statistics and the fused draw those of ``owner`` (the class
-        whose ``softplus(rho)`` path the group reproduces), with MeanField's ``scale`` and ``rsample``."""
-        cls = type(self)
-        return (
-            self.estimator != "graves"
-            and self.weight_mask is None
-            and cls._scale_stats is owner._scale_stats
-            and cls.scale is MeanField.scale
-            and cls._fused_sample is owner._fused_sample
-            and cls.rsample is MeanField.rsample
-        )
+        """Whether this tensor joins its model's :class:`~varbnn._fast.softplus.SoftplusGroup`: the class declares
+        :attr:`~varbnn.families.VariationalFamily.softplus_group` (a subclass with another parameterisation of sigma or
+        of the draw does not, and keeps its own nodes), the tensor is unpruned, and its estimator is not Graves' (whose
+        steps run under torch.func)."""
+        return self.softplus_group and self.estimator != "graves" and self.weight_mask is None
 
     def _fused_sample(self) -> torch.Tensor | None:
         """A training step's first draw through a node that also gives sigma's statistics
-        (:func:`~varbnn._fast.softplus.fused_sample`), or None; a subclass with another parameterisation of sigma
-        overrides this too (None: the draw from :attr:`scale`)."""
-        if type(self)._scale_stats is not MeanField._scale_stats or type(self).scale is not MeanField.scale:
-            return None  # a subclass with its own sigma draws from it (the scale property)
+        (:func:`~varbnn._fast.softplus.fused_sample`), or None: also where the class does not declare
+        :attr:`~varbnn.families.VariationalFamily.has_fused_sample` (a subclass with its own sigma draws from
+        :attr:`scale`)."""
+        if not self.has_fused_sample:
+            return None
         return softplus_sample(self)
 
     def _scale_stats(self, with_square: bool = False) -> ScaleStats:
@@ -219,7 +207,7 @@ class MeanField(VariationalFamily):
     @property
     def variance(self) -> torch.Tensor:
         """Posterior variances sigma^2 (unmasked), within a training step an output of the fused node."""
-        if self._plain_scale_applies() and not _records_step(self._scale_sources()):
+        if self.has_plain_scale and not _records_step(self._scale_sources()):
             shared = _shared_sigma(self, self._plain_scale)
             return (self._plain_scale() if shared is None else shared).square()
         square = self._scale_stats(with_square=True)[1]

@@ -88,6 +88,10 @@ class Radial(VariationalFamily):
     estimators = _ESTIMATORS
     estimator_layers = {"reparam": LAYER_KINDS, "flipout": ("linear", "conv1d", "conv2d", "conv3d")}
 
+    # the fast paths of its sigma = softplus(rho) (varbnn._fast.softplus), declared for this class's scale and rsample
+    softplus_group = True
+    has_fused_sample = True
+
     loc: nn.Parameter
     rho: nn.Parameter
     _scale_cache: tuple[Any, ...] | None = None
@@ -124,12 +128,6 @@ class Radial(VariationalFamily):
     def scale(self) -> torch.Tensor:
         """sigma = softplus(rho), shared by the forward pass and the KL within a step (:func:`cached_softplus`)."""
         return cached_softplus(self)
-
-    def _softplus_group_eligible(self) -> bool:
-        """Whether this tensor joins its model's :class:`~varbnn._fast.softplus.SoftplusGroup`: Radial's own sigma
-        and draw (either estimator)."""
-        cls = type(self)
-        return cls.scale is Radial.scale and cls.rsample is Radial.rsample
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
@@ -179,7 +177,7 @@ class Radial(VariationalFamily):
             stats = group_stats(self)
             if stats is not None:  # sigma from the step's group node: the draw is one addcmul
                 return torch.addcmul(self.loc, stats[0], self._noise(torch.Size()))
-        if type(self).scale is Radial.scale:  # a training step's first draw: the draw and sigma's statistics in one node
+        if self.has_fused_sample:  # a training step's first draw: the draw and sigma's statistics in one node
             weight = softplus_sample(self, lambda: self._noise(torch.Size()))
             if weight is not None:
                 return weight
