@@ -18,6 +18,10 @@ What is here, and the measurement each part stands on:
   ``ab_meanfield_local_plain_softplus.md`` 0.965, ``ab_radial_plain_softplus.md`` 0.968), and a tied sigma shared by
   the forward pass and the KL (:func:`share_sigmas_in_trace`: ``ab_ktied_shared_sigma.md`` 0.920), an elementwise one
   not (``ab_meanfield_shared_sigma.md``).
+
+Which family takes which path is declared on its class (:attr:`~varbnn.families.VariationalFamily.softplus_group`,
+:attr:`~varbnn.families.VariationalFamily.has_fused_sample`, :attr:`~varbnn.families.VariationalFamily.has_plain_scale`,
+:attr:`~varbnn.families.VariationalFamily.share_sigma_in_trace`); this module only provides the paths.
 """
 
 from __future__ import annotations
