@@ -69,7 +69,7 @@ def _unshared_sigma() -> None:
 
 
 def _shared_softplus() -> None:
-    from varbnn.families.gaussian import MeanField
+    from varbnn.families.meanfield import MeanField
 
     MeanField.share_sigma_in_trace = True  # type: ignore[attr-defined]
 
@@ -110,9 +110,10 @@ def _no_family_options() -> None:
 def _plain_softplus() -> None:
     import torch.nn.functional as F
 
-    import varbnn.families.gaussian as gaussian
+    import varbnn._fast.softplus as fast_softplus
+    import varbnn.families.meanfield as meanfield
 
-    gaussian.softplus = F.softplus
+    fast_softplus.softplus = meanfield.softplus = F.softplus
 
 
 def _generator_draws() -> None:
@@ -133,9 +134,9 @@ def _generator_row_tangents() -> None:
 
 
 def _no_softplus_group() -> None:
-    import varbnn.families.gaussian as gaussian
+    import varbnn._fast.softplus as fast_softplus
 
-    gaussian.join_softplus_groups = lambda families: None
+    fast_softplus.join_softplus_groups = lambda families: None
 
 
 VARIANTS: dict[str, tuple[str, Callable[[], None]]] = {

@@ -352,18 +352,18 @@ def _traced_calls(name, share=True):
 
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    import varbnn.families.gaussian as gaussian
+    import varbnn._fast.softplus as fast_softplus
 
     torch._dynamo.reset()
     model = _model(name)
     x, y = _batch()
     backend = CompileCounterWithBackend("aot_eager")
-    real = gaussian.share_sigmas_in_trace
-    gaussian.share_sigmas_in_trace = real if share else (lambda active: None)
+    real = fast_softplus.share_sigmas_in_trace
+    fast_softplus.share_sigmas_in_trace = real if share else (lambda active: None)
     try:  # the step binds the function when it is built
         step = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)
     finally:
-        gaussian.share_sigmas_in_trace = real
+        fast_softplus.share_sigmas_in_trace = real
     step(x, y, 0.5, 1)
     assert len(backend.graphs) == 1
     return Counter(str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function")
@@ -374,7 +374,7 @@ def test_a_tied_sigma_is_computed_once_for_the_forward_pass_and_the_kl():
     sigma (a GEMM whose backward is two more) itself: one ``U V^T`` node per tied tensor (the model's two weights) where
     the forward pass and the KL built one each. MeanField's elementwise softplus is left to inductor, which recomputes
     it inside each kernel that reads it: one softplus per use (weights and biases, draw and KL), traced as
-    ``log1p(exp(min(rho, 20)))`` (:func:`varbnn.families.gaussian.softplus`), F.softplus nowhere."""
+    ``log1p(exp(min(rho, 20)))`` (:func:`varbnn._fast.softplus.softplus`), F.softplus nowhere."""
     shared, unshared = _traced_calls("ktied"), _traced_calls("ktied", share=False)
     assert shared["autograd_function_apply"] == unshared["autograd_function_apply"] - 2, (dict(shared), dict(unshared))
     meanfield = _traced_calls("meanfield")

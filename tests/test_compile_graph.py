@@ -25,4 +25,4 @@ def test_every_captured_operation_is_attributed_and_the_draws_are_philoxs():
     assert products > 0 and products % (22 * per_draw) == 0 and products // (22 * per_draw) < 20
     # the key's round keys once per step, not once per draw: 2 words x 2 operations x (ROUNDS - 1) bumps
     assert by_function["philox.key_schedule"] == 4 * (ROUNDS - 1)
-    assert by_function["families.gaussian.softplus"] > 0  # sigma, traced (the fused eager node is not used under compile)
+    assert by_function["_fast.softplus.softplus"] > 0  # sigma, traced (the fused eager node is not used under compile)

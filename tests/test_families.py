@@ -9,7 +9,7 @@ import torch
 
 from varbnn.distributions.radial import radial_entropy_constant
 from varbnn.families import FAMILIES, Delta, KTied, MeanField, Radial, make_family
-from varbnn.families.gaussian import INIT_STD_RANGE
+from varbnn.families.meanfield import INIT_STD_RANGE
 from varbnn.families.rdp import INIT_LOG_STD_RANGE, INIT_RESULTANT_RANGE
 from varbnn.priors import Laplace, Normal
 
@@ -168,7 +168,7 @@ def test_fused_family_kl_equals_the_distribution_registry_with_gradients(prior, 
 
 
 def test_fused_meanfield_kl_gradcheck_float64():
-    from varbnn.families.gaussian import _MeanFieldNormalKL
+    from varbnn._fast.softplus import _MeanFieldNormalKL
 
     loc = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
     rho = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
@@ -219,7 +219,7 @@ _USED = [(1, 1, 1, 1), (1, 0, 1, 1), (0, 1, 1, 1), (1, 0, 0, 0), (0, 1, 0, 0), (
 @pytest.mark.parametrize(("with_square", "used"), [(True, u) for u in _USED] + [(False, u) for u in _USED if not u[1]])
 def test_softplus_stats_node_gradcheck_float64(with_square, used, stats_objective):
     """The fused node's backward against finite differences, for every subset of its outputs that a step uses."""
-    from varbnn.families.gaussian import _SoftplusStats
+    from varbnn._fast.softplus import _SoftplusStats
 
     rho = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     w1, w2 = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
@@ -274,7 +274,7 @@ def test_meanfield_step_through_the_fused_node_equals_plain_autograd(estimator, 
 
 
 def test_normal_kl_from_stats_needs_a_scalar_prior_scale():
-    from varbnn.families.gaussian import normal_kl_from_stats
+    from varbnn._fast.softplus import normal_kl_from_stats
 
     with pytest.raises(ValueError, match="scalar prior scale"):
         normal_kl_from_stats(torch.zeros(3), torch.tensor(0.0), torch.tensor(1.0), torch.tensor(0.0), torch.ones(3))
@@ -282,7 +282,7 @@ def test_normal_kl_from_stats_needs_a_scalar_prior_scale():
 
 @pytest.mark.parametrize("var_scale", [1.0, 0.3])
 def test_normal_kl_from_stats_gradcheck_and_value(var_scale):
-    from varbnn.families.gaussian import normal_kl_from_stats
+    from varbnn._fast.softplus import normal_kl_from_stats
 
     loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     rho = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
@@ -303,7 +303,7 @@ def test_normal_kl_from_stats_gradcheck_and_value(var_scale):
 def test_normal_kl_from_stats_with_a_trainable_prior_gives_the_prior_its_gradient():
     """A prior whose scale takes gradients goes through the recorded operations (the one-node form gives none to the
     prior); both forms agree on the value and on the posterior's gradients. (No form trains the prior mean.)"""
-    from varbnn.families.gaussian import normal_kl_from_stats
+    from varbnn._fast.softplus import normal_kl_from_stats
 
     loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     sigma = torch.rand(4, 3, dtype=torch.float64) + 0.1
@@ -574,7 +574,7 @@ def test_meanfield_rsample_through_the_fused_sample_node_equals_plain_autograd(d
 
 @pytest.mark.parametrize("used", [(1, 1, 1, 1), (1, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (0, 0, 1, 1), (0, 1, 1, 0)])
 def test_softplus_sample_node_gradcheck_float64(used):
-    from varbnn.families.gaussian import _SoftplusSample
+    from varbnn._fast.softplus import _SoftplusSample
 
     loc = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     rho = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
@@ -739,7 +739,7 @@ def test_traced_softplus_equals_softplus_with_its_gradient():
     import torch._dynamo
     import torch.nn.functional as F
 
-    from varbnn.families.gaussian import softplus
+    from varbnn._fast.softplus import softplus
 
     rho = torch.tensor([-200.0, -30.0, -5.0, 0.0, 3.0, 19.99, 20.0, 20.01, 88.0, 100.0, 1e4], dtype=torch.float64)
     weights = torch.linspace(0.5, 2.0, len(rho), dtype=rho.dtype)

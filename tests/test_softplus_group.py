@@ -10,14 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import varbnn
-import varbnn.families.gaussian as gaussian
+import varbnn._fast.softplus as fast_softplus
+from varbnn._fast.softplus import _SoftplusStats, _SoftplusStatsGroup
 from varbnn.families import KTied, MeanField, Radial
-from varbnn.families.gaussian import _SoftplusStats, _SoftplusStatsGroup
 from varbnn.nn import BayesLinear
 
 
 def _no_groups(monkeypatch):
-    monkeypatch.setattr(gaussian, "join_softplus_groups", lambda families: None)
+    monkeypatch.setattr(fast_softplus, "join_softplus_groups", lambda families: None)
 
 
 def _families(model):

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from varbnn.families.gaussian import MeanField, inverse_softplus
 from varbnn.families.ktied import KTied
+from varbnn.families.meanfield import MeanField, inverse_softplus
 from varbnn.nn.base import BayesianModule
 
 __all__ = ["std_matrix", "variance_explained", "low_rank", "replace_stds_with_rank_k", "GradientSNR"]

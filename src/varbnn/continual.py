@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from varbnn.families.base import VariationalFamily
-from varbnn.families.gaussian import MeanField
+from varbnn.families.meanfield import MeanField
 from varbnn.families.radial import Radial
 from varbnn.nn.base import BayesianModule
 from varbnn.priors import Normal, Prior, RadialPrior

@@ -455,9 +455,10 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
     """The sum of KL(q || p) over the model's Bayesian tensors, None if it has none: the tensors whose KL has
     :class:`NormalKLParts` in one :func:`normal_kl_sum` per device and dtype (outside ``torch.compile`` and torch.func
     transforms, which take each tensor's own KL), the others one by one. Outside them it also makes the tensors whose
-    sigma is ``softplus(rho)`` (``_softplus_group_eligible``) one :class:`~varbnn.families.gaussian.SoftplusGroup` per
-    device and dtype, whose statistics the next steps compute in one node."""
-    from varbnn.families.base import VariationalFamily
+    sigma is ``softplus(rho)`` (declared by :attr:`~varbnn.families.VariationalFamily.softplus_group`) one
+    :class:`~varbnn._fast.softplus.SoftplusGroup` per device and dtype, whose statistics the next steps compute in one
+    node. A family's :class:`NormalKLParts` stand in for its ``kl`` only where its class declares
+    :attr:`~varbnn.families.VariationalFamily.has_normal_kl_parts`."""
     from varbnn.nn.base import BayesianModule
 
     batch = not (torch.compiler.is_compiling() or _functorch_active())
@@ -476,11 +477,11 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
                 term = _float32_kl(posterior, prior)
                 total = term if total is None else total + term
                 continue
-            eligible = getattr(posterior, "_softplus_group_eligible", None)
-            if eligible is not None and eligible():
+            # the capabilities a family class declares (VariationalFamily's defaults; none for another posterior type)
+            if getattr(posterior, "softplus_group", False) and posterior._softplus_group_eligible():
                 loc = cast(torch.Tensor, posterior.loc)
                 softplus.setdefault((loc.device, loc.dtype), []).append(posterior)
-            parts = family_kl_parts(posterior, prior) if type(posterior).kl is VariationalFamily.kl else None
+            parts = family_kl_parts(posterior, prior) if getattr(posterior, "has_normal_kl_parts", False) else None
             if parts is None:
                 term = posterior.kl(prior)
                 total = term if total is None else total + term
@@ -490,7 +491,7 @@ def _model_kl(model: nn.Module) -> torch.Tensor | None:
         term = normal_kl_sum(parts_list)
         total = term if total is None else total + term
     if softplus:  # the next steps compute these tensors' sigma statistics together (host time)
-        from varbnn.families.gaussian import join_softplus_groups
+        from varbnn._fast.softplus import join_softplus_groups
 
         for families in softplus.values():
             join_softplus_groups(families)

@@ -32,7 +32,7 @@ from torch.distributions import Gamma, Normal, StudentT, kl_divergence
 
 from varbnn import metrics as _metrics
 from varbnn._checks import as_float_in, as_positive_int, check_class_labels
-from varbnn.families.gaussian import inverse_softplus
+from varbnn.families.meanfield import inverse_softplus
 from varbnn.predict import ClassificationSummary, RegressionSummary, classification_summary
 
 __all__ = ["Likelihood", "Categorical", "Gaussian", "HeteroscedasticGaussian", "GammaPrecisionGaussian", "as_likelihood"]

@@ -284,7 +284,7 @@ def _couples_examples(module: nn.Module) -> bool:
 
 def uses_graves_estimator(model: nn.Module) -> bool:
     """Whether any Gaussian family of ``model`` has ``estimator="graves"``."""
-    from varbnn.families.gaussian import MeanField
+    from varbnn.families.meanfield import MeanField
 
     return any(isinstance(m, MeanField) and m.estimator == "graves" and m.is_built for m in model.modules())
 
@@ -315,7 +315,7 @@ def graves_gradients(
     which autograd carries to ``rho`` (or to k-tied's U, V). The KL's gradient is exact (closed form where
     registered). Per-example gradients come from :func:`per_example_gradients`.
     """
-    from varbnn.families.gaussian import MeanField
+    from varbnn.families.meanfield import MeanField
 
     n_data = _training_set_size(n_data)
     beta = check_kl_weight(kl_weight_alias(kl_weight, beta, 1.0, "graves_gradients"), "graves_gradients")
@@ -442,7 +442,7 @@ def complexity_is_finite(model: nn.Module) -> bool:
 
 def transmitted_weights(model: nn.Module) -> int:
     """Number of weights of the Bayesian tensors, pruned ones (fixed at 0) excluded."""
-    from varbnn.families.gaussian import MeanField
+    from varbnn.families.meanfield import MeanField
 
     return sum(q.kept if isinstance(q, MeanField) else math.prod(q.shape) for _, q, _ in _tensors(model))
 
@@ -460,7 +460,7 @@ def complexity_costs(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributions import kl_divergence as torch_kl
 
     from varbnn.families.delta import Delta
-    from varbnn.families.gaussian import MeanField, normal_kl_elementwise
+    from varbnn.families.meanfield import MeanField, normal_kl_elementwise
     from varbnn.priors import Normal, Uniform
 
     out: dict[str, torch.Tensor] = {}

@@ -7,6 +7,11 @@ with parameters of the right shape. To add a family, subclass :class:`Variationa
 paths, a closed-form KL registered with :func:`varbnn.divergence.register_family_kl`), and add it to
 :data:`FAMILIES` with the :func:`register_family` decorator.
 
+Which of the library's fast paths a family takes is declared on its class (:attr:`VariationalFamily.has_normal_kl_parts`,
+:attr:`VariationalFamily.softplus_group`, :attr:`VariationalFamily.has_fused_sample`,
+:attr:`VariationalFamily.has_plain_scale`, :attr:`VariationalFamily.compile_unsupported`); a subclass that overrides
+what one vouches for without declaring it again takes the safe path.
+
 | family | paper | q over one tensor |
 |---|---|---|
 | :class:`Delta` | Graves 2011, section 5.1 | a point mass: maximum likelihood / MAP |
@@ -18,8 +23,8 @@ paths, a closed-form KL registered with :func:`varbnn.divergence.register_family
 
 from varbnn.families.base import FAMILIES, SampleMode, VariationalFamily, make_family, register_family
 from varbnn.families.delta import Delta
-from varbnn.families.gaussian import MeanField
 from varbnn.families.ktied import KTied
+from varbnn.families.meanfield import MeanField
 from varbnn.families.radial import Radial
 from varbnn.families.rdp import RadialDirectional
 

@@ -31,6 +31,18 @@ _LAYER_KIND_NOTES = {
 
 F = TypeVar("F", bound="VariationalFamily")
 
+CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
+    "has_normal_kl_parts": ("kl",),
+    "softplus_group": ("scale", "rsample", "_scale_stats", "_fused_sample"),
+    "has_fused_sample": ("scale", "_scale_stats"),
+    "has_plain_scale": ("_scale_stats",),
+}
+"""For each boolean capability of :class:`VariationalFamily`, the members whose behaviour it vouches for. A subclass
+that defines one of them in its own class body without also setting the capability there gets the capability
+``False`` (the safe path), whatever its base class declared: ``class MyMeanField(MeanField)`` that overrides ``kl``
+has its own ``kl`` called by :func:`varbnn.kl`, not MeanField's batched closed form. A subclass that keeps the fast
+path after such an override says so by setting the capability in its body (as KTied does for ``softplus_group``)."""
+
 
 def he_normal_(tensor: torch.Tensor) -> torch.Tensor:
     """He (Kaiming) normal initialisation, std = sqrt(2 / fan_in), fan_in = prod(shape[1:])."""
@@ -73,6 +85,50 @@ class VariationalFamily(nn.Module):
     compile_unsupported: ClassVar[str | None] = None
     """Why ``fit(compile=True)`` refuses models holding this family (``None``: its compiled step is tested to equal
     the eager one). A family sets it until its compiled step is verified."""
+
+    # -- capabilities: the fast paths a family declares, as torch.distributions' ``has_rsample`` --------------------
+    # (each is reset to False for a subclass that overrides what it vouches for without setting it: CAPABILITY_METHODS)
+    has_normal_kl_parts: ClassVar[bool] = True
+    """Whether :func:`varbnn.kl` of a model may take this tensor's KL from the
+    :class:`~varbnn.divergence.NormalKLParts` registered with its closed form
+    (:func:`~varbnn.divergence.register_family_kl`'s ``parts``, where one is registered and applies) and sum it with
+    other tensors' in one node, instead of calling :meth:`kl`. True here, where :meth:`kl` is that registered closed
+    form; ``False`` for a subclass that overrides ``kl`` without setting it."""
+    softplus_group: ClassVar[bool] = False
+    """Whether this family's ``sigma = softplus(rho)`` statistics may be computed with those of the model's other such
+    tensors in one node per training step (:class:`~varbnn._fast.softplus.SoftplusGroup`; the draw ``loc + sigma *
+    eps`` from them). Declared by MeanField, KTied (its untied tensors) and Radial; the instance's state may still keep
+    a tensor out (:meth:`_softplus_group_eligible`). ``False`` for a subclass that overrides ``scale``, ``rsample``,
+    ``_scale_stats`` or ``_fused_sample`` without setting it."""
+    has_fused_sample: ClassVar[bool] = False
+    """Whether a training step's first draw goes through one node that also outputs sigma's statistics for the KL
+    (:func:`~varbnn._fast.softplus.fused_sample`). Declared by MeanField, KTied and Radial; ``False`` for a subclass
+    that overrides ``scale`` or ``_scale_stats`` without setting it (it draws from its own ``scale``)."""
+    has_plain_scale: ClassVar[bool] = False
+    """Whether, outside training steps, the family's sigma is its ``_plain_scale()`` alone, without the statistics
+    node (MeanField, KTied). ``False`` for a subclass that overrides ``_scale_stats`` without setting it (another
+    parameterisation of sigma: its ``_scale_stats`` serves outside training steps too)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Reset to ``False`` each capability (:data:`CAPABILITY_METHODS`) whose members the new class overrides
+        without setting the capability in its own body."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for capability, members in CAPABILITY_METHODS.items():
+            if capability not in own and any(name in own for name in members):
+                setattr(cls, capability, False)
+
+    @property
+    def share_sigma_in_trace(self) -> bool:
+        """Whether a compiled training step computes this tensor's sigma once for the forward pass and the KL
+        (:func:`~varbnn._fast.softplus.share_sigmas_in_trace`; default ``False``: inductor recomputes an elementwise
+        sigma inside each kernel that reads it). KTied's tied tensors (a GEMM) say ``True``."""
+        return False
+
+    def _softplus_group_eligible(self) -> bool:
+        """Whether this built tensor joins its model's :class:`~varbnn._fast.softplus.SoftplusGroup` now: the class
+        declares :attr:`softplus_group`, and (in the families that declare it) the instance's state allows it."""
+        return self.softplus_group
 
     @property
     def inductor_options(self) -> dict[str, Any]:

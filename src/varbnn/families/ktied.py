@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from varbnn._checks import as_float_in, as_positive_int
+from varbnn._fast.softplus import ScaleStats, fused_sample, softplus_sample, stats_per_step
 from varbnn.families.base import register_family
-from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, ScaleStats, fused_sample, softplus_sample, stats_per_step
+from varbnn.families.meanfield import INIT_STD_RANGE, MeanField
 
 __all__ = ["KTied"]
 
@@ -154,7 +155,7 @@ class KTied(MeanField):
     :param rank: k, an int >= 1 (any integer type, e.g. ``np.int64``), the rank of the standard-deviation matrix (default 2:
         the paper's recommendation).
     :param init_std: the mean of the initial standard deviations (default 1e-2, as :class:`MeanField`), a number in
-        ``[1e-8, 1e2]`` (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`), paper section 3.1. U and V start at
+        ``[1e-8, 1e2]`` (:data:`~varbnn.families.meanfield.INIT_STD_RANGE`), paper section 3.1. U and V start at
         ``sqrt(init_std / k)`` times independent log-normal jitter (``exp(0.1 * N(0, 1))``, which breaks the
         symmetry between the k columns; without it they would get identical gradients and stay a rank-1 matrix),
         rescaled so that the mean of U V^T is ``init_std``.
@@ -162,6 +163,11 @@ class KTied(MeanField):
     """
 
     default_kl_weight = 0.03  # benchmarks/results/defaults
+
+    # its own sigma (U V^T, or softplus(rho) untied) keeps MeanField's fast paths: declared for its overrides
+    softplus_group = True  # the untied tensors only (_softplus_group_eligible)
+    has_fused_sample = True
+    has_plain_scale = True
 
     log_u: nn.Parameter
     log_v: nn.Parameter
@@ -181,7 +187,7 @@ class KTied(MeanField):
     @property
     def share_sigma_in_trace(self) -> bool:
         """A compiled step computes a tied sigma (a GEMM) once for the forward pass and the KL (see
-        :func:`~varbnn.families.gaussian.share_sigmas_in_trace`)."""
+        :func:`~varbnn._fast.softplus.share_sigmas_in_trace`)."""
         return self.tied
 
     @property
@@ -215,7 +221,7 @@ class KTied(MeanField):
 
     def _scale_stats(self, with_square: bool = False) -> ScaleStats:
         """U V^T reshaped to the weight's shape (or softplus(rho) if untied) with its statistics, from one node per
-        training step (:func:`~varbnn.families.gaussian.stats_per_step`)."""
+        training step (:func:`~varbnn._fast.softplus.stats_per_step`)."""
         if not self.tied:
             return super()._scale_stats(with_square)
         shape = self._require_built()
@@ -244,12 +250,12 @@ class KTied(MeanField):
 
     def _softplus_group_eligible(self) -> bool:
         """An untied tensor (sigma = softplus(rho): biases, and ranks at least the matrix's smaller side) joins its
-        model's :class:`~varbnn.families.gaussian.SoftplusGroup` as a MeanField tensor does; a tied one keeps its own
+        model's :class:`~varbnn._fast.softplus.SoftplusGroup` as a MeanField tensor does; a tied one keeps its own
         node (U V^T)."""
-        return not self.tied and self._softplus_path_of(KTied)
+        return not self.tied and super()._softplus_group_eligible()
 
     def _fused_sample(self) -> torch.Tensor | None:
-        if type(self)._scale_stats is not KTied._scale_stats or type(self).scale is not MeanField.scale:
+        if not self.has_fused_sample:
             return None  # a subclass with its own sigma draws from it
         if not self.tied:
             return softplus_sample(self)

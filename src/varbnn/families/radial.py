@@ -18,25 +18,23 @@ from torch.distributions import Distribution
 
 from varbnn import philox
 from varbnn._checks import as_float_in, as_positive_int
-from varbnn.distributions.radial import Radial as RadialDistribution
-from varbnn.distributions.radial import radial_entropy_constant
-from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
-from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
-from varbnn.families.gaussian import (
-    INIT_STD_RANGE,
-    _functorch_active,
-    _rademacher,
+from varbnn._fast.softplus import (
     cache_until_backward,
     cached_draw,
     cached_softplus,
     fused_normal_kl,
     group_stats,
-    inverse_softplus,
     normal_kl_from_stats,
     softplus_sample,
     softplus_stats,
     step_key,
 )
+from varbnn._transforms import functorch_active as _functorch_active
+from varbnn.distributions.radial import Radial as RadialDistribution
+from varbnn.distributions.radial import radial_entropy_constant
+from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll, scalar_normal_nll_applies
+from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
+from varbnn.families.meanfield import INIT_STD_RANGE, _rademacher, inverse_softplus
 from varbnn.ops import WeightOp
 from varbnn.priors import Normal as NormalPrior
 from varbnn.priors import Prior
@@ -64,7 +62,7 @@ class Radial(VariationalFamily):
     :func:`~varbnn.convert.bayesianize`).
 
     :param init_std: initial ``sigma = softplus(rho)`` of every element, a number in ``[1e-8, 1e2]``
-        (:data:`~varbnn.families.gaussian.INIT_STD_RANGE`; the paper initialises rho = -6 for both families in its
+        (:data:`~varbnn.families.meanfield.INIT_STD_RANGE`; the paper initialises rho = -6 for both families in its
         continual-learning runs, i.e. 2.5e-3). The per-element standard deviation of a radial draw is
         ``sigma / sqrt(D)`` for a tensor of ``D`` elements, so a given ``sigma`` is ``sqrt(D)`` times less noise
         per weight than :class:`MeanField`'s: with sigma = 1e-2 a 784x400 layer starts at 1.8e-5 per weight and,
@@ -89,6 +87,10 @@ class Radial(VariationalFamily):
 
     estimators = _ESTIMATORS
     estimator_layers = {"reparam": LAYER_KINDS, "flipout": ("linear", "conv1d", "conv2d", "conv3d")}
+
+    # the fast paths of its sigma = softplus(rho) (varbnn._fast.softplus), declared for this class's scale and rsample
+    softplus_group = True
+    has_fused_sample = True
 
     loc: nn.Parameter
     rho: nn.Parameter
@@ -126,12 +128,6 @@ class Radial(VariationalFamily):
     def scale(self) -> torch.Tensor:
         """sigma = softplus(rho), shared by the forward pass and the KL within a step (:func:`cached_softplus`)."""
         return cached_softplus(self)
-
-    def _softplus_group_eligible(self) -> bool:
-        """Whether this tensor joins its model's :class:`~varbnn.families.gaussian.SoftplusGroup`: Radial's own sigma
-        and draw (either estimator)."""
-        cls = type(self)
-        return cls.scale is Radial.scale and cls.rsample is Radial.rsample
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
@@ -181,7 +177,7 @@ class Radial(VariationalFamily):
             stats = group_stats(self)
             if stats is not None:  # sigma from the step's group node: the draw is one addcmul
                 return torch.addcmul(self.loc, stats[0], self._noise(torch.Size()))
-        if type(self).scale is Radial.scale:  # a training step's first draw: the draw and sigma's statistics in one node
+        if self.has_fused_sample:  # a training step's first draw: the draw and sigma's statistics in one node
             weight = softplus_sample(self, lambda: self._noise(torch.Size()))
             if weight is not None:
                 return weight

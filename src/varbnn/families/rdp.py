@@ -46,7 +46,7 @@ from varbnn.distributions.vmf import (
 )
 from varbnn.divergence import family_kl, half_cauchy_pair_kl, register_family_kl
 from varbnn.families.base import LAYER_KINDS, VariationalFamily, register_family
-from varbnn.families.gaussian import INIT_STD_RANGE, MeanField, inverse_softplus
+from varbnn.families.meanfield import INIT_STD_RANGE, MeanField, inverse_softplus
 from varbnn.priors import Prior, RadialDirectionalPrior, banerjee_concentration
 from varbnn.special import _work_dtype, log_bessel_iv_over_power
 
@@ -191,7 +191,7 @@ class RadialDirectional(VariationalFamily):
     :param score_correction: record the rejection-sampling score term for :func:`varbnn.objectives.elbo_loss`
         (``True``, default, or ``False``, which keeps only the biased pathwise kappa gradient).
     :param fallback_init_std: ``init_std`` of the MeanField fallback for biases and ungroupable weights (default 1e-2; in
-        ``[1e-8, 1e2]``, :data:`~varbnn.families.gaussian.INIT_STD_RANGE`).
+        ``[1e-8, 1e2]``, :data:`~varbnn.families.meanfield.INIT_STD_RANGE`).
     :param radius_init: how the initial log radius is split over the four log-normal factors. ``"prior"`` (default): once
         the layer pairs the family with a :class:`~varbnn.priors.RadialDirectionalPrior`, the two Gamma factors
         and the global InvGamma factor start where their own KL terms are smallest (``m = log(scale^2 / 2) -

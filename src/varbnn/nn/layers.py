@@ -16,7 +16,7 @@ import torch
 from torch.nn.modules.utils import _ntuple
 
 from varbnn.families.base import VariationalFamily
-from varbnn.families.gaussian import MeanField
+from varbnn.families.meanfield import MeanField
 from varbnn.nn.base import BayesianModule
 from varbnn.ops import ConvOp, EmbeddingOp, LinearOp, WeightOp
 from varbnn.priors import PriorSpec

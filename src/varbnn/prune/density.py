@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from varbnn.families.gaussian import MeanField
+from varbnn.families.meanfield import MeanField
 from varbnn.nn.base import BayesianModule
 
 __all__ = [

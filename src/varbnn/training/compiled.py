@@ -123,8 +123,8 @@ def _compiled_elbo_step(
         )
     if distributed:
         raise ValueError("compile= is not available with distributed training yet: train with compile=False")
+    from varbnn._fast.softplus import share_sigmas_in_trace
     from varbnn.families.base import VariationalFamily
-    from varbnn.families.gaussian import share_sigmas_in_trace
     from varbnn.objectives import elbo_objective
 
     refused = {type(m).__name__: m.compile_unsupported for m in model.modules()
