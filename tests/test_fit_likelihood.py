@@ -143,7 +143,7 @@ def test_fit_refuses_what_it_would_train_wrongly(tmp_path) -> None:
         fit(DeepEnsemble([nn.Linear(3, 2), nn.Linear(3, 2)]), cls, n_data=64, epochs=1, progress=False)
     with pytest.raises(ValueError, match="stale"):
         fit(LastLayerLaplace(nn.Linear(3, 2)), cls, n_data=64, epochs=1, progress=False)
-    with pytest.raises(ValueError, match="beta must be a finite number"):
+    with pytest.raises(ValueError, match="kl_weight must be a finite number"):
         fit(nn.Linear(3, 2), cls, n_data=64, epochs=1, kl_weight="0.1", progress=False)
     graves = varbnn.bayesianize(nn.Linear(3, 1), MeanField(estimator="graves"))
     with pytest.raises(ValueError, match="does not train"):
