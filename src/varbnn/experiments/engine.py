@@ -114,15 +114,19 @@ def select_shard(runs: Sequence[Any], shard: tuple[int, int] | None) -> list[Any
     return list(runs)[shard[0] :: shard[1]]
 
 
+_SHARD_TEXT = re.compile(r"([0-9]+)/([0-9]+)")
+
+
 def parse_shard(text: str) -> tuple[int, int]:
-    """``"K/N"`` (the ``--shard`` option) as ``(K, N)``; a clear error for anything but integers 0 <= K < N."""
-    try:
-        k, n = (int(v) for v in text.split("/"))
-        if not 0 <= k < n:
-            raise ValueError
-    except (ValueError, AttributeError):
-        raise ValueError(f"--shard must be K/N with integers 0 <= K < N, got {text!r}") from None
-    return k, n
+    """``"K/N"`` (the ``--shard`` option) as ``(K, N)``: exactly two non-negative integers in ASCII digits with a slash
+    between them and nothing else (no spaces, signs or an empty value), 0 <= K < N; anything else is a ``ValueError``
+    naming ``--shard`` and the form ``K/N``."""
+    found = _SHARD_TEXT.fullmatch(text) if isinstance(text, str) else None
+    if found is None or not 0 <= int(found[1]) < int(found[2]):
+        raise ValueError(
+            f"--shard must be K/N with integers 0 <= K < N (e.g. 0/2 and 1/2 for two processes or machines), got {text!r}"
+        )
+    return int(found[1]), int(found[2])
 
 
 def check_workers(workers: int, device: torch.device) -> None:
