@@ -163,6 +163,9 @@ class RunStore:
     """What a record of this protocol must hold beyond its key (``None``: anything): ``check(record)`` returns ``None``
     for a usable record, else what is wrong with it; :meth:`load` then raises a ``ValueError`` naming the file and line
     (rather than an unclear error where the page reads the record)."""
+    fields: tuple[str, ...] | None = None
+    """The names of the record fields that ``key`` reads, in the key's order (``None``: not known), so that a record
+    that does not match its run (:meth:`key_problem`) is named by its fields; :meth:`keyed` sets them."""
 
     @classmethod
     def keyed(
@@ -179,10 +182,33 @@ class RunStore:
         names = tuple(fields)
         if isinstance(protocol, str):
             text = protocol
-            return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: text, shard=shard)
+            return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: text, shard=shard,
+                       fields=names)  # fmt: skip
         table = dict(protocol)
         return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: table.get(key[0]),
-                   shard=shard)  # fmt: skip
+                   shard=shard, fields=names)  # fmt: skip
+
+    def key_problem(self, key: RunKey, record: Mapping[str, Any]) -> str | None:
+        """Why ``record``, returned by run ``key``, cannot be saved as that run's record, or ``None``: it lacks a field
+        of the key, or its key fields name another run (saved so, it would count for that run, and run ``key`` would
+        be run again by every invocation). Each problem names the key and the fields (:attr:`fields`, where known)."""
+        names = f" (fields {', '.join(self.fields)})" if self.fields else ""
+        if self.fields:
+            missing = [f for f in self.fields if f not in record]
+            if missing:
+                return f"the record of run {key!r} lacks the key field(s) {', '.join(missing)}{names}"
+        try:
+            found = self.key(record)
+        except KeyError as error:
+            return f"the record of run {key!r} lacks the key field {error}"
+        except (TypeError, ValueError, IndexError) as error:
+            return f"the record of run {key!r} has a key that cannot be read ({type(error).__name__}: {error})"
+        if found == key:
+            return None
+        if self.fields and isinstance(found, tuple) and len(found) == len(self.fields):
+            told = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, found))
+            return f"the record of run {key!r} has the key fields {told}: the key of run {found!r}, not of {key!r}"
+        return f"the record of run {key!r} has the key {found!r}{names}: another run's"
 
     @property
     def path(self) -> Path:
@@ -476,6 +502,10 @@ def execute(
     failed: dict[RunKey, str] = {}
 
     def save(key: RunKey, record: dict[str, Any], device_text: str) -> None:
+        problem = store.key_problem(key, record) if isinstance(record, Mapping) else (
+            f"run {key!r} returned {type(record).__name__}, not a record (a dict of JSON-able values)")  # fmt: skip
+        if problem is not None:
+            raise ValueError(f"{problem}; not saved (a run's record must carry its own run key)")
         record.update(protocol=store.protocol(key), commit=commit, device=device_text)
         store.append(record)
         done[key] = record
