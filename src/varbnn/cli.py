@@ -101,6 +101,18 @@ def _split_variants(text: str, labels: list[str | None]) -> list[str]:
     return out
 
 
+def _shard_option(text: str) -> tuple[int, int]:
+    """``--shard``'s argparse type: ``"K/N"`` as ``(K, N)`` (:func:`varbnn.experiments.engine.parse_shard`); an empty
+    value (e.g. ``--shard "$UNSET"``, which must not silently run every run here) or anything but ``K/N`` with integers
+    0 <= K < N is a usage error naming the option and the form."""
+    from varbnn.experiments.engine import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--shard ")) from None  # argparse names the option
+
+
 def _close_process_group(finished: bool) -> None:
     """End a ``--distributed`` run's process group: after a barrier when the run finished on this rank (every rank
     then leaves together), at once when it failed (a barrier would wait for ranks that may never come). A process
@@ -197,8 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the failed runs",
     )  # fmt: skip
     rep.add_argument(
-        "--shard", default=None,
-        help="K/N runs every N-th run from the K-th (0-based), for parallel processes or machines",
+        "--shard", default=None, type=_shard_option, metavar="K/N",
+        help="K/N runs every N-th run from the K-th (0-based), for parallel processes or machines (integers 0 <= K < N; "
+        "an empty or malformed value is refused, never read as no shard)",
     )  # fmt: skip
     rep.add_argument(
         "--distributed",
@@ -252,7 +265,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard = None
     if args.command == "reproduce":
         from varbnn.experiments.catalog import base_name
-        from varbnn.experiments.engine import parse_shard
         from varbnn.experiments.registry import CONFIGS
 
         uci_only = [f"--{k}" for k in ("datasets", "families", "splits", "epochs") if getattr(args, k) is not None]
@@ -276,11 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--compile: supported by the generic runner's configs and uci-learned, not by {name!r}")
         if args.workers < 1:
             parser.error(f"--workers must be a positive integer, got {args.workers}")
-        if args.shard:
-            try:
-                shard = parse_shard(args.shard)
-            except ValueError as error:
-                parser.error(str(error))
+        shard = args.shard  # None or (K, N), checked by _shard_option
     from varbnn.experiments.catalog import experiment
     from varbnn.experiments.engine import RunsFailed, failure_policy
 

@@ -37,7 +37,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,15 +114,19 @@ def select_shard(runs: Sequence[Any], shard: tuple[int, int] | None) -> list[Any
     return list(runs)[shard[0] :: shard[1]]
 
 
+_SHARD_TEXT = re.compile(r"([0-9]+)/([0-9]+)")
+
+
 def parse_shard(text: str) -> tuple[int, int]:
-    """``"K/N"`` (the ``--shard`` option) as ``(K, N)``; a clear error for anything but integers 0 <= K < N."""
-    try:
-        k, n = (int(v) for v in text.split("/"))
-        if not 0 <= k < n:
-            raise ValueError
-    except (ValueError, AttributeError):
-        raise ValueError(f"--shard must be K/N with integers 0 <= K < N, got {text!r}") from None
-    return k, n
+    """``"K/N"`` (the ``--shard`` option) as ``(K, N)``: exactly two non-negative integers in ASCII digits with a slash
+    between them and nothing else (no spaces, signs or an empty value), 0 <= K < N; anything else is a ``ValueError``
+    naming ``--shard`` and the form ``K/N``."""
+    found = _SHARD_TEXT.fullmatch(text) if isinstance(text, str) else None
+    if found is None or not 0 <= int(found[1]) < int(found[2]):
+        raise ValueError(
+            f"--shard must be K/N with integers 0 <= K < N (e.g. 0/2 and 1/2 for two processes or machines), got {text!r}"
+        )
+    return int(found[1]), int(found[2])
 
 
 def check_workers(workers: int, device: torch.device) -> None:
@@ -159,6 +163,9 @@ class RunStore:
     """What a record of this protocol must hold beyond its key (``None``: anything): ``check(record)`` returns ``None``
     for a usable record, else what is wrong with it; :meth:`load` then raises a ``ValueError`` naming the file and line
     (rather than an unclear error where the page reads the record)."""
+    fields: tuple[str, ...] | None = None
+    """The names of the record fields that ``key`` reads, in the key's order (``None``: not known), so that a record
+    that does not match its run (:meth:`key_problem`) is named by its fields; :meth:`keyed` sets them."""
 
     @classmethod
     def keyed(
@@ -175,10 +182,33 @@ class RunStore:
         names = tuple(fields)
         if isinstance(protocol, str):
             text = protocol
-            return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: text, shard=shard)
+            return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: text, shard=shard,
+                       fields=names)  # fmt: skip
         table = dict(protocol)
         return cls(Path(out), name, key=lambda r: tuple(r[f] for f in names), protocol=lambda key: table.get(key[0]),
-                   shard=shard)  # fmt: skip
+                   shard=shard, fields=names)  # fmt: skip
+
+    def key_problem(self, key: RunKey, record: Mapping[str, Any]) -> str | None:
+        """Why ``record``, returned by run ``key``, cannot be saved as that run's record, or ``None``: it lacks a field
+        of the key, or its key fields name another run (saved so, it would count for that run, and run ``key`` would
+        be run again by every invocation). Each problem names the key and the fields (:attr:`fields`, where known)."""
+        names = f" (fields {', '.join(self.fields)})" if self.fields else ""
+        if self.fields:
+            missing = [f for f in self.fields if f not in record]
+            if missing:
+                return f"the record of run {key!r} lacks the key field(s) {', '.join(missing)}{names}"
+        try:
+            found = self.key(record)
+        except KeyError as error:
+            return f"the record of run {key!r} lacks the key field {error}"
+        except (TypeError, ValueError, IndexError) as error:
+            return f"the record of run {key!r} has a key that cannot be read ({type(error).__name__}: {error})"
+        if found == key:
+            return None
+        if self.fields and isinstance(found, tuple) and len(found) == len(self.fields):
+            told = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, found))
+            return f"the record of run {key!r} has the key fields {told}: the key of run {found!r}, not of {key!r}"
+        return f"the record of run {key!r} has the key {found!r}{names}: another run's"
 
     @property
     def path(self) -> Path:
@@ -327,12 +357,16 @@ def _glob_escape(text: str) -> str:
 
 
 def _worker_start(parent: int, poll: float = 1.0) -> None:
-    """A worker process's initializer: one thread for torch, and a watchdog that ends the worker (exit status 1) as
-    soon as its parent ``parent`` is gone. A parent killed without a chance to clean up (SIGKILL, a lost session)
-    would otherwise leave its workers training runs whose records nobody can write any more."""
+    """A worker process's initializer: one thread for torch, SIGINT ignored, and a watchdog that ends the worker (exit
+    status 1) as soon as its parent ``parent`` is gone. A parent killed without a chance to clean up (SIGKILL, a lost
+    session) would otherwise leave its workers training runs whose records nobody can write any more. Ctrl-C in a
+    terminal signals every process of the foreground group: the parent alone decides what stops (it ends its workers,
+    :class:`_WorkerPool`), rather than each worker failing its run or dying in its queue with a traceback of its own."""
+    import signal
     import threading
 
     torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while True:
@@ -343,11 +377,24 @@ def _worker_start(parent: int, poll: float = 1.0) -> None:
     threading.Thread(target=watch, name="varbnn-parent-watchdog", daemon=True).start()
 
 
+class _WorkerPool(ProcessPoolExecutor):
+    """A process pool whose ``with`` block, left by an exception (an error, or ``KeyboardInterrupt`` on Ctrl-C), cancels
+    the queued work and ends the worker processes (:func:`_stop_pool`) instead of waiting for every queued task to run
+    to its end, whose results nobody would read."""
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> bool | None:
+        if exc_type is not None:
+            _stop_pool(self)
+        return super().__exit__(exc_type, exc_val, exc_tb)
+
+
 def worker_pool(workers: int) -> ProcessPoolExecutor:
     """``workers`` spawned processes of one thread each that end with this process (:func:`_worker_start`): the
-    engine's run workers and the front points' (:func:`varbnn.experiments.evaluation.front_points`)."""
+    engine's run workers and the front points' (:func:`varbnn.experiments.evaluation.front_points`). Leaving its
+    ``with`` block by an exception (an error, Ctrl-C) cancels the queued tasks and ends the workers at once; a normal
+    exit waits for the tasks, as :class:`~concurrent.futures.ProcessPoolExecutor` does."""
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-    return ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),))
+    return _WorkerPool(workers, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),))
 
 
 def _run_in_worker(
@@ -412,6 +459,17 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
             process.terminate()
 
 
+def _collect_finished(
+    futures: Mapping[Future[Any], RunKey], finished: set[RunKey], collect: Callable[[RunKey, Future[Any]], None]
+) -> None:
+    """``collect`` every run of a stopped pool that finished with a record and is not in ``finished`` yet (the runs
+    that the stop ended or cancelled are not failures: they are left for the rerun)."""
+    for future, key in futures.items():
+        if key in finished or not future.done() or future.cancelled() or future.exception() is not None:
+            continue
+        collect(key, future)
+
+
 def _failure_text(error: BaseException) -> str:
     """A failed run's traceback (a worker's, as the pool hands it back, included); a worker process that died says
     so."""
@@ -443,15 +501,20 @@ def execute(
     runs in). ``workers`` > 1 (CPU only) runs them in that many spawned processes of one thread each (``run`` must then
     be picklable: a module-level function or a ``functools.partial`` of one); this process appends each record as it
     arrives, so a killed invocation keeps every finished run, and its workers end within a second of it (they watch
-    their parent). ``on_record(key, record)`` is called after each append
-    (progress lines).
+    their parent). ``on_record(key, record)`` is called after each append (progress lines).
 
-    A run that raises (or whose record cannot be written, or whose worker process dies) is reported on stderr at once,
-    with its key and traceback. With ``fail_fast`` False the other runs go on (each recorded as it finishes) and
-    :class:`RunsFailed` is raised at the end, naming the failed runs; with ``fail_fast`` True the queued runs are
-    cancelled and the worker processes ended at the first failure, then :class:`RunsFailed` is raised. ``None`` (the
-    default): the :func:`failure_policy` in force (``False`` outside any). Under ``torchrun`` (every rank trains every
-    run together) a failure is raised at once, as it is: the ranks cannot go on apart."""
+    A run that raises (in a worker process: any exception, ``SystemExit`` and ``KeyboardInterrupt`` included), whose
+    record cannot be written or does not carry its own run key (:meth:`RunStore.key_problem`: saved so it would count
+    for another run, and this one would be redone by every invocation), or whose worker process dies is a failed run,
+    reported on stderr at once with its key and traceback. With ``fail_fast`` False the other runs go on (each recorded
+    as it finishes) and :class:`RunsFailed` is raised at the end, naming the failed runs; with ``fail_fast`` True the
+    queued runs are cancelled and the worker processes ended at the first failure, then :class:`RunsFailed` is raised.
+    ``None`` (the default): the :func:`failure_policy` in force (``False`` outside any). Under ``torchrun`` (every rank
+    trains every run together) a failure is raised at once, as it is: the ranks cannot go on apart.
+    ``KeyboardInterrupt`` (Ctrl-C) or another ``BaseException`` in this process stops at once: with workers, the queued
+    runs are cancelled and the worker processes ended (they ignore SIGINT themselves), every run that finished is
+    recorded, and the interrupt is re-raised; in this process, the run in progress is stopped by it (the finished ones
+    are recorded already)."""
     check_workers(workers, device)
     fail_fast = _FAIL_FAST.get() if fail_fast is None else fail_fast
     if not isinstance(fail_fast, bool):
@@ -472,6 +535,10 @@ def execute(
     failed: dict[RunKey, str] = {}
 
     def save(key: RunKey, record: dict[str, Any], device_text: str) -> None:
+        problem = store.key_problem(key, record) if isinstance(record, Mapping) else (
+            f"run {key!r} returned {type(record).__name__}, not a record (a dict of JSON-able values)")  # fmt: skip
+        if problem is not None:
+            raise ValueError(f"{problem}; not saved (a run's record must carry its own run key)")
         record.update(protocol=store.protocol(key), commit=commit, device=device_text)
         store.append(record)
         done[key] = record
@@ -484,33 +551,44 @@ def execute(
         print(f"[{store.name}] run {key!r} failed ({then}):\n{text}", file=sys.stderr, end="", flush=True)
 
     finished: set[RunKey] = set()
+
+    def collect(key: RunKey, future: Future[tuple[RunKey, dict[str, Any], str]]) -> None:
+        """Save the record of a worker's finished run, or report its failure: whatever it raised (a ``SystemExit``
+        or ``KeyboardInterrupt`` of the run included: the pool hands it back as the run's result), its record's
+        problem, or its worker's death (``BrokenProcessPool``)."""
+        error = future.exception()  # the run's own, handed back: never raised here
+        try:
+            if error is None:
+                save(*future.result())
+        except Exception as problem:  # its record could not be saved
+            error = problem
+        if error is not None:
+            fail(key, error)
+        finished.add(key)
+
     if workers > 1 and len(pending) > 1:
         with worker_pool(min(workers, len(pending))) as pool:
             futures = {pool.submit(_run_in_worker, run, key, device): key for key in pending}
             stopped = False
-            for future in as_completed(futures):
-                key = futures[future]
-                if future.cancelled():
-                    continue
-                try:
-                    save(*future.result())
-                    finished.add(key)
-                except Exception as error:  # the run's own error, or its record's; a dead worker's BrokenProcessPool
-                    fail(key, error)
-                    finished.add(key)
-                    if fail_fast and not stopped:
+            try:
+                for future in as_completed(futures):
+                    key = futures[future]
+                    if future.cancelled():
+                        continue
+                    collect(key, future)
+                    if fail_fast and key in failed:
                         stopped = True
                         _stop_pool(pool)
                         break
+            except BaseException:  # this process interrupted (Ctrl-C) or exiting: stop at once, keep what finished
+                _stop_pool(pool)
+                _collect_finished(futures, finished, collect)
+                left = len([key for key in pending if key not in finished])
+                print(f"[{store.name}] interrupted: {left} run(s) in progress or queued were stopped; every finished "
+                      "run is saved" + ("" if store.readonly else f" in {store.path}"), file=sys.stderr, flush=True)  # fmt: skip
+                raise
             if stopped:  # a run that finished while the pool was being stopped is still recorded
-                for future, key in futures.items():
-                    if key in finished or not future.done() or future.cancelled() or future.exception() is not None:
-                        continue
-                    try:
-                        save(*future.result())
-                    except Exception as error:  # its record could not be written
-                        fail(key, error)
-                    finished.add(key)
+                _collect_finished(futures, finished, collect)
     else:
         text = describe_device(device)
         for key in pending:

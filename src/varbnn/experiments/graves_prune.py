@@ -61,7 +61,8 @@ def run_graves_prune(
 
     Each lambda is one run of the engine (:func:`varbnn.experiments.engine.execute`; records in
     ``OUT/<name>_runs*.jsonl`` under :func:`prune_protocol`): resumable, ``workers`` CPU processes, ``shard=(k, n)``
-    (the page is written once all shards are done), ``train=False`` only renders, ``distributed`` retrains
+    (the page is written once all shards are done), ``train=False`` only renders (none saved at all is a ``ValueError``
+    naming the folder), ``distributed`` retrains
     data-parallel under ``torchrun`` (rank 0 writes). ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``.
     ``network_dir``: the folder whose ``.checkpoints/`` holds the trained network (a missing one is trained and saved
     there); by default ``out_dir`` when that is given, else the folder of the experiment that trains it
@@ -82,9 +83,10 @@ def run_graves_prune(
             )
         _run_variant(config, variant, config.seeds[0], data_dir, dev, Path(network_dir), progress)  # before any worker
     run = functools.partial(_prune_run, config, data_dir, dev, checkpoint, call.progress(progress))
-    done = call.execute(runs, run, store, call.reporter(progress, lambda key, row: (
+    # the engine shards the runs; with train=False it only reads them (none saved at all: its nothing_saved error)
+    done = call.execute([(lam,) for lam in config.lambdas], run, store, call.reporter(progress, lambda key, row: (
         f"lambda {row['lambda']}: {row['percent']:.1f}% kept, error {row['initial_error']:.4f} -> {row['retrain_error']:.4f}"
-    )))  # fmt: skip
+    )), shard=shard, train=train)  # fmt: skip
     if not call.writes(shard):
         return {"name": config.name, "rows": [], "written": False}
     rows = [done[(lam,)] for lam in config.lambdas if (lam,) in done]

@@ -196,15 +196,16 @@ def run_experiment(
     (times compare only within one). Refused for a variant with the Graves estimator, which ``fit`` cannot compile.
 
     The runs, one per (variant label, seed), go through :mod:`varbnn.experiments.engine`: each finished run is one line
-    of ``OUT/NAME_runs.jsonl`` (a rerun skips it; a killed invocation keeps it, and the run in progress resumes from
-    its epoch checkpoint when ``config.resumable``); ``workers`` > 1 runs them in that many CPU processes, ``shard=(k,
-    n)`` only every n-th from the k-th (into ``NAME_runs.shardK.jsonl``; nothing is rendered), ``train=False`` only
-    renders the runs saved (a batch with one run to train runs in this process, and its ``prune_front`` points in the
-    ``workers`` processes; none saved at all is a ``ValueError`` naming the folder). The first seed's run of each
-    variant saves what the figures need next to the checkpoints, as plain tensors (the Bayesian model as its state
-    dict), read back with ``torch.load(weights_only=True)``: a file there that does not load so (written by an older
-    varbnn, which pickled the whole model, or not varbnn's) is never unpickled; a training call moves it aside
-    (``.refused``, with a warning) and redoes that run, a ``train=False`` call stops with a ``ValueError`` naming it.
+    of ``OUT/NAME_runs.jsonl`` (a rerun skips it; a killed invocation keeps it, and the run in progress resumes from its
+    epoch checkpoint when ``config.resumable``); ``workers`` > 1 runs them in that many CPU processes, ``shard=(k, n)``
+    only every n-th from the k-th (into ``NAME_runs.shardK.jsonl``; nothing is rendered), ``train=False`` only renders
+    the runs saved (a batch with one run to train runs in this process, and its ``prune_front`` points in the
+    ``workers`` processes; none saved at all is a ``ValueError`` naming the folder, raised before any data is loaded).
+    The first seed's run of each variant saves what the figures need next to the checkpoints, as plain tensors (the
+    Bayesian model as its state dict), read back with ``torch.load(weights_only=True)``: a file there that does not load
+    so (written by an older varbnn, which pickled the whole model, or not varbnn's) is never unpickled; a training call
+    moves it aside (``.refused``, with a warning) and redoes that run, a ``train=False`` call stops with a
+    ``ValueError`` naming it.
 
     A run that raises is reported at once (its key and traceback, on stderr); the other runs go on and a
     :class:`~varbnn.experiments.engine.RunsFailed` naming the failed runs is raised at the end, before any page is
@@ -224,8 +225,6 @@ def run_experiment(
         _check_compile(config, only, compile, distributed)
     dev, world = processes(device, distributed, workers)
     progress = progress and vdist.is_main_process()
-    data = _data(config, data_dir)
-    n_train, total_steps = data["n_train"], data["total_steps"]
     labels = [v.label for v in config.variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{config.name}: variant labels must be unique, got {labels}")
@@ -238,8 +237,12 @@ def run_experiment(
     store = RunStore(
         Path(out_dir), config.name, key=lambda r: (r.get("variant"), r.get("seed")),
         protocol=lambda k: protocols[k[0]] if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
-        check=_check_record,
+        check=_check_record, fields=("variant", "seed"),
     )  # fmt: skip
+    if not train and not any(k in store.load() for k in runs):  # before any data is loaded (or downloaded)
+        raise nothing_saved(store, len(runs))  # an empty page (or a plotting library's error) otherwise
+    data = _data(config, data_dir)
+    n_train, total_steps = data["n_train"], data["total_steps"]
     run = functools.partial(_run_seed, config, data_dir, str(out_dir), dev, distributed, progress, compile=compile)
     if train:
         pending = [k for k in select_shard(runs, shard) if only is None or k[0] in only]
@@ -263,8 +266,6 @@ def run_experiment(
         if failed:
             raise RunsFailed(config.name, failed, store.load(), (), None if store.readonly else store.path)
     done = store.load()
-    if not train and not any(k in done for k in runs):  # an empty page (or a plotting library's error) otherwise
-        raise nothing_saved(store, len(runs))
     if shard is not None:
         return {"name": config.name, "rows": [], "figures": [], "written": False, "runs_file": str(store.path)}
     rows: list[dict[str, Any]] = []
