@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,6 +23,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow  # a benchmark tool (several processes, ~60 s on 2 cores); the refusals below run by default
 def test_each_candidate_in_processes_of_its_own(tmp_path):
     done = _run("--only", "MeanField-reparam,draw per weight", "--processes", "2", "--repeats", "3", "--steps", "2",
                 "--warmup", "1", "--out", str(tmp_path))  # fmt: skip
