@@ -60,7 +60,7 @@ def test_bad_variants_and_candidates_are_refused_naming_the_argument(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow  # a benchmark tool (several processes per variant, ~45 s on 2 cores); two contestants taking turns are tested by default
+@pytest.mark.slow  # a benchmark tool (processes per variant, ~45 s on 2 cores); two contestants are tested by default
 def test_several_processes_per_variant_and_joined_variants(tmp_path):
     """--processes 2: four processes take turns (two per variant); the result keeps each process's rounds, the page
     says how far each variant's own processes differ; a '+'-joined variant applies both parts."""

@@ -30,7 +30,7 @@ def test_pays_after_is_the_compile_overhead_over_the_saving_per_step():
     assert pays_after(10.0, 2.0, 2.0) is None and pays_after(10.0, 2.0, 3.0) is None  # never pays
 
 
-@pytest.mark.slow  # a benchmark tool (two cold inductor compiles, ~60 s on 2 cores); its arguments and arithmetic are tested by default
+@pytest.mark.slow  # a benchmark tool (two cold inductor compiles, ~60 s on 2 cores); arguments tested by default
 def test_a_warm_cache_compiles_faster_than_a_cold_one(tmp_path):
     done = _run("--only", "deterministic", "--steps", "2", "--rounds", "2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
