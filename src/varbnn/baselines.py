@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from varbnn._checks import as_float_in, as_int
+from varbnn.predict import _draws, _is_stochastic, vectorized_by_default
+from varbnn.training import fit, seed_everything
 
 __all__ = ["MCDropout", "add_dropout", "DeepEnsemble", "train_ensemble", "member_checkpoint"]
 
@@ -125,6 +127,11 @@ class DeepEnsemble(nn.Module):
     """
 
     _varbnn_delegates_draws = True  # _is_stochastic looks at the members instead
+    # varbnn.fit refuses this class with this message (a declaration, so that the training loop imports no baseline)
+    _varbnn_fit_refusal = (
+        "fit(DeepEnsemble) would train the members jointly through their mean output, not independently: train "
+        "each member with fit (or use varbnn.baselines.train_ensemble), then wrap them in a DeepEnsemble"
+    )
 
     def __init__(self, members: Sequence[nn.Module]) -> None:
         super().__init__()
@@ -170,8 +177,6 @@ class DeepEnsemble(nn.Module):
     def predictive_draws(self, x: torch.Tensor, samples: int) -> torch.Tensor:
         """The hook :func:`varbnn.predict` calls: ``M`` draws (one per member) when every member is deterministic,
         else ``samples`` draws grouped by member (see the class docstring)."""
-        from varbnn.predict import _draws, _is_stochastic, vectorized_by_default
-
         stochastic = [_is_stochastic(member) for member in self.members]
         if not any(stochastic):
             return self.draws(x)
@@ -228,8 +233,6 @@ def train_ensemble(
     The cost is ``members`` times one network's training. (Lakshminarayanan et al. also add adversarial training;
     this is the plain form that is usually compared.)
     """
-    from varbnn.training import fit, seed_everything
-
     members = as_int(members, "members", 2, owner="train_ensemble")
     checkpoint = fit_kwargs.pop("checkpoint", None)
     paths: list[Path | None] = [None] * members

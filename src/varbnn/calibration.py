@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from varbnn._checks import as_float_in, as_positive_int, check_class_labels
+from varbnn.baselines import DeepEnsemble
+from varbnn.predict import _is_stochastic, predict
 
 __all__ = ["fit_temperature", "TemperatureScaled"]
 
@@ -198,9 +200,6 @@ class TemperatureScaled(nn.Module):
         :param samples: draws of the predictive (default ``None``: see above).
         :param bounds: the search interval of ``T`` (default 0.05 to 20; a ``UserWarning`` when ``T`` ends at one).
         """
-        from varbnn.baselines import DeepEnsemble
-        from varbnn.predict import _is_stochastic, predict
-
         for name, value in (("x", x), ("y", y)):
             if not isinstance(value, (torch.Tensor, np.ndarray)):
                 raise TypeError(

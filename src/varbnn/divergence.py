@@ -1,4 +1,5 @@
-"""KL divergences: one registry of closed forms, a Monte Carlo fallback, and the model-level sum.
+"""KL divergences: one registry of closed forms, a Monte Carlo fallback, and the model-level sum (``kl(model)``, whose
+walk over the layers is :mod:`varbnn.nn.model`'s, imported on first use).
 
 The convention used everywhere in varbnn, stated once:
 
@@ -18,10 +19,9 @@ samples ``w_s ~ q``, averaged (not summed) over the samples.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from torch.distributions import kl_divergence as _torch_kl
 
 from varbnn._transforms import functorch_active as _functorch_active
 from varbnn.distributions import Delta, ImproperUniform, Radial
+from varbnn.priors import Normal as NormalPrior
 
 __all__ = [
     "kl",
@@ -97,8 +98,6 @@ class _ScalarNormalNLL(torch.autograd.Function):
 def scalar_normal_nll_applies(prior: Any) -> bool:
     """Whether :func:`scalar_normal_nll` can stand in for ``prior``'s log-density: a Normal prior whose loc and scale are
     scalars that are not learned by gradient (adaptive priors are set in closed form, which is fine)."""
-    from varbnn.priors import Normal as NormalPrior
-
     if not isinstance(prior, NormalPrior):
         return False
     loc, scale = prior.loc, prior.scale
@@ -422,82 +421,6 @@ def normal_kl_sum(parts: list[NormalKLParts]) -> torch.Tensor:
     )
 
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def _low_precision(family: nn.Module) -> bool:
-    """Whether a family holds float16 / bfloat16 parameters, whose KL (a sum over every weight) must be taken in float32:
-    in float16 a sum of 10^5 log-scales overflows (its largest number is 65504) and bfloat16 keeps 8 bits of it."""
-    return any(t.dtype in _LOW_PRECISION for t in itertools.chain(family.parameters(), family.buffers()))
-
-
-class _KLOf(nn.Module):
-    """A module whose forward is ``posterior.kl(prior)``: :func:`torch.func.functional_call` then swaps float32 copies
-    of both's tensors in for the call (the gradient flows back through the casts to the low-precision parameters)."""
-
-    def __init__(self, posterior: nn.Module, prior: nn.Module) -> None:
-        super().__init__()
-        self.posterior, self.prior = posterior, prior
-
-    def forward(self) -> torch.Tensor:
-        return self.posterior.kl(self.prior)  # type: ignore[operator]
-
-
-def _float32_kl(posterior: nn.Module, prior: nn.Module) -> torch.Tensor:
-    """KL(q || p) of a low-precision family computed in float32 from float32 copies of its (and its prior's) tensors."""
-    wrapper = _KLOf(posterior, prior)
-    upcast = lambda t: t.float() if t.dtype in _LOW_PRECISION else t  # noqa: E731
-    tensors = {name: upcast(t) for name, t in itertools.chain(wrapper.named_parameters(), wrapper.named_buffers())}
-    return torch.func.functional_call(wrapper, tensors, (), tie_weights=False, strict=False).float()
-
-
-def _model_kl(model: nn.Module) -> torch.Tensor | None:
-    """The sum of KL(q || p) over the model's Bayesian tensors, None if it has none: the tensors whose KL has
-    :class:`NormalKLParts` in one :func:`normal_kl_sum` per device and dtype (outside ``torch.compile`` and torch.func
-    transforms, which take each tensor's own KL), the others one by one. Outside them it also makes the tensors whose
-    sigma is ``softplus(rho)`` (declared by :attr:`~varbnn.families.VariationalFamily.softplus_group`) one
-    :class:`~varbnn._fast.softplus.SoftplusGroup` per device and dtype, whose statistics the next steps compute in one
-    node. A family's :class:`NormalKLParts` stand in for its ``kl`` only where its class declares
-    :attr:`~varbnn.families.VariationalFamily.has_normal_kl_parts`."""
-    from varbnn.nn.base import BayesianModule
-
-    batch = not (torch.compiler.is_compiling() or _functorch_active())
-    groups: dict[tuple[torch.device, torch.dtype], list[NormalKLParts]] = {}
-    softplus: dict[tuple[torch.device, torch.dtype], list[Any]] = {}
-    total: torch.Tensor | None = None
-    for module in model.modules():
-        if not isinstance(module, BayesianModule):
-            continue
-        if not batch or type(module).kl is not BayesianModule.kl or not module.posteriors:
-            term = module.kl()
-            total = term if total is None else total + term
-            continue
-        for _, posterior, prior in module.bayesian_tensors():
-            if _low_precision(posterior):
-                term = _float32_kl(posterior, prior)
-                total = term if total is None else total + term
-                continue
-            # the capabilities a family class declares (VariationalFamily's defaults; none for another posterior type)
-            if getattr(posterior, "softplus_group", False) and posterior._softplus_group_eligible():
-                loc = cast(torch.Tensor, posterior.loc)
-                softplus.setdefault((loc.device, loc.dtype), []).append(posterior)
-            parts = family_kl_parts(posterior, prior) if getattr(posterior, "has_normal_kl_parts", False) else None
-            if parts is None:
-                term = posterior.kl(prior)
-                total = term if total is None else total + term
-            else:
-                groups.setdefault((parts.loc.device, parts.loc.dtype), []).append(parts)
-    for parts_list in groups.values():
-        term = normal_kl_sum(parts_list)
-        total = term if total is None else total + term
-    if softplus:  # the next steps compute these tensors' sigma statistics together (host time)
-        from varbnn._fast.softplus import join_softplus_groups
-
-        for families in softplus.values():
-            join_softplus_groups(families)
-    return total
-
-
 def kl(model_or_q: nn.Module | Distribution, p: Distribution | None = None, samples: int = DEFAULT_KL_SAMPLES) -> torch.Tensor:
     """``kl(model)``: ``KL_total``, the SUM of KL(q || p) over every Bayesian tensor of a model (nats), each
     tensor against its own prior (a 0-d tensor; 0 for a model without Bayesian layers; ``samples`` is not used: each
@@ -507,16 +430,16 @@ def kl(model_or_q: nn.Module | Distribution, p: Distribution | None = None, samp
     This is Graves' complexity loss ``L^C`` (2011, eq. 5) of the whole network; divide it by ``N_train`` in the loss
     (see the module docstring, or use :func:`varbnn.objectives.elbo_loss`). The tensors whose closed form has
     :class:`NormalKLParts` (MeanField, KTied and Delta against a fixed scalar Normal prior, Radial's closed form) are
-    evaluated together in one autograd node.
+    evaluated together in one autograd node. The model sum is :func:`varbnn.nn.model.model_kl`, imported on the first
+    ``kl(model)`` call.
     """
     if isinstance(model_or_q, nn.Module):
         if p is not None:
             raise TypeError("kl(model) takes no prior: each tensor's prior is stored in its layer")
-        total = _model_kl(model_or_q)
-        if total is None:
-            param = next(model_or_q.parameters(), None)
-            return torch.zeros((), device=param.device if param is not None else None)
-        return total
+        # documented lazy loading: the whole-model sum walks the Bayesian layers, which are built on this module
+        from varbnn.nn.model import model_kl
+
+        return model_kl(model_or_q)
     if p is None:
         raise TypeError("kl(q, p) needs a prior distribution p")
     return kl_divergence(model_or_q, p, samples)

@@ -83,6 +83,12 @@ class LastLayerLaplace(nn.Module):
         :meth:`optimize_prior_precision` replaces it.
     """
 
+    # varbnn.fit refuses this class with this message (a declaration, so that the training loop imports no baseline)
+    _varbnn_fit_refusal = (
+        "fit(LastLayerLaplace) would leave the fitted curvature stale: train the plain network with fit, then "
+        "build LastLayerLaplace(network).fit(loader)"
+    )
+
     #: Largest number of last-layer parameters :meth:`posterior_covariance` builds densely (a 5,000 x 5,000
     #: float64 matrix is 200 MB).
     max_dense_parameters: int = 5_000

@@ -24,6 +24,12 @@ from torch import nn
 
 from varbnn._checks import as_float_in
 from varbnn.divergence import kl as model_kl
+from varbnn.families.base import VariationalFamily
+from varbnn.families.delta import Delta
+from varbnn.families.meanfield import MeanField, normal_kl_elementwise
+from varbnn.nn.base import BayesianModule
+from varbnn.predict import predict
+from varbnn.priors import Normal, Uniform
 
 __all__ = [
     "ELBOTerms",
@@ -181,8 +187,6 @@ def score_correction(model: nn.Module) -> torch.Tensor | None:
     :meth:`varbnn.families.VariationalFamily.take_score`), or None when there are none. Each is 0 in value; its
     gradient times the NLL is the rejection-sampling correction of the vMF draws (Naesseth et al. 2017; Oh et al.
     2020 supp. eq. 20), which :func:`elbo_loss` adds as ``nll.detach() * score``. Taking the terms clears them."""
-    from varbnn.families.base import VariationalFamily
-
     total: torch.Tensor | None = None
     for module in model.modules():
         if isinstance(module, VariationalFamily):
@@ -197,8 +201,6 @@ def default_kl_weight(model: nn.Module) -> float:
     families (:class:`varbnn.families.VariationalFamily`), the smallest one if the model mixes families with different
     defaults; 1 for a model without Bayesian tensors. The values and the evidence for them are on the defaults results
     page (``benchmarks/results/defaults/``)."""
-    from varbnn.families.base import VariationalFamily
-
     weights = [type(m).default_kl_weight for m in model.modules() if isinstance(m, VariationalFamily)]
     return float(min(weights)) if weights else 1.0
 
@@ -284,8 +286,6 @@ def _couples_examples(module: nn.Module) -> bool:
 
 def uses_graves_estimator(model: nn.Module) -> bool:
     """Whether any Gaussian family of ``model`` has ``estimator="graves"``."""
-    from varbnn.families.meanfield import MeanField
-
     return any(isinstance(m, MeanField) and m.estimator == "graves" and m.is_built for m in model.modules())
 
 
@@ -315,8 +315,6 @@ def graves_gradients(
     which autograd carries to ``rho`` (or to k-tied's U, V). The KL's gradient is exact (closed form where
     registered). Per-example gradients come from :func:`per_example_gradients`.
     """
-    from varbnn.families.meanfield import MeanField
-
     n_data = _training_set_size(n_data)
     beta = check_kl_weight(kl_weight_alias(kl_weight, beta, 1.0, "graves_gradients"), "graves_gradients")
     fisher_families: list[tuple[MeanField, str]] = []
@@ -423,8 +421,6 @@ class MDLReport:
 
 
 def _tensors(model: nn.Module) -> Iterator[tuple[str, Any, Any]]:
-    from varbnn.nn.base import BayesianModule
-
     for prefix, module in model.named_modules():
         if isinstance(module, BayesianModule):
             for name, posterior, prior in module.bayesian_tensors():
@@ -433,17 +429,12 @@ def _tensors(model: nn.Module) -> Iterator[tuple[str, Any, Any]]:
 
 def complexity_is_finite(model: nn.Module) -> bool:
     """True when L^C is a finite description length: no delta posterior, no improper (uniform) prior."""
-    from varbnn.families.delta import Delta
-    from varbnn.priors import Uniform
-
     tensors = list(_tensors(model))
     return bool(tensors) and not any(isinstance(q, Delta) or isinstance(p, Uniform) for _, q, p in tensors)
 
 
 def transmitted_weights(model: nn.Module) -> int:
     """Number of weights of the Bayesian tensors, pruned ones (fixed at 0) excluded."""
-    from varbnn.families.meanfield import MeanField
-
     return sum(q.kept if isinstance(q, MeanField) else math.prod(q.shape) for _, q, _ in _tensors(model))
 
 
@@ -458,10 +449,6 @@ def complexity_costs(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     from torch.distributions import Independent
     from torch.distributions import kl_divergence as torch_kl
-
-    from varbnn.families.delta import Delta
-    from varbnn.families.meanfield import MeanField, normal_kl_elementwise
-    from varbnn.priors import Normal, Uniform
 
     out: dict[str, torch.Tensor] = {}
     for name, q, p in _tensors(model):
@@ -510,8 +497,6 @@ def mdl_report(
     :param n_classes: classes of the uniform reference code (default: the model's output width).
     :param batch_size: examples per forward pass (default 1000; memory only).
     """
-    from varbnn.predict import predict
-
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:

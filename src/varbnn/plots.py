@@ -22,7 +22,9 @@ import torch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from varbnn.metrics import calibration_bins, expected_calibration_error  # noqa: E402
+from varbnn.analysis import low_rank
+from varbnn.distributions.radial import chi_log_density
+from varbnn.metrics import auroc, calibration_bins, expected_calibration_error  # noqa: E402
 
 __all__ = [
     "reliability_diagram",
@@ -66,8 +68,6 @@ def _entropy_edges(entropies: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -
 
 def _entropy_panel(ax: plt.Axes, title: str, inside: torch.Tensor, outside: torch.Tensor, edges: Any) -> None:
     """Predictive-entropy histograms of in- and out-of-distribution inputs, the AUROC of telling them apart in the title."""
-    from varbnn.metrics import auroc
-
     score = auroc(torch.cat([inside, outside]), torch.cat([torch.zeros(len(inside)), torch.ones(len(outside))]))
     ax.hist(inside.numpy(), bins=edges, alpha=0.6, density=True, label="test set (in distribution)")
     ax.hist(outside.numpy(), bins=edges, alpha=0.6, density=True, label="out of distribution")
@@ -294,8 +294,6 @@ def variance_explained_figure(
 
 def std_heatmaps(matrix: torch.Tensor, path: str | os.PathLike[str], ranks: tuple[int, ...] = (1, 2), title: str = "") -> Path:
     """Heat maps of a posterior std matrix and its rank-k approximations on one colour scale (paper Figure 4)."""
-    from varbnn.analysis import low_rank
-
     panels = [("no approximation", matrix)] + [(f"rank-{k} approximation", low_rank(matrix, k)) for k in ranks]
     vmin, vmax = float(matrix.min()), float(matrix.max())
     fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.6), squeeze=False)
@@ -498,8 +496,6 @@ def soap_bubble_figures(
             ax.hist(values.numpy(), bins=edges.numpy(), density=True, alpha=0.4, color=color, label=f"{family} samples")
             grid = edges
             if family == "meanfield":
-                from varbnn.distributions.radial import chi_log_density
-
                 density = (chi_log_density(grid / sigma, dim) - math.log(sigma)).exp()
             else:
                 density = 2 * torch.exp(-0.5 * (grid / sigma) ** 2) / math.sqrt(2 * math.pi) / sigma

@@ -19,6 +19,9 @@ import torch
 from torch import nn
 from torch.func import vmap
 
+from varbnn.nn.base import BayesianModule
+from varbnn.nn.layers import _BayesConvNd
+
 __all__ = [
     "predict",
     "vectorized_by_default",
@@ -183,8 +186,6 @@ def _is_stochastic(model: nn.Module) -> bool:
     their inner model's draws on, :class:`~varbnn.baselines.DeepEnsemble` and
     :class:`~varbnn.calibration.TemperatureScaled`, count by what they wrap). Randomness a custom module draws in
     its own ``forward`` is not seen."""
-    from varbnn.nn.base import BayesianModule
-
     for module in model.modules():
         if isinstance(module, BayesianModule):
             if module.sample_mode == "sample":
@@ -200,8 +201,6 @@ def vectorized_by_default(model: nn.Module, x: torch.Tensor) -> bool:
     """:func:`predict`'s choice when ``vectorize=None``: False (a loop over draws) for inputs on the CPU to a model
     with a Bayesian convolution (:class:`~varbnn.BayesConv1d`, 2d, 3d), whose batched pass convolves with a kernel
     per draw and measured slower than the loop there; True (vmap) otherwise."""
-    from varbnn.nn.layers import _BayesConvNd
-
     return x.device.type != "cpu" or not any(isinstance(m, _BayesConvNd) for m in model.modules())
 
 

@@ -195,9 +195,8 @@ class Laplace(_LocScalePrior):
 
     @torch.no_grad()
     def update_(self, posteriors: Sequence[VariationalFamily]) -> None:
-        from varbnn.families.delta import Delta  # (the family; checked by type: no read of the device per step)
-
-        if not all(isinstance(p, Delta) for p in posteriors):
+        # the class's declaration (VariationalFamily.point_mass, True for the Delta family): no read of the device
+        if not all(getattr(p, "point_mass", False) for p in posteriors):
             raise NotImplementedError(
                 "an adaptive Laplace prior has a closed-form optimum only for Delta posteriors "
                 "(Graves 2011 eq. 7); use an adaptive Normal prior with Gaussian posteriors"
@@ -268,7 +267,6 @@ def _repr_params(module: nn.Module, names: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
-@torch.no_grad()
 def update_adaptive_priors(model: nn.Module) -> int:
     """Set every adaptive prior in ``model`` to its optimum given the current posteriors (Graves 2011 section 6:
     "the prior parameters should be set to their optimal values after every update"); :func:`varbnn.train.fit` calls
@@ -276,18 +274,13 @@ def update_adaptive_priors(model: nn.Module) -> int:
 
     Tensors that share one prior object are pooled (e.g. a Normal prior gets ``loc = mean_i mu_i`` and
     ``scale^2 = mean_i [sigma_i^2 + (mu_i - loc)^2]`` over all of them, eq. 15). Returns the number of priors updated.
+    The walk over the model's layers is :func:`varbnn.nn.model.update_adaptive_priors`, imported on the first call
+    (the layers are built on this module).
     """
-    from varbnn.nn.base import BayesianModule
+    # documented lazy loading: the layers import the priors, so the priors import the layers only when called
+    from varbnn.nn.model import update_adaptive_priors as _update_adaptive_priors
 
-    groups: dict[int, tuple[Prior, list[VariationalFamily]]] = {}
-    for module in model.modules():
-        if isinstance(module, BayesianModule):
-            for _, posterior, prior in module.bayesian_tensors():
-                if prior.adaptive:
-                    groups.setdefault(id(prior), (prior, []))[1].append(posterior)
-    for prior, posteriors in groups.values():
-        prior.update_(posteriors)
-    return len(groups)
+    return _update_adaptive_priors(model)
 
 
 def banerjee_concentration(dim: int, resultant: float) -> float:

@@ -85,6 +85,10 @@ class VariationalFamily(nn.Module):
     compile_unsupported: ClassVar[str | None] = None
     """Why ``fit(compile=True)`` refuses models holding this family (``None``: its compiled step is tested to equal
     the eager one). A family sets it until its compiled step is verified."""
+    point_mass: ClassVar[bool] = False
+    """Whether q is a point mass at its one parameter (:class:`~varbnn.families.Delta`, which sets it ``True``): an
+    adaptive :class:`~varbnn.priors.Laplace` prior has a closed-form optimum only for such posteriors (Graves 2011
+    eq. 7), and checks this declaration instead of the family's type."""
 
     # -- capabilities: the fast paths a family declares, as torch.distributions' ``has_rsample`` --------------------
     # (each is reset to False for a subclass that overrides what it vouches for without setting it: CAPABILITY_METHODS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -30,6 +31,8 @@ class Delta(VariationalFamily):
     """
 
     value: nn.Parameter
+    point_mass: ClassVar[bool] = True
+    """A point mass at ``value`` (:attr:`VariationalFamily.point_mass`)."""
 
     def __init__(self) -> None:
         super().__init__()

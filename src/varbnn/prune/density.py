@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn.convert import to_deterministic
 from varbnn.families.meanfield import MeanField
 from varbnn.nn.base import BayesianModule
 
@@ -95,8 +96,6 @@ def export_sparse(model: nn.Module, mode: str = "mode") -> tuple[nn.Module, dict
     """A plain PyTorch model at the posterior ``mode`` (or ``"mean"``) in which pruned weights are exactly 0, and its
     state dict with every weight matrix / kernel as a sparse COO tensor (what one would store or ship). Load the
     latter back with ``{k: v.to_dense() for k, v in sparse.items()}``."""
-    from varbnn.convert import to_deterministic
-
     plain = to_deterministic(model, mode)
     sparse = {k: (v.to_sparse() if v.dim() >= 2 else v.clone()) for k, v in plain.state_dict().items()}
     return plain, sparse

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from varbnn.convert import to_deterministic
+from varbnn.models import lenet5
 from varbnn.prune.scores import GroupKey, ThresholdSpec, select_units
 
 __all__ = ["export", "masked_model", "count_parameters_and_flops", "SelectFeatures"]
@@ -90,7 +92,6 @@ def lenet5_sizes(architecture: str | Sequence[int]) -> tuple[int, int]:
         raise ValueError(
             f"architecture must be four positive unit counts c1-c2-f-h with f <= 16 c2 (LeNet-5-Caffe), got {architecture!r}"
         )
-    from varbnn.models import lenet5
 
     c1, c2, inputs, hidden = units
     features = list(lenet5(widths=(c1, c2, hidden)).children())[:7]  # conv - pool - conv - pool - flatten, as the exported model
@@ -128,8 +129,6 @@ def export(
     dense layer's input features and the dense output units except the last), per-layer ``layers``, and the
     ``parameters`` / ``flops`` of the dense and the exported model.
     """
-    from varbnn.convert import to_deterministic
-
     keep = dict(keep) if keep is not None else select_units(model, threshold, min_gap)
     return _export_plain(to_deterministic(model, mode), example, keep)
 
@@ -249,8 +248,6 @@ def masked_model(model: nn.Module, report: Mapping[str, object], mode: str = "mo
     """The dense plain model (posterior ``mode``/``mean`` weights) with the units that :func:`export` removed set to
     zero (weight rows and biases of dropped outputs, weight columns of dropped inputs): the reference the
     exported model must match exactly."""
-    from varbnn.convert import to_deterministic
-
     dense = to_deterministic(model, mode)
     weighted = [m for _, m in _chain(dense) if isinstance(m, (nn.Linear, nn.Conv2d))]
     keep_out, keep_in = report["keep_out"], report["keep_in"]

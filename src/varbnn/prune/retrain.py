@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from varbnn.nn.base import BayesianModule
+from varbnn.predict import classification_summary, predict
 from varbnn.prune.export import _export_plain
 from varbnn.prune.scores import ThresholdSpec
 from varbnn.prune.thresholds import _budget_search, _check_budget, _check_xy, _RankedGroups, classification_error
@@ -141,8 +142,6 @@ def predictive_targets(
     """Class probabilities of a Bayesian classifier's Monte Carlo predictive, ``mean_s softmax(f_s(x))`` over
     ``samples`` weight draws (:func:`varbnn.predict`, seeded), ``[len(x), classes]``: the soft targets for
     :func:`finetune`'s distillation."""
-    from varbnn.predict import classification_summary, predict
-
     was_training = model.training
     model.eval()
     out = []

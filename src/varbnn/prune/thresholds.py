@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn.convert import to_deterministic
 from varbnn.prune.export import _chain, _export_plain, _trace_shapes
 from varbnn.prune.scores import GroupKey, ThresholdSpec, _thresholds, unit_scores
 
@@ -40,7 +41,6 @@ class _RankedGroups:
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, start: ThresholdSpec, min_gap: float, mode: str,
         batch_size: int,
     ) -> None:  # fmt: skip
-        from varbnn.convert import to_deterministic
 
         self.x, self.y, self.batch_size = x, y, batch_size
         self.scores = unit_scores(model)

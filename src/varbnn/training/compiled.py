@@ -12,8 +12,11 @@ import torch
 from torch import nn
 
 from varbnn import philox
+from varbnn._fast.softplus import share_sigmas_in_trace
+from varbnn.families.base import VariationalFamily
 from varbnn.objectives import (
     ELBOTerms,
+    elbo_objective,
 )
 from varbnn.training.setup import NLLFunction
 
@@ -78,8 +81,6 @@ def _family_inductor_options(model: nn.Module) -> dict[str, Any]:
     """The inductor options a model's families ask for (:attr:`~varbnn.families.VariationalFamily.inductor_options`),
     merged; ``realize_opcount_threshold`` takes the lowest asked for (every family asks for a lower one than
     inductor's default or none)."""
-    from varbnn.families.base import VariationalFamily
-
     options: dict[str, Any] = {}
     for module in model.modules():
         if isinstance(module, VariationalFamily):
@@ -123,9 +124,6 @@ def _compiled_elbo_step(
         )
     if distributed:
         raise ValueError("compile= is not available with distributed training yet: train with compile=False")
-    from varbnn._fast.softplus import share_sigmas_in_trace
-    from varbnn.families.base import VariationalFamily
-    from varbnn.objectives import elbo_objective
 
     refused = {type(m).__name__: m.compile_unsupported for m in model.modules()
                if isinstance(m, VariationalFamily) and m.compile_unsupported}  # fmt: skip

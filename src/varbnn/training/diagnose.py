@@ -9,6 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn.families.base import VariationalFamily
+from varbnn.families.delta import Delta
+from varbnn.nn.base import BayesianModule
+
 
 class TrainingWarning(UserWarning):
     """Something in a finished :func:`fit` run that a user should act on (see :func:`fit`'s ``diagnose``)."""
@@ -17,8 +21,6 @@ class TrainingWarning(UserWarning):
 def _warn_if_not_sampling(model: nn.Module) -> None:
     """Warn (:class:`TrainingWarning`) when Bayesian layers are set to a deterministic ``sample_mode``: their forward
     passes use the posterior's mean or mode, so the NLL gives the posterior's widths no gradient."""
-    from varbnn.nn.base import BayesianModule
-
     modes = sorted({m.sample_mode for m in model.modules() if isinstance(m, BayesianModule) and m.sample_mode != "sample"})
     if modes:
         warnings.warn(
@@ -67,9 +69,6 @@ def _diagnose(model: nn.Module, history: list[dict[str, float]], n_data: int, la
     converted with its trained weights) and keeps fitting is not warned about, however close to the prior its
     unused weights went."""
     import warnings
-
-    from varbnn.families.base import VariationalFamily
-    from varbnn.families.delta import Delta
 
     first, recent = history[0]["nll"], sum(r["nll"] for r in history[-3:]) / len(history[-3:])
     problems = []

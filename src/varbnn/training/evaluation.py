@@ -11,6 +11,7 @@ from torch import nn
 
 from varbnn import metrics
 from varbnn._checks import as_int, as_positive_int
+from varbnn.divergence import kl as model_kl
 from varbnn.likelihoods import Likelihood, as_likelihood
 from varbnn.predict import classification_summary, predict
 from varbnn.training.setup import NLLFunction, resolve_device
@@ -139,7 +140,6 @@ def evaluate_weight_samples(
         raise ValueError(f"n_train must be a positive integer (the training-set size), got {n_train!r}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y must hold the same positive number of examples, got {x.shape[0]} and {y.shape[0]}")
-    from varbnn.divergence import kl as model_kl
 
     dev = resolve_device(device, model)
     model.to(dev).eval()

@@ -20,6 +20,7 @@ from varbnn import distributed as vdist
 from varbnn._checks import as_bool, as_float_in, as_int, as_positive_int
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
+from varbnn.nn.model import update_adaptive_priors
 from varbnn.objectives import (
     ELBOTerms,
     _training_set_size,
@@ -30,7 +31,6 @@ from varbnn.objectives import (
     kl_weight_alias,
     uses_graves_estimator,
 )
-from varbnn.priors import update_adaptive_priors
 from varbnn.training.checkpoint import _resume, _rng_state, save_checkpoint
 from varbnn.training.checks import (
     _KINDS,
@@ -635,20 +635,12 @@ def _compiled_terms(
 
 
 def _refuse_posthoc_wrappers(model: nn.Module) -> None:
-    """Wrappers whose training is not one fit of their forward pass get a clear error instead of a silent wrong run."""
-    from varbnn.baselines import DeepEnsemble
-    from varbnn.laplace import LastLayerLaplace
-
-    if isinstance(model, DeepEnsemble):
-        raise ValueError(
-            "fit(DeepEnsemble) would train the members jointly through their mean output, not independently: train "
-            "each member with fit (or use varbnn.baselines.train_ensemble), then wrap them in a DeepEnsemble"
-        )
-    if isinstance(model, LastLayerLaplace):
-        raise ValueError(
-            "fit(LastLayerLaplace) would leave the fitted curvature stale: train the plain network with fit, then "
-            "build LastLayerLaplace(network).fit(loader)"
-        )
+    """Wrappers whose training is not one fit of their forward pass get a clear error instead of a silent wrong run:
+    the classes that say so with a ``_varbnn_fit_refusal`` message (:class:`~varbnn.baselines.DeepEnsemble`,
+    :class:`~varbnn.laplace.LastLayerLaplace`), declared on the class so that the loop imports neither."""
+    refusal = getattr(type(model), "_varbnn_fit_refusal", None)
+    if refusal:
+        raise ValueError(refusal)
 
 
 def _default_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from varbnn.priors import Prior
+
 NLLFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -46,8 +48,6 @@ def resolve_device(device: str | torch.device | None, model: nn.Module | None = 
 
 
 def _has_adaptive_prior(model: nn.Module) -> bool:
-    from varbnn.priors import Prior
-
     return any(isinstance(m, Prior) and m.adaptive for m in model.modules())
 
 
