@@ -31,6 +31,7 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.divergence", "divergence", "kl(model) and the KL registry."),
     ("varbnn.objectives", "objectives", "The ELBO / MDL objective, KL weights and annealing, Graves' gradients."),
     ("varbnn.likelihoods", "likelihoods", "Likelihoods as objects: NLL for training, Monte Carlo predictive."),
+    ("varbnn.optim", "optim", "Variational optimizers: IVON trains MeanField posteriors at about Adam's cost."),
     ("varbnn.training", "training", "fit, evaluate, checkpoints (also importable as varbnn.train, its first name)."),
     ("varbnn.predict", "predict", "Vectorised Monte Carlo prediction and its summaries."),
     ("varbnn.metrics", "metrics", "Accuracy, NLL, ECE, Brier, AUROC, referral, regression metrics."),

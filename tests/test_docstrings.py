@@ -44,7 +44,7 @@ MODULES = sorted(["varbnn"] + [m.name for m in pkgutil.walk_packages(varbnn.__pa
 # The public modules: each is a page of the API reference (docs/gen_pages.py), plus the prune package's submodules.
 PUBLIC = [
     "varbnn", "varbnn.convert", "varbnn.families", "varbnn.nn", "varbnn.priors", "varbnn.divergence",
-    "varbnn.objectives", "varbnn.likelihoods", "varbnn.training", "varbnn.predict", "varbnn.metrics",
+    "varbnn.objectives", "varbnn.likelihoods", "varbnn.training", "varbnn.optim", "varbnn.predict", "varbnn.metrics",
     "varbnn.calibration", "varbnn.baselines", "varbnn.laplace", "varbnn.continual", "varbnn.prune",
     "varbnn.prune.density", "varbnn.prune.scores", "varbnn.prune.thresholds", "varbnn.prune.export",
     "varbnn.prune.retrain", "varbnn.distributions", "varbnn.special", "varbnn.data", "varbnn.models", "varbnn.plots",

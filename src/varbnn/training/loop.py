@@ -105,6 +105,10 @@ def fit(
     :meth:`~varbnn.likelihoods.Likelihood.kl` (a noise posterior's) joins the KL term at weight 1. Default: ``nll``,
     the cross-entropy of a classifier's logits.
 
+    With an optimizer that includes the prior in its update (``includes_prior``, e.g. :class:`varbnn.optim.IVON`) the
+    loss is the NLL alone and ``kl_weight`` must be left unset (the optimizer's own ``kl_weight`` sets the posterior's
+    temperature); the history's ``kl`` is still the model's KL.
+
     ``kl_weight`` (beta in the papers' notation): ``None`` (default) is the library's default for the model's families
     (:func:`varbnn.objectives.default_kl_weight`; the value and its evidence are on the defaults results page);
     ``1.0`` is the true ELBO, as the papers train.
@@ -262,7 +266,13 @@ def fit(
     _refuse_posthoc_wrappers(model)
     _warn_if_not_sampling(model)
     lik, nll = _data_term(nll, likelihood, n_data)
-    schedule = _kl_weight_schedule(kl_weight_alias(kl_weight, beta, None, "fit"), model)
+    kl_weight = kl_weight_alias(kl_weight, beta, None, "fit")
+    if getattr(optimizer, "includes_prior", False):  # e.g. varbnn.optim.IVON: its update holds the prior
+        if kl_weight is not None:
+            raise ValueError(f"fit: the optimizer {type(optimizer).__name__} includes the prior in its update (its "
+                             "kl_weight is set when it is built): leave fit's kl_weight unset")  # fmt: skip
+        kl_weight = 0.0
+    schedule = _kl_weight_schedule(kl_weight, model)
     per_epoch = _distinct_examples_per_epoch(loader)
     if per_epoch is not None and per_epoch > n_data:
         raise ValueError(
