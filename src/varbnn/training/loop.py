@@ -20,7 +20,7 @@ from varbnn import distributed as vdist
 from varbnn._checks import as_bool, as_float_in, as_int, as_positive_int
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood, as_likelihood
-from varbnn.nn.model import update_adaptive_priors
+from varbnn.nn.model import model_kl, update_adaptive_priors
 from varbnn.objectives import (
     ELBOTerms,
     _training_set_size,
@@ -107,7 +107,8 @@ def fit(
 
     With an optimizer that includes the prior in its update (``includes_prior``, e.g. :class:`varbnn.optim.IVON`) the
     loss is the NLL alone and ``kl_weight`` must be left unset (the optimizer's own ``kl_weight`` sets the posterior's
-    temperature); the history's ``kl`` is still the model's KL.
+    temperature): each step's gradients are the NLL's alone (no KL is built), and the history's ``kl`` is the model's
+    KL after the epoch's last step.
 
     ``kl_weight`` (beta in the papers' notation): ``None`` (default) is the library's default for the model's families
     (:func:`varbnn.objectives.default_kl_weight`; the value and its evidence are on the defaults results page);
@@ -267,7 +268,8 @@ def fit(
     _warn_if_not_sampling(model)
     lik, nll = _data_term(nll, likelihood, n_data)
     kl_weight = kl_weight_alias(kl_weight, beta, None, "fit")
-    if getattr(optimizer, "includes_prior", False):  # e.g. varbnn.optim.IVON: its update holds the prior
+    prior_in_update = bool(getattr(optimizer, "includes_prior", False))
+    if prior_in_update:  # e.g. varbnn.optim.IVON: its update holds the prior
         if kl_weight is not None:
             raise ValueError(f"fit: the optimizer {type(optimizer).__name__} includes the prior in its update (its "
                              "kl_weight is set when it is built): leave fit's kl_weight unset")  # fmt: skip
@@ -361,7 +363,8 @@ def fit(
                 elif compiled_step is not None:
                     terms = _compiled_terms(compiled_step, compiled_shapes, mode, bar, x, y, schedule(step), mc_samples)
                 else:
-                    terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, schedule(step), mc_samples)
+                    weight = None if prior_in_update else schedule(step)  # None: the NLL alone (no KL graph)
+                    terms = _accumulated_elbo_gradient(net, model, x, y, nll, n_data, weight, mc_samples)
                 if distributed and outside:
                     _average_outside_gradients(outside, dev)
                 if checks is not None:  # the checks and the sums on the device; one read every _DeferredChecks.EVERY steps
@@ -420,6 +423,9 @@ def fit(
             checks.check()
             totals = checks.take_totals()
         record: dict[str, float] = {k: v / used for k, v in totals.items()}
+        if prior_in_update and compiled_step is None and not graves:  # the steps took no KL: the epoch's last
+            with torch.no_grad():
+                record["kl"] = float(model_kl(model))
         if distributed:
             means = torch.tensor([record["loss"], record["nll"], record["kl"]], dtype=torch.float64, device=dev)
             vdist.all_reduce_mean_([means])
@@ -674,9 +680,17 @@ def _likelihood_loss(lik: Likelihood, n_data: int) -> NLLFunction:
 
 
 def _accumulated_elbo_gradient(
-    net: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor, nll: NLLFunction, n_data: int, beta: float, samples: int
+    net: nn.Module,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    nll: NLLFunction,
+    n_data: int,
+    beta: float | None,
+    samples: int,
 ) -> ELBOTerms:
-    """``samples`` one-draw ELBO gradients averaged into ``.grad`` (one backward per draw; DDP all-reduces once)."""
+    """``samples`` one-draw ELBO gradients averaged into ``.grad`` (one backward per draw; DDP all-reduces once);
+    ``beta=None``: the NLL's gradients alone, without building the KL (an optimizer that includes the prior)."""
     import contextlib
 
     parts = []
@@ -685,14 +699,19 @@ def _accumulated_elbo_gradient(
         no_sync = getattr(net, "no_sync", None)
         context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
         with context:
-            terms = elbo_loss(nll(net(x), y), model, n_data, kl_weight=beta)
+            if beta is None:
+                value = nll(net(x), y)
+                terms = ELBOTerms(loss=value, nll=value.detach(), kl=torch.zeros((), device=value.device),
+                                  kl_weight=0.0, n_data=n_data)  # fmt: skip
+            else:
+                terms = elbo_loss(nll(net(x), y), model, n_data, kl_weight=beta)
             (terms.loss / samples if samples > 1 else terms.loss).backward()
         parts.append(terms)
     if samples == 1:
         return parts[0]
     mean = lambda values: torch.stack(values).mean()  # noqa: E731
     return ELBOTerms(loss=mean([t.loss.detach() for t in parts]), nll=mean([t.nll for t in parts]),
-                     kl=mean([t.kl for t in parts]), kl_weight=float(beta), n_data=n_data)  # fmt: skip
+                     kl=mean([t.kl for t in parts]), kl_weight=float(beta or 0.0), n_data=n_data)  # fmt: skip
 
 
 @torch.no_grad()
