@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import varbnn  # noqa: E402
 from report import write_result  # noqa: E402
+
+import varbnn  # noqa: E402
 from varbnn.objectives import elbo_loss  # noqa: E402
 from varbnn.optim import IVON  # noqa: E402
 from varbnn.training import default_optimizer  # noqa: E402
