@@ -9,24 +9,13 @@ from typing import Any
 import pytest
 import torch
 from bad_input_table import BadInput, check, params
+from test_bad_inputs_conversion import quietly
 from torch import nn
 from torch.nn.utils import parametrize
 
 import varbnn
 from varbnn import BayesConv2d, BayesLinear, ConversionWarning, Delta
 from varbnn.convert import FROZEN, conversion_report, recalibrate_batchnorm
-
-
-def quietly(fn: Any) -> Any:
-    """Call ``fn`` and return ``(result, [ConversionWarning messages])``."""
-
-    def call() -> Any:
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            result = fn()
-        return result, [str(w.message) for w in record if issubclass(w.category, ConversionWarning)]
-
-    return call
 
 
 class TiedLM(nn.Module):
