@@ -352,19 +352,19 @@ def _traced_calls(name, share=True):
 
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    import varbnn._fast.softplus as fast_softplus
+    import varbnn.training.compiled as compiled
 
     torch._dynamo.reset()
     model = _model(name)
     x, y = _batch()
     backend = CompileCounterWithBackend("aot_eager")
-    real = fast_softplus.share_sigmas_in_trace
-    fast_softplus.share_sigmas_in_trace = real if share else (lambda active: None)
-    try:  # the step binds the function when it is built
+    real = compiled.share_sigmas_in_trace  # where the compiled step looks it up
+    compiled.share_sigmas_in_trace = real if share else (lambda active: None)
+    try:  # the step looks the function up when it traces (its first call)
         step = _compiled_elbo_step(model, F.cross_entropy, N_DATA, torch.device("cpu"), True, backend=backend)
+        step(x, y, 0.5, 1)
     finally:
-        fast_softplus.share_sigmas_in_trace = real
-    step(x, y, 0.5, 1)
+        compiled.share_sigmas_in_trace = real
     assert len(backend.graphs) == 1
     return Counter(str(node.target) for node in backend.graphs[0].graph.nodes if node.op == "call_function")
 
