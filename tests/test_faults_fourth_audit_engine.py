@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import varbnn
-from varbnn.experiments.engine import RunsFailed, RunStore, execute
+from varbnn_lab.engine import RunsFailed, RunStore, execute
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bad_input_table import BadInput, check, params  # noqa: E402
@@ -77,7 +77,7 @@ import functools, sys, torch
 sys.path.insert(0, {tests!r})
 from engine_toy import toy_runs, toy_store
 from test_faults_fourth_audit_engine import slow_run
-from varbnn.experiments.engine import execute
+from varbnn_lab.engine import execute
 execute(toy_runs(), functools.partial(slow_run, {calls!r}), toy_store({out!r}), device=torch.device("cpu"), commit="c",
         workers=2)
 """
@@ -124,7 +124,7 @@ def test_ctrl_c_stops_the_workers_at_once_and_keeps_every_finished_run(tmp_path)
 
 def _kinds() -> list[str]:
     """One experiment per run function the CLI dispatches to (the generic runner's: mnist-mlp)."""
-    from varbnn.experiments.catalog import experiments
+    from varbnn_lab.catalog import experiments
 
     chosen: dict[str, str] = {}
     for name, spec in sorted(experiments().items()):
@@ -186,7 +186,7 @@ def test_the_shard_option_refuses_an_empty_or_malformed_value(case, capsys):
 
 
 def test_a_good_shard_is_still_read():
-    from varbnn.experiments.engine import parse_shard
+    from varbnn_lab.engine import parse_shard
 
     assert parse_shard("0/2") == (0, 2) and parse_shard("11/12") == (11, 12)
 
