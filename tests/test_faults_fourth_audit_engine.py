@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import varbnn
+import varbnn_lab
 from varbnn_lab.engine import RunsFailed, RunStore, execute
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,6 +28,7 @@ from engine_toy import PROTOCOL, toy_run, toy_runs, toy_store  # noqa: E402
 
 CPU = torch.device("cpu")
 SRC = Path(varbnn.__file__).resolve().parents[1]  # the varbnn under test, for a subprocess
+LAB = Path(varbnn_lab.__file__).resolve().parents[1]  # and the lab under test
 
 
 def _keys(path: Path) -> list[tuple[str, int]]:
@@ -89,7 +91,7 @@ def test_ctrl_c_stops_the_workers_at_once_and_keeps_every_finished_run(tmp_path)
     cancels the queue and ends its workers at once, keeping the records of the runs that finished."""
     calls = tmp_path / "calls"
     script = _CTRL_C_SCRIPT.format(tests=str(Path(__file__).parent), calls=str(calls), out=str(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(LAB)])}
     process = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True, stderr=subprocess.PIPE,
                                text=True)  # fmt: skip
     try:
