@@ -27,8 +27,8 @@ from report import write_result  # type: ignore[import-not-found]
 from step_time import MODELS  # type: ignore[import-not-found]
 
 import varbnn
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.training.compiled import _compiled_elbo_step
+from varbnn_lab.runner import describe_device, git_commit
 
 FAMILIES: dict[str, Callable[[], tuple[varbnn.VariationalFamily, Any]]] = {
     "MeanField-reparam": lambda: (varbnn.MeanField(), None),

@@ -39,8 +39,8 @@ from report import write_result  # type: ignore[import-not-found]
 from step_time import COMPILE, MODELS, N_TRAIN, candidates, compiled_suffix  # type: ignore[import-not-found]
 from tqdm.auto import tqdm
 
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.training import resolve_device
+from varbnn_lab.runner import describe_device, git_commit
 
 WARMUP = 20  # steps of each kind between the first one and the timed ones (as step_time.py)
 

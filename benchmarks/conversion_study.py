@@ -56,7 +56,7 @@ DECISION = (
 
 
 def _config() -> Any:
-    from varbnn.experiments.registry import CONFIGS
+    from varbnn_lab.registry import CONFIGS
 
     return dataclasses.replace(CONFIGS["uncertainty-fmnist-converted"], epochs=5)
 
@@ -66,9 +66,9 @@ def _key(family: str, value: Any, seed: int) -> str:
 
 
 def run_seed(seed: int, done: dict[str, dict[str, Any]], runs_file: Path, commit: str) -> None:
-    from varbnn.experiments.config import Variant
-    from varbnn.experiments.runner import _data, _train_plain, build_model, make_optimizer
     from varbnn.training import evaluate_classifier, fit, seed_everything
+    from varbnn_lab.config import Variant
+    from varbnn_lab.runner import _data, _train_plain, build_model, make_optimizer
 
     config = _config()
     data = _data(config, None)
@@ -136,7 +136,7 @@ def _protocol_lines() -> list[str]:
 
 
 def render(result: dict[str, Any]) -> str:
-    from varbnn.experiments.render import markdown_table, mean_se
+    from varbnn_lab.render import markdown_table, mean_se
 
     names = {family: option for family, (option, _, _) in GRID.items()}
     lines = [
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
-    from varbnn.experiments.engine import describe_device, git_commit
+    from varbnn_lab.engine import describe_device, git_commit
 
     torch.set_num_threads(args.threads)
     start, commit = time.perf_counter(), git_commit()

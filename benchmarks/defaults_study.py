@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"with --library-defaults: also {INIT_STD_FAMILIES} started at these comma-separated "
                         "initial stds (e.g. 3e-3,1e-3; the default is 1e-2)")
     args = parser.parse_args(argv)
-    from varbnn.experiments.runner import describe_device, git_commit
+    from varbnn_lab.runner import describe_device, git_commit
 
     seeds = tuple(int(s) for s in args.seeds.split(","))
     tasks = tuple(t for t in args.tasks.split(",") if t)

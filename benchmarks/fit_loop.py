@@ -28,11 +28,11 @@ from report import write_result  # type: ignore[import-not-found]
 from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.training import default_optimizer, resolve_device
 from varbnn.training.checks import _DeferredChecks
 from varbnn.training.compiled import _compiled_elbo_step, _fit_compile_mode
+from varbnn_lab.config import results_dir
+from varbnn_lab.runner import describe_device, git_commit
 
 FAMILIES = {
     "MeanField": (lambda: varbnn.MeanField(), None),

@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from report import write_result  # type: ignore[import-not-found]
 
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.families.ktied import KTied, _times_v, _u_times
 from varbnn.models import mlp, resnet18
 from varbnn.training import resolve_device
+from varbnn_lab.runner import describe_device, git_commit
 
 RANK = 2
 MODELS: dict[str, Callable[[], torch.nn.Module]] = {"resnet18": resnet18, "mlp": lambda: mlp(784, (400, 400), 10)}

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from varbnn.experiments.config import ExperimentConfig
-from varbnn.experiments.registry import CONFIGS
-from varbnn.experiments.runner import _checkpoint_path, build_model, load_classification
+from varbnn_lab.config import ExperimentConfig
+from varbnn_lab.registry import CONFIGS
+from varbnn_lab.runner import _checkpoint_path, build_model, load_classification
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 

@@ -24,10 +24,10 @@ import torch
 from report import write_result  # type: ignore[import-not-found]
 
 import varbnn
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp
 from varbnn.training import resolve_device
+from varbnn_lab.config import results_dir
+from varbnn_lab.runner import describe_device, git_commit
 
 SETTINGS = ((64, 1000), (16, 1000), (8, 2500))  # (chunk_size, batch_size)
 NETWORKS = {  # name: (builder, input shape without batch, description)

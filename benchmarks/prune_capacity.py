@@ -41,8 +41,6 @@ import torch
 from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
 
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.metrics import mean_and_standard_error
 from varbnn.models import lenet5
 from varbnn.prune import (
@@ -55,6 +53,8 @@ from varbnn.prune import (
     reinitialize,
 )
 from varbnn.training import CheckpointError, read_checkpoint, resolve_device, save_checkpoint
+from varbnn_lab.config import results_dir
+from varbnn_lab.runner import describe_device, git_commit
 
 STEM = "prune_capacity"
 

@@ -23,10 +23,10 @@ import torch
 from lenet5_checkpoint import load_trained  # type: ignore[import-not-found]
 from report import write_result  # type: ignore[import-not-found]
 
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.prune import classification_error, iterative_budget, predictive_targets
 from varbnn.training import resolve_device
+from varbnn_lab.config import results_dir
+from varbnn_lab.runner import describe_device, git_commit
 
 # (stages, epochs per stage, schedule, distillation weight), in the order they were first tried
 SETTINGS = [(4, 5, "constant", 0.0), (4, 5, "cosine", 0.0), (8, 3, "cosine", 0.0), (4, 5, "cosine", 0.7)]

@@ -1,6 +1,6 @@
 """Why RDP trails mean-field in ``uci-learned``: its direction concentration over one search run, traced.
 
-One run of the ``uci-learned`` protocol's search (the same code: ``varbnn.experiments.uci_learned._train`` on 80% of a
+One run of the ``uci-learned`` protocol's search (the same code: ``varbnn_lab.uci_learned._train`` on 80% of a
 standard split, the validation 20% scored every ``--every`` epochs with 32 draws), for five variants at one prior
 scale:
 
@@ -57,8 +57,8 @@ VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 def trace_run(label: str, base: str, options: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     from varbnn.data import load_uci
     from varbnn.distributions import VonMisesFisher
-    from varbnn.experiments import uci_learned as U
     from varbnn.families.rdp import RadialDirectional
+    from varbnn_lab import uci_learned as U
 
     config = U.UCILearnedConfig(datasets=(args.dataset,))
     variant = next(v for v in config.variants if v.label == base)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         (OUT / f"{_stem(result)}.md").write_text(render(result))
         figure(result, OUT / f"{_stem(result)}.png")
         return
-    from varbnn.experiments.engine import describe_device, git_commit
+    from varbnn_lab.engine import describe_device, git_commit
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

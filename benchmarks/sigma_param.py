@@ -79,7 +79,7 @@ def timing_args(doc: str | None, argv: list[str] | None, repeats: int) -> argpar
 
 def provenance(script: str, argv: list[str] | None) -> dict[str, Any]:
     """The command, commit, device and torch version a result file records."""
-    from varbnn.experiments.engine import describe_device, git_commit
+    from varbnn_lab.engine import describe_device, git_commit
 
     command = " ".join([f"python benchmarks/{script}", shlex.join(argv or sys.argv[1:])])  # quoted as a shell takes it
     device = describe_device(torch.device("cpu"))

@@ -41,12 +41,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import varbnn
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.runner import describe_device, git_commit
 from varbnn.models import lenet5, mlp, resnet18
 from varbnn.training import default_optimizer, keep_freed_memory, resolve_device
 from varbnn.training.compiled import _compiled_elbo_step, _uses_cudagraphs
 from varbnn.training.loop import _accumulated_elbo_gradient
+from varbnn_lab.config import results_dir
+from varbnn_lab.runner import describe_device, git_commit
 
 N_TRAIN = 60000
 OPTIMIZER = {"name": "fit"}  # "fit": varbnn.train.default_optimizer (Adam, fused where supported); "adam": torch's default

@@ -26,8 +26,8 @@ from typing import Any
 
 from report import write_result  # type: ignore[import-not-found]
 
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.runner import git_commit
+from varbnn_lab.config import results_dir
+from varbnn_lab.runner import git_commit
 
 PEERS = ("bayesian-torch", "torchbnn")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")

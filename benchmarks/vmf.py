@@ -34,9 +34,9 @@ from scipy import special as sps  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from varbnn.distributions import VonMisesFisher  # noqa: E402
-from varbnn.experiments.config import results_dir  # noqa: E402
-from varbnn.experiments.runner import describe_device, git_commit  # noqa: E402
 from varbnn.special import bessel_ratio, log_bessel_iv  # noqa: E402
+from varbnn_lab.config import results_dir  # noqa: E402
+from varbnn_lab.runner import describe_device, git_commit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = ROOT / "tests" / "data" / "bessel_oracle.json"

@@ -49,11 +49,12 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.distributed", "distributed", "Data-parallel training under torchrun."),
     ("varbnn.ops", "ops", "Fused elementwise operations."),
     ("varbnn.philox", "philox", "Counter-based random numbers (Philox4x32-10): fit(compile=True)'s CPU draws."),
-    ("varbnn.experiments", "experiments", "The experiment configs and the runner."),
-    ("varbnn.experiments.catalog", "experiments-catalog", "Every experiment of varbnn reproduce: config, run, page."),
-    ("varbnn.experiments.engine", "experiments-engine", "Runs, records, resuming, workers, shards, provenance."),
-    ("varbnn.experiments.hooks", "experiments-hooks", "Training hooks of the experiments: traces, best-state selection."),
-    ("varbnn.experiments.regression", "experiments-regression", "What the UCI regression experiments share."),
+    ("varbnn_lab", "experiments", "The lab (lab/ of a clone, not installed with varbnn): experiment configs, runner."),
+    ("varbnn_lab.catalog", "experiments-catalog", "Every experiment of varbnn reproduce: config, run, page."),
+    ("varbnn_lab.engine", "experiments-engine", "Runs, records, resuming, workers, shards, provenance."),
+    ("varbnn_lab.hooks", "experiments-hooks", "Training hooks of the experiments: traces, best-state selection."),
+    ("varbnn_lab.regression", "experiments-regression", "What the UCI regression experiments share."),
+    ("varbnn_lab.figures", "experiments-figures", "The papers' figures of the experiments' pages (the generic ones: plots)."),
 ]
 
 
@@ -68,7 +69,8 @@ def write_reference() -> None:
         )
         with mkdocs_gen_files.open(f"reference/{title}.md", "w") as fh:
             fh.write(f"# `{module}`\n\n{what}\n\n::: {module}\n    options:\n      show_root_heading: false\n{extra}")
-        mkdocs_gen_files.set_edit_path(f"reference/{title}.md", Path("src", *module.split(".")).as_posix())
+        source = "lab" if module.split(".")[0] == "varbnn_lab" else "src"  # the lab is a package of its own, lab/
+        mkdocs_gen_files.set_edit_path(f"reference/{title}.md", Path(source, *module.split(".")).as_posix())
     with mkdocs_gen_files.open("reference/index.md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
 

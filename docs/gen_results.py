@@ -185,7 +185,7 @@ CLAIMS: tuple[Claim, ...] = (
         verdict="partly",
         why="Radial is above from 20% referred on, and within one standard error below at 0-10%. The 28x28 "
         "RetinaMNIST images stand in for the paper's retinopathy data, which cannot be had here.",
-        sources=(J, "src/varbnn/experiments/retina.py"),
+        sources=(J, "lab/varbnn_lab/retina.py"),
     ),
     Claim(
         folder="retina-robustness",
@@ -285,7 +285,7 @@ CLAIMS: tuple[Claim, ...] = (
         "references of energy (-1.19 vs -1.06) and yacht (-2.05 vs -1.30); the other gaps are to Dropout / VMG "
         "numbers from other protocols. Longer training moves kin8nm and power toward them. Issue 30's learned-noise "
         "protocol is the main table now (uci-learned).",
-        sources=(J, "src/varbnn/experiments/uci.py"),
+        sources=(J, "lab/varbnn_lab/uci.py"),
     ),
     Claim(
         folder="lenet5-prune",

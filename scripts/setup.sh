@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install varbnn with its test extras, CPU-only torch first.
+# Create .venv (if missing) and install varbnn with its test extras, CPU-only torch first, then the lab (lab/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -14,3 +14,6 @@ fi
 .venv/bin/python -m pip install --quiet --retries 2 "torch==2.13.0" \
   --extra-index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 .venv/bin/python -m pip install --quiet -e ".[test,docs]"
+# The lab (lab/: the experiments, varbnn_lab and its varbnn-lab command), which the package does not ship; --no-deps:
+# its one dependency, varbnn, is the editable install above.
+.venv/bin/python -m pip install --quiet --no-deps -e lab/

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from varbnn.experiments.engine import RunKey, RunStore, execute, expand
+from varbnn_lab.engine import RunKey, RunStore, execute, expand
 
 PROTOCOL = "toyhash001"
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'lab'}"}  # the library and the lab under test
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_step.py"), *args], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=300)  # fmt: skip
 

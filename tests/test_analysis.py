@@ -112,7 +112,7 @@ def test_figures(tmp_path):
 
 
 def test_front_figure_marks_each_published_row_and_refuses_more_rows_than_marker_shapes(tmp_path):
-    from varbnn.plots import _MARKERS, front_figure
+    from varbnn_lab.figures import _MARKERS, front_figure
 
     row = {"variant": "RDP double", "front60000_flops": 6e4, "front60000_parameters": 1e4, "front60000_test_error": 0.02,
            "front60000_scratch_test_error": 0.012}  # fmt: skip

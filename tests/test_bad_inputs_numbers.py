@@ -265,9 +265,9 @@ def test_bad_input(case: BadInput) -> None:
 @pytest.mark.parametrize("threads", [1, N_THREADS])
 def test_cli_accepts_threads_within_the_bound(threads, monkeypatch):
     """Both ends of [1, 4 x cores] get through to torch.set_num_threads (the run itself is stubbed out)."""
-    import varbnn.experiments
+    import varbnn_lab
 
-    monkeypatch.setattr(varbnn.experiments, "run_experiment", lambda *a, **k: {"written": False})
+    monkeypatch.setattr(varbnn_lab, "run_experiment", lambda *a, **k: {"written": False})
     before = torch.get_num_threads()
     try:
         assert cli.main(["demo", "--threads", str(threads), "--device", "auto"]) == 0

@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import varbnn
 from varbnn.baselines import DeepEnsemble
-from varbnn.experiments import get_config
 from varbnn.likelihoods import Categorical, GammaPrecisionGaussian
 from varbnn.priors import Normal
+from varbnn_lab import get_config
 
 
 def _regression(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +166,7 @@ def test_set_posterior_as_prior_changes_nothing_when_a_layer_has_no_prior_form()
 
 
 def test_variants_option_keeps_labels_that_hold_commas():
-    from varbnn.cli import _split_variants
+    from varbnn_lab.cli import _split_variants
 
     labels = ["plain", "RDP double, radius_init=even, KL annealed over 100 epochs", "MeanField"]
     assert _split_variants("plain,MeanField", labels) == ["plain", "MeanField"]

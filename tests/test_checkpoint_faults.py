@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import varbnn
 import varbnn.training.checkpoint as checkpoint_module
 import varbnn.training.loop as train_module
-from varbnn.experiments import ExperimentConfig, Variant, run_experiment
 from varbnn.training import CheckpointError, fit, read_checkpoint, save_checkpoint, seed_everything
+from varbnn_lab import ExperimentConfig, Variant, run_experiment
 
 EPOCHS = 4
 STEPS_PER_EPOCH = 4  # 64 examples, batches of 16
@@ -212,7 +212,7 @@ def test_runner_best_of_last_stays_consistent_with_the_epoch_checkpoint_across_k
 def test_runner_reconciles_a_best_file_one_epoch_behind_an_old_checkpoint(tmp_path):
     """Checkpoints written before the best state was committed with them: the best file missed the checkpoint's
     last epoch (a kill between the two writes) -> that epoch is applied as the selector would have."""
-    from varbnn.experiments.hooks import BestOfLast as _BestOfLast
+    from varbnn_lab.hooks import BestOfLast as _BestOfLast
 
     model = nn.Linear(2, 1)
     checkpoint = tmp_path / "run.pt"
@@ -235,7 +235,7 @@ def test_runner_reconciles_a_best_file_one_epoch_behind_an_old_checkpoint(tmp_pa
 def test_the_best_of_last_export_is_a_verified_checkpoint_and_a_damaged_one_is_named(tmp_path):
     """``<ckpt>.best.pt`` carries fit's format and checksum: read back (old-style checkpoints only) through
     read_checkpoint, so a flipped byte is a CheckpointError naming the file, not a silently different model."""
-    from varbnn.experiments.hooks import BestOfLast as _BestOfLast
+    from varbnn_lab.hooks import BestOfLast as _BestOfLast
 
     model = nn.Linear(2, 1)
     checkpoint = tmp_path / "run.pt"

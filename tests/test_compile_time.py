@@ -19,7 +19,7 @@ from compile_time import pays_after  # type: ignore[import-not-found]  # noqa: E
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'lab'}"}  # the library and the lab under test
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_time.py"), "--model", "host", *args],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)  # fmt: skip
 

@@ -68,7 +68,7 @@ def test_multi_head_task_model_shares_modules_and_counts_trunk_and_one_head():
 
 
 def test_tensor_batches_cover_every_example_once_and_drop_last():
-    from varbnn.experiments.continual import TensorBatches
+    from varbnn_lab.continual import TensorBatches
 
     x, y = torch.arange(10.0)[:, None], torch.arange(10)
     seen = torch.cat([b for _, b in TensorBatches(x, y, 3)])
@@ -79,7 +79,7 @@ def test_tensor_batches_cover_every_example_once_and_drop_last():
 def test_vcl_quick_run_writes_results_and_resumes(tmp_path):
     if not (Path(os.environ.get("VARBNN_DATA", "../shared/data")) / "fashion-mnist").exists():
         pytest.skip("Fashion-MNIST not available")
-    from varbnn.experiments.continual import run_vcl, vcl_config
+    from varbnn_lab.continual import run_vcl, vcl_config
 
     config = vcl_config(quick=True)
     result = run_vcl(config, out_dir=tmp_path, progress=False, command="test")
@@ -106,7 +106,7 @@ def _have(folder):
 def test_retina_quick_runs_shards_and_renders(tmp_path):
     if not _have("retinamnist"):
         pytest.skip("RetinaMNIST not available")
-    from varbnn.experiments.retina import REFERRAL_FRACTIONS, retina_config, run_retina
+    from varbnn_lab.retina import REFERRAL_FRACTIONS, retina_config, run_retina
 
     config = retina_config("retina-referral", quick=True)
     run_retina(config, out_dir=tmp_path, progress=False, command="test", shard=(0, 2))
@@ -122,7 +122,7 @@ def test_retina_quick_runs_shards_and_renders(tmp_path):
 
 
 def test_hyperparameter_draws_cover_the_paper_ranges():
-    from varbnn.experiments.retina import sample_hyperparameters
+    from varbnn_lab.retina import sample_hyperparameters
 
     runs = sample_hyperparameters(200, seed=1)
     assert {r.optimizer for r in runs} == {"sgd", "amsgrad"}
@@ -134,7 +134,7 @@ def test_hyperparameter_draws_cover_the_paper_ranges():
 def test_soap_bubble_quick_and_chi_density():
     import scipy.stats
 
-    from varbnn.experiments.soap_bubble import chi_log_density
+    from varbnn_lab.soap_bubble import chi_log_density
 
     x = torch.tensor([0.5, 3.0, 30.0], dtype=torch.float64)
     torch.testing.assert_close(chi_log_density(x, 900), torch.as_tensor(scipy.stats.chi(900).logpdf(x.numpy())))
@@ -143,7 +143,7 @@ def test_soap_bubble_quick_and_chi_density():
 def test_soap_bubble_quick_run(tmp_path):
     if not _have("mnist"):
         pytest.skip("MNIST not available")
-    from varbnn.experiments.soap_bubble import run_soap_bubble, soap_bubble_config
+    from varbnn_lab.soap_bubble import run_soap_bubble, soap_bubble_config
 
     config = soap_bubble_config(quick=True)
     result = run_soap_bubble(config, out_dir=tmp_path, progress=False, command="test")
@@ -155,20 +155,20 @@ def test_soap_bubble_quick_run(tmp_path):
 
 
 def test_the_library_does_not_import_its_experiments():
-    """varbnn.plots and the library's other modules import nothing from varbnn.experiments (no cycle)."""
+    """varbnn.plots and the library's other modules import nothing from varbnn_lab (no cycle)."""
     import subprocess
     import sys
 
     code = (
         "import sys, varbnn, varbnn.plots, varbnn.continual, varbnn.prune, varbnn.train, varbnn.baselines, varbnn.laplace;"
-        "print(sorted(m for m in sys.modules if m.startswith('varbnn.experiments')))"
+        "print(sorted(m for m in sys.modules if m.startswith('varbnn_lab')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
 
 
 def test_vcl_search_gives_both_families_the_same_grid_and_selects_on_validation(tmp_path):
-    from varbnn.experiments.continual import SEARCH_VARIANTS, VCL_VARIANTS, VCLConfig, run_vcl, selection, vcl_config
+    from varbnn_lab.continual import SEARCH_VARIANTS, VCL_VARIANTS, VCLConfig, run_vcl, selection, vcl_config
 
     grids = {}
     for v in SEARCH_VARIANTS:
@@ -195,7 +195,7 @@ def test_vcl_search_gives_both_families_the_same_grid_and_selects_on_validation(
 
 
 def test_vcl_selected_holds_one_setting_per_family_from_the_search_grid():
-    from varbnn.experiments.continual import SEARCH_VARIANTS, SELECTED_VARIANTS, vcl_config
+    from varbnn_lab.continual import SEARCH_VARIANTS, SELECTED_VARIANTS, vcl_config
 
     assert sorted(v.family for v in SELECTED_VARIANTS) == ["meanfield", "radial"]
     assert all(v in SEARCH_VARIANTS for v in SELECTED_VARIANTS)
@@ -232,7 +232,7 @@ def test_the_per_variant_figure_draws_each_head_and_refuses_more_variants_than_p
 
 
 def test_rendering_without_saved_runs_is_refused_not_a_page_of_nans(tmp_path):
-    from varbnn.experiments.continual import run_vcl, vcl_config
+    from varbnn_lab.continual import run_vcl, vcl_config
 
     with pytest.raises(ValueError, match=r"--no-train\): none of this experiment's \d+ runs is saved in"):
         run_vcl(vcl_config(quick=True), out_dir=tmp_path, progress=False, train=False)

@@ -213,7 +213,7 @@ def test_cli_distributed_reproduce_destroys_its_process_group(
     import torch.distributed as dist
 
     from varbnn import cli
-    from varbnn.experiments import catalog
+    from varbnn_lab import catalog
 
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")

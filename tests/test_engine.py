@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from varbnn.experiments.engine import (
+from varbnn_lab.engine import (
     RunStore,
     check_workers,
     config_fields,
@@ -200,7 +200,7 @@ def test_provenance_is_the_same_for_every_page():
 
 
 def _digits_config(name: str = "runner-engine"):
-    from varbnn.experiments import ExperimentConfig, Variant
+    from varbnn_lab import ExperimentConfig, Variant
 
     return ExperimentConfig(
         name=name,
@@ -219,7 +219,7 @@ def _digits_config(name: str = "runner-engine"):
 
 
 def test_the_generic_runner_keeps_one_record_per_run_and_shards_like_a_single_run(tmp_path):
-    from varbnn.experiments import run_experiment
+    from varbnn_lab import run_experiment
 
     config = _digits_config()
     whole = run_experiment(config, out_dir=tmp_path / "whole", progress=False, command="test")
@@ -241,7 +241,7 @@ def test_the_generic_runner_keeps_one_record_per_run_and_shards_like_a_single_ru
 
 
 def test_the_generic_runner_is_refused_a_bad_shard_and_workers_on_an_accelerator(tmp_path):
-    from varbnn.experiments import run_experiment
+    from varbnn_lab import run_experiment
 
     with pytest.raises(ValueError, match="shard must be"):
         run_experiment(_digits_config(), out_dir=tmp_path, progress=False, shard=(2, 2))
@@ -288,7 +288,7 @@ def test_the_generic_runner_killed_mid_run_resumes_from_its_epoch_checkpoint(tmp
 
 
 def test_open_run_and_invocation_write_what_every_run_function_writes(tmp_path):
-    from varbnn.experiments.engine import describe_device, open_run
+    from varbnn_lab.engine import describe_device, open_run
 
     call = open_run("toy", tmp_path / "out", "cpu", False, 1)
     assert call.out == tmp_path / "out" and call.out.is_dir() and call.device == CPU and call.world == 1
@@ -337,7 +337,7 @@ def test_a_keyed_store_takes_one_hash_or_one_per_first_field(tmp_path):
 
 
 def test_invocation_execute_runs_its_shard_or_nothing_and_writes_only_unsharded(tmp_path, capsys):
-    from varbnn.experiments.engine import open_run
+    from varbnn_lab.engine import open_run
 
     call = open_run("toy", tmp_path, "cpu", False, 1)
     run = functools.partial(toy_run, None, 0.0)
@@ -353,7 +353,7 @@ def test_invocation_execute_runs_its_shard_or_nothing_and_writes_only_unsharded(
 
 
 def test_best_state_keeps_the_lowest_score_and_restores_it():
-    from varbnn.experiments.hooks import BestState
+    from varbnn_lab.hooks import BestState
 
     model = torch.nn.Linear(2, 1)
     start = model.weight.detach().clone()

@@ -12,14 +12,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from varbnn import Delta, KTied, MeanField, bayesianize
 from varbnn.divergence import kl as model_kl
-from varbnn.experiments import get_config, run_experiment
-from varbnn.experiments.config import ExperimentConfig, Variant
-from varbnn.experiments.hooks import BestOfLast as _BestOfLast
-from varbnn.experiments.hooks import std_parameters
-from varbnn.experiments.runner import _checkpoint_path, build_model, render_markdown
 from varbnn.models import lenet5, make_model, resnet18, row_lstm
 from varbnn.nn.layers import BayesLSTM
 from varbnn.training import evaluate_weight_samples, fit, read_checkpoint
+from varbnn_lab import get_config, run_experiment
+from varbnn_lab.config import ExperimentConfig, Variant
+from varbnn_lab.hooks import BestOfLast as _BestOfLast
+from varbnn_lab.hooks import std_parameters
+from varbnn_lab.runner import _checkpoint_path, build_model, render_markdown
 
 
 def toy(n=96):
@@ -178,7 +178,7 @@ def test_render_markdown_puts_traces_in_their_own_table():
 
 
 def test_a_page_names_the_devices_and_commits_that_trained_its_runs():
-    from varbnn.experiments.runner import _run_provenance
+    from varbnn_lab.runner import _run_provenance
 
     records = [
         {"variant": "plain", "seed": 0, "commit": "c2", "device": "cuda: H200"},
@@ -259,8 +259,8 @@ def test_render_saved_rewrites_the_page_from_the_json(tmp_path, monkeypatch):
     import json
 
     from varbnn.cli import main
-    from varbnn.experiments import engine
-    from varbnn.experiments.render import render_saved
+    from varbnn_lab import engine
+    from varbnn_lab.render import render_saved
 
     monkeypatch.setattr(engine, "git_commit", lambda: "newcommit")
     saved = tmp_path / "p.json"
@@ -394,7 +394,7 @@ def test_front_points_in_worker_processes_equal_the_points_in_this_process():
     """front_points(workers=2) spawns processes for the points; each point draws from its own seeded generators, so
     with one thread in this process too the scores are equal to the last bit and come back in budget order. Oracle:
     the same call with workers=1; a bad count is refused by name."""
-    from varbnn.experiments.evaluation import front_points
+    from varbnn_lab.evaluation import front_points
 
     config = get_config("lenet5-front", quick=True)
     torch.manual_seed(0)
@@ -436,7 +436,7 @@ def test_prune_front_is_checked_and_leaves_the_older_protocols_alone():
 
 
 def test_the_front_table_formats_seed_means_names_unreached_budgets_and_skips_nan_in_the_choice():
-    from varbnn.experiments.render import _front_table, _thousands
+    from varbnn_lab.render import _front_table, _thousands
 
     assert [_thousands(v) for v in (125_000, 60_400, 1_000_000, 1_500_000)] == ["125K", "60.4K", "1M", "1.5M"]
     rows = [
@@ -457,7 +457,7 @@ def test_the_front_goals_and_table_2_verdicts_follow_the_points_chosen_on_valida
     """Issue 30's verdicts on the LeNet-5 front: each goal on the largest budget within its FLOPs limit (met only with
     the budget reached and the error within the limit), each Table 2 row against the best point at most its smaller
     size, with the random-initialisation control named when it misses the row too."""
-    from varbnn.experiments.render import front_goal_lines
+    from varbnn_lab.render import front_goal_lines
 
     def point(budget, flops, test, scratch, reached=1.0, validation=0.01, variant="RDP", scratch_validation=0.02):
         p = f"front{budget}"
@@ -601,12 +601,12 @@ def test_git_commit_marks_code_changes_dirty_but_not_results(tmp_path, monkeypat
     import shutil
     import subprocess
 
-    from varbnn.experiments import engine
+    from varbnn_lab import engine
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     repo = tmp_path / "repo"
-    source = repo / "src" / "varbnn" / "experiments"
+    source = repo / "lab" / "varbnn_lab"
     source.mkdir(parents=True)
     (repo / "benchmarks" / "results").mkdir(parents=True)
     (source / "engine.py").write_text("code\n")
@@ -673,7 +673,7 @@ def test_ood_dataset_adds_aurocs_and_a_figure(tmp_path):
 
 
 def test_rotated_digits_are_the_test_digits_turned():
-    from varbnn.experiments.runner import load_classification
+    from varbnn_lab.runner import load_classification
 
     x, y = load_classification("digits", "test")
     turned, labels = load_classification("digits-rotated", "test")
@@ -696,7 +696,7 @@ def test_ood_and_kl_weight_fields_are_validated(change, message):
 
 
 def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():
-    from varbnn.experiments.runner import _kl_weight
+    from varbnn_lab.runner import _kl_weight
 
     config = get_config("mnist-mlp")
     assert "kl_weight" not in config.to_dict()  # the default 1.0 keeps existing checkpoint hashes
@@ -741,7 +741,7 @@ def test_reproduce_compile_is_a_runtime_choice_recorded_per_run(tmp_path, fit_co
     each record says it, the page counts the compiled step as a device of its own, and it is not part of the protocol:
     an eager invocation finds the compiled runs done. (fit(compile=True) itself is tested in test_compile.py; here
     ``fit`` is spied on and runs eagerly.)"""
-    from varbnn.experiments import runner
+    from varbnn_lab import runner
 
     seen = fit_compile_spy(runner)
     config = dataclasses.replace(
@@ -803,7 +803,7 @@ def test_an_ensemble_resumed_in_a_later_member_counts_the_members_trained_before
     """Each member commits the run's training time into its own checkpoint; a run cut off after member 0 and resumed
     reads it back from there (it used to look for the run's own checkpoint, which an ensemble never writes, and
     counted only the invocation that finished it). Member 0's committed time is set to 1,000 s to tell them apart."""
-    from varbnn.experiments import hooks
+    from varbnn_lab import hooks
 
     config = dataclasses.replace(
         _baselines_config(), variants=(Variant("ensemble", family="ensemble", family_options={"members": 2}),), epochs=1
@@ -884,7 +884,7 @@ def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_
     """convert_epochs: the plain network is the plain run's (reused from its finished checkpoint, or trained again
     from the same seed: the same weights either way), converted with its weights as the posterior means, then trained
     N epochs; the record's training time counts the plain phase too."""
-    from varbnn.experiments.runner import _train_plain
+    from varbnn_lab.runner import _train_plain
 
     base = _baselines_config()
     config = dataclasses.replace(
@@ -909,7 +909,7 @@ def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_
     assert any(not torch.equal(t, control["model"][n]) for n, t in plain["model"].items())
     assert rows["plain, 1 more epoch"]["train_seconds"] >= plain["extra"]["traces"]["train_seconds"]
     # without the plain run's checkpoint the plain phase trains the same network again
-    from varbnn.experiments.runner import _data
+    from varbnn_lab.runner import _data
 
     d = _data(config, None)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(d["x_train"], d["y_train"]), batch_size=128,
@@ -920,7 +920,7 @@ def test_a_converted_variant_starts_from_the_plain_runs_network_and_counts_both_
     for name, tensor in plain["model"].items():
         assert torch.equal(tensor, again.state_dict()[name]), name
     # the posterior means of the converted model start at those weights (bayesianize(pretrained=True))
-    from varbnn.experiments.runner import build_model
+    from varbnn_lab.runner import build_model
 
     model = build_model(config, config.variants[0], trained=again)
     means = {n.removesuffix(".loc"): p for n, p in model.named_parameters() if n.endswith(".loc")}
@@ -938,7 +938,7 @@ def test_convert_epochs_is_checked_and_leaves_old_hashes_alone():
 
 
 def test_uncertainty_goals_are_judged_from_the_rows():
-    from varbnn.experiments.uncertainty import comparable_times, goal_lines, goals
+    from varbnn_lab.uncertainty import comparable_times, goal_lines, goals
 
     def row(variant, family, nll, ece, auroc, seconds):
         return dict(variant=variant, family=family, nll=nll, ece=ece, ood_auroc_entropy=auroc, ood_auroc_mi=0.5,
@@ -1009,7 +1009,7 @@ def test_runs_are_batched_seed_by_seed_with_post_hoc_runs_after_their_plain_run(
     """One process: every run in one batch, seed-major, post-hoc runs after their seed's trainings. Workers: a seed's
     post-hoc runs move to the front of the next seed's batch (never beside the plain run they reuse); without
     post-hoc runs everything is one batch."""
-    from varbnn.experiments.runner import _batches
+    from varbnn_lab.runner import _batches
 
     labels = ("temperature", "plain", "meanfield", "laplace")
     pending = [(label, seed) for label in labels for seed in (2, 0, 1)]

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import varbnn
-from varbnn.experiments.engine import RunsFailed, RunStore, execute
+import varbnn_lab
+from varbnn_lab.engine import RunsFailed, RunStore, execute
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bad_input_table import BadInput, check, params  # noqa: E402
@@ -27,6 +28,7 @@ from engine_toy import PROTOCOL, toy_run, toy_runs, toy_store  # noqa: E402
 
 CPU = torch.device("cpu")
 SRC = Path(varbnn.__file__).resolve().parents[1]  # the varbnn under test, for a subprocess
+LAB = Path(varbnn_lab.__file__).resolve().parents[1]  # and the lab under test
 
 
 def _keys(path: Path) -> list[tuple[str, int]]:
@@ -77,7 +79,7 @@ import functools, sys, torch
 sys.path.insert(0, {tests!r})
 from engine_toy import toy_runs, toy_store
 from test_faults_fourth_audit_engine import slow_run
-from varbnn.experiments.engine import execute
+from varbnn_lab.engine import execute
 execute(toy_runs(), functools.partial(slow_run, {calls!r}), toy_store({out!r}), device=torch.device("cpu"), commit="c",
         workers=2)
 """
@@ -89,7 +91,7 @@ def test_ctrl_c_stops_the_workers_at_once_and_keeps_every_finished_run(tmp_path)
     cancels the queue and ends its workers at once, keeping the records of the runs that finished."""
     calls = tmp_path / "calls"
     script = _CTRL_C_SCRIPT.format(tests=str(Path(__file__).parent), calls=str(calls), out=str(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(LAB)])}
     process = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True, stderr=subprocess.PIPE,
                                text=True)  # fmt: skip
     try:
@@ -124,7 +126,7 @@ def test_ctrl_c_stops_the_workers_at_once_and_keeps_every_finished_run(tmp_path)
 
 def _kinds() -> list[str]:
     """One experiment per run function the CLI dispatches to (the generic runner's: mnist-mlp)."""
-    from varbnn.experiments.catalog import experiments
+    from varbnn_lab.catalog import experiments
 
     chosen: dict[str, str] = {}
     for name, spec in sorted(experiments().items()):
@@ -186,7 +188,7 @@ def test_the_shard_option_refuses_an_empty_or_malformed_value(case, capsys):
 
 
 def test_a_good_shard_is_still_read():
-    from varbnn.experiments.engine import parse_shard
+    from varbnn_lab.engine import parse_shard
 
     assert parse_shard("0/2") == (0, 2) and parse_shard("11/12") == (11, 12)
 

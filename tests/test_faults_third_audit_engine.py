@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from varbnn.experiments.engine import RunsFailed, RunStore, execute, failure_policy
+from varbnn_lab.engine import RunsFailed, RunStore, execute, failure_policy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bad_input_table import BadInput, check, params  # noqa: E402
@@ -192,7 +192,7 @@ def test_an_append_waits_for_another_process_writing_the_same_file(tmp_path):
 
 
 def _config(name: str, variants: tuple[Any, ...] | None = None, seeds: tuple[int, ...] = (0,)):
-    from varbnn.experiments import ExperimentConfig, Variant
+    from varbnn_lab import ExperimentConfig, Variant
 
     return ExperimentConfig(
         name=name, description="", dataset="digits", model="mlp",
@@ -215,8 +215,8 @@ class Planted:
 def test_a_crafted_figure_data_file_is_never_unpickled(tmp_path):
     """Item 1: `reproduce NAME --no-train` loaded OUT/.checkpoints/**/*.figures with weights_only=False, so a crafted
     file ran code. Now --no-train refuses it naming the file, and a training call moves it aside and redoes the run."""
-    from varbnn.experiments import run_experiment
-    from varbnn.experiments.runner import _figure_data_path
+    from varbnn_lab import run_experiment
+    from varbnn_lab.runner import _figure_data_path
 
     config = _config("audit-figures")
     first = run_experiment(config, out_dir=tmp_path, progress=False, command="test")
@@ -242,7 +242,7 @@ def test_a_crafted_figure_data_file_is_never_unpickled(tmp_path):
 def test_no_train_into_a_folder_without_runs_says_so(tmp_path):
     """Item 3: `--no-train` into a folder without runs failed in matplotlib ("Number of columns must be a positive
     integer")."""
-    from varbnn.experiments import run_experiment
+    from varbnn_lab import run_experiment
 
     config = _config("audit-empty")
     with pytest.raises(ValueError, match=r"no finished runs of audit-empty were found there \(there is no "
@@ -255,8 +255,8 @@ def test_no_train_into_a_folder_without_runs_says_so(tmp_path):
 
 
 def test_a_runner_record_with_the_right_hash_and_wrong_types_names_its_line(tmp_path):
-    from varbnn.experiments import run_experiment
-    from varbnn.experiments.runner import _protocol
+    from varbnn_lab import run_experiment
+    from varbnn_lab.runner import _protocol
 
     config = _config("audit-types")
     record = {"variant": "mf", "seed": 0, "scores": "high", "protocol": _protocol(config, config.variants[0])}
@@ -270,8 +270,8 @@ def test_the_command_exits_1_naming_the_failed_runs_and_keeps_the_others(tmp_pat
     """`varbnn reproduce`: a run that fails (temperature scaling without a validation split fails after training) is
     reported; the others are recorded; exit status 1 names it. --fail-fast stops before the next seed's runs."""
     from varbnn.cli import main
-    from varbnn.experiments import Variant
-    from varbnn.experiments.registry import CONFIGS, register_config
+    from varbnn_lab import Variant
+    from varbnn_lab.registry import CONFIGS, register_config
 
     config = _config("audit-cli", (Variant("plain", family="plain"), Variant("temperature", family="temperature")),
                      seeds=(0, 1))  # fmt: skip

@@ -362,8 +362,8 @@ def test_prune_mask_validation():
 
 
 def test_graves_quick_runs_table_1_then_prunes_its_adaptive_weight_noise_network(data_dir, tmp_path):
-    from varbnn.experiments.graves import graves_config, run_graves_mnist
-    from varbnn.experiments.graves_prune import run_graves_prune
+    from varbnn_lab.graves import graves_config, run_graves_mnist
+    from varbnn_lab.graves_prune import run_graves_prune
 
     config = graves_config("graves-mnist", quick=True)
     result = run_graves_mnist(config, out_dir=tmp_path, data_dir=str(data_dir), progress=False)
@@ -384,7 +384,7 @@ def test_graves_quick_runs_table_1_then_prunes_its_adaptive_weight_noise_network
 
 
 def test_graves_config_validation():
-    from varbnn.experiments.graves import GravesConfig, graves_config
+    from varbnn_lab.graves import GravesConfig, graves_config
 
     with pytest.raises(ValueError, match="unknown Graves experiment"):
         graves_config("graves-timit")

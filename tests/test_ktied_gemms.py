@@ -37,7 +37,7 @@ def test_the_tied_shapes_are_the_weights_ktied_ties():
 
 
 def test_the_benchmark_writes_its_table(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'lab'}"}  # the library and the lab under test
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ktied_gemms.py"), "--model", "mlp", "--repeats", "2",
                            "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300)  # fmt: skip

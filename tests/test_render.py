@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from varbnn.experiments import CONFIGS
-from varbnn.experiments.render import SPECIAL_PAGES, render_result, render_saved, renderer_for
+from varbnn_lab import CONFIGS
+from varbnn_lab.render import SPECIAL_PAGES, render_result, render_saved, renderer_for
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -1,4 +1,4 @@
-"""The page-building helpers of varbnn.experiments.render (markdown_table, mean_se, provenance_lines): exact output."""
+"""The page-building helpers of varbnn_lab.render (markdown_table, mean_se, provenance_lines): exact output."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from varbnn.experiments.render import MISSING, RIGHT, markdown_table, mean_se, provenance_lines
+from varbnn_lab.render import MISSING, RIGHT, markdown_table, mean_se, provenance_lines
 
 
 def test_markdown_table_from_flat_rows_with_alignment():
@@ -63,7 +63,7 @@ def test_render_refuses_a_benchmark_scripts_json(tmp_path):
     generic-runner page (which would overwrite its page with a different one)."""
     import json
 
-    from varbnn.experiments.render import render_saved
+    from varbnn_lab.render import render_saved
 
     path = tmp_path / "step_time.json"
     path.write_text(json.dumps({"name": "step_time", "command": "x", "commit": "c", "device": "cpu", "seconds": 1.0,

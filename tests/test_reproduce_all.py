@@ -96,7 +96,7 @@ def test_reproduce_quick_writes_the_results(name, data_dir, tmp_path, capsys):
 def test_compile_alone_is_fit_compile_true_and_a_named_mode_is_passed_as_it_is(data_dir, tmp_path, fit_compile_spy):
     """``--compile`` alone reaches ``fit`` as ``compile=True`` (CUDA graphs on a GPU when the batches have one shape);
     ``--compile default`` as the mode string (no CUDA graphs)."""
-    from varbnn.experiments import runner
+    from varbnn_lab import runner
 
     seen = fit_compile_spy(runner)
     args = ["reproduce", "uncertainty-fmnist", "--quick", "--data-dir", str(data_dir), "--no-progress",
@@ -145,7 +145,7 @@ def test_every_experiment_is_one_catalog_entry_with_the_same_signatures(capsys):
     builds from (name, quick), whose run takes the engine's options, and whose saved pages have a renderer."""
     import inspect
 
-    from varbnn.experiments.catalog import SPECIAL, experiment, experiments
+    from varbnn_lab.catalog import SPECIAL, experiment, experiments
 
     assert sorted(experiments()) == sorted(_listed(capsys))
     for name, spec in experiments().items():
@@ -157,7 +157,7 @@ def test_every_experiment_is_one_catalog_entry_with_the_same_signatures(capsys):
     for module, function in (("uci", "run_uci"), ("uci_learned", "run_uci_learned"), ("retina", "run_retina"),
                              ("soap_bubble", "run_soap_bubble"), ("continual", "run_vcl"), ("graves", "run_graves_mnist"),
                              ("graves_prune", "run_graves_prune"), ("runner", "run_experiment")):  # fmt: skip
-        parameters = inspect.signature(getattr(importlib.import_module(f"varbnn.experiments.{module}"), function)).parameters
+        parameters = inspect.signature(getattr(importlib.import_module(f"varbnn_lab.{module}"), function)).parameters
         assert set(ENGINE_OPTIONS) <= set(parameters), f"{function} lacks {sorted(set(ENGINE_OPTIONS) - set(parameters))}"
     with pytest.raises(ValueError, match="unknown experiment 'nope'; allowed: \\['demo'"):
         experiment("nope")
@@ -166,8 +166,8 @@ def test_every_experiment_is_one_catalog_entry_with_the_same_signatures(capsys):
 def test_a_registered_config_is_listed_and_runs_through_the_catalog(capsys):
     import dataclasses
 
-    from varbnn.experiments.catalog import experiment
-    from varbnn.experiments.registry import CONFIGS, get_config, register_config
+    from varbnn_lab.catalog import experiment
+    from varbnn_lab.registry import CONFIGS, get_config, register_config
 
     config = dataclasses.replace(get_config("mnist-mlp", quick=True), name="my-experiment", description="mine")
     register_config(config)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT / "docs"))
 
 import gen_results as g  # noqa: E402
 
-from varbnn.experiments.config import RESULTS_DIR, results_dir  # noqa: E402
-from varbnn.experiments.graves import network_experiment  # noqa: E402
+from varbnn_lab.config import RESULTS_DIR, results_dir  # noqa: E402
+from varbnn_lab.graves import network_experiment  # noqa: E402
 
 SITE_PAGES = {"index.md", g.JOURNAL}
 

@@ -37,7 +37,7 @@ def test_summary_puts_eager_and_compiled_rows_of_each_device_side_by_side(tmp_pa
         "# varbnn MeanField-local, mlp, cuda, 5 steps\nkernel launches per step: 277\n"
         "cudaDeviceSynchronize per step: 0.2\naten ops per step: 528\n"
     )
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'lab'}{os.pathsep}{ROOT / 'benchmarks'}"}
     command = [sys.executable, str(ROOT / "benchmarks" / "step_time_summary.py"), "--results", str(results),
                "--profiles", str(profiles)]  # fmt: skip
     subprocess.run(command, check=True, env=env, capture_output=True, text=True)
@@ -71,7 +71,7 @@ def test_summary_gives_cuda_graph_rows_a_column_of_their_own(tmp_path):
            "deterministic, compiled (reduce-overhead)": 0.54,
            "varbnn MeanField-reparam, fit(compile='reduce-overhead')": 0.9,
            "varbnn Radial, fit(compile='default')": 1.5})  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'lab'}{os.pathsep}{ROOT / 'benchmarks'}"}
     command = [sys.executable, str(ROOT / "benchmarks" / "step_time_summary.py"), "--results", str(tmp_path),
                "--profiles", str(tmp_path / "none")]  # fmt: skip
     subprocess.run(command, check=True, env=env, capture_output=True, text=True)
@@ -84,7 +84,7 @@ def test_summary_gives_cuda_graph_rows_a_column_of_their_own(tmp_path):
 
 
 def test_summary_refuses_a_folder_without_tables(tmp_path):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'lab'}{os.pathsep}{ROOT / 'benchmarks'}"}
     command = [sys.executable, str(ROOT / "benchmarks" / "step_time_summary.py"), "--results", str(tmp_path)]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode != 0 and "--results" in result.stderr and "step_time" in result.stderr

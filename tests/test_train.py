@@ -8,9 +8,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import varbnn
 from varbnn import Delta, MeanField
 from varbnn.cli import main
-from varbnn.experiments import get_config, run_experiment
 from varbnn.priors import Laplace, Normal
 from varbnn.training import evaluate_classifier, fit, load_checkpoint, save_checkpoint
+from varbnn_lab import get_config, run_experiment
 
 
 def toy(n=120):

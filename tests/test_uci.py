@@ -10,7 +10,9 @@ import torch
 from scipy import stats
 from scipy.special import logsumexp
 
-from varbnn.experiments.uci import (
+from varbnn.families import KTied, MeanField, Radial, RadialDirectional
+from varbnn.likelihoods import GammaPrecisionGaussian
+from varbnn_lab.uci import (
     REFERENCE_LL,
     UCI_VARIANTS,
     _mean_ceiling,
@@ -21,8 +23,6 @@ from varbnn.experiments.uci import (
     uci_config,
     uci_jobs,
 )
-from varbnn.families import KTied, MeanField, Radial, RadialDirectional
-from varbnn.likelihoods import GammaPrecisionGaussian
 
 
 def test_expected_log_likelihood_matches_monte_carlo_over_the_precision():
@@ -269,7 +269,7 @@ def test_rdp_defaults_variant_uses_the_library_defaults_under_its_own_protocol_h
 
 
 def test_regression_jobs_run_smallest_set_first_variant_or_split_major():
-    from varbnn.experiments.regression import UCIVariant, hidden_units, regression_jobs, regression_network
+    from varbnn_lab.regression import UCIVariant, hidden_units, regression_jobs, regression_network
 
     a, b = UCIVariant("a", "meanfield"), UCIVariant("b", "radial")
     by_variant = [(d, v.label, k) for d, v, k in regression_jobs(("energy", "yacht"), (a, b), 2)]

@@ -13,10 +13,10 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from varbnn.cli import main
-from varbnn.experiments.pages.uci_learned import _seconds_cell, chose_longest
-from varbnn.experiments.render import MISSING
-from varbnn.experiments.uci_learned import LEARNED_VARIANTS, UCILearnedConfig, _lengths, _log_likelihood, quick_config
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian
+from varbnn_lab.pages.uci_learned import _seconds_cell, chose_longest
+from varbnn_lab.render import MISSING
+from varbnn_lab.uci_learned import LEARNED_VARIANTS, UCILearnedConfig, _lengths, _log_likelihood, quick_config
 
 
 class _Draws(torch.nn.Module):
@@ -127,7 +127,7 @@ def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_p
     """``--compile`` reaches the search's and the final run's ``fit``, each record names the mode, the page counts the
     compiled runs, and an eager invocation finds them done (the protocol hash does not change). (fit(compile=True)
     itself is tested in test_compile.py; here ``fit`` is spied on and runs eagerly.)"""
-    from varbnn.experiments import uci_learned
+    from varbnn_lab import uci_learned
 
     seen = fit_compile_spy(uci_learned)
     args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress",
@@ -157,7 +157,7 @@ def test_uci_learned_compile_reaches_every_fit_and_is_recorded_not_part_of_the_p
 def test_cost_figure_is_written_and_linked_only_with_the_time_reference(tmp_path):
     from dataclasses import asdict
 
-    from varbnn.experiments.pages.uci_learned import TIME_REFERENCE, render_uci_learned_markdown, uci_learned_figures
+    from varbnn_lab.pages.uci_learned import TIME_REFERENCE, render_uci_learned_markdown, uci_learned_figures
 
     config = asdict(quick_config())
     entry = {"splits": 2, "ll": [-1.5, 0.1], "rmse": [0.7, 0.05], "seconds": 40.0, "compiled": 0, "at_longest": 1}

@@ -10,10 +10,11 @@ After ``import varbnn`` every public module is an attribute: ``varbnn.families``
 (also under its first name ``varbnn.train``),
 ``varbnn.metrics``, ``varbnn.calibration``, ``varbnn.baselines``, ``varbnn.laplace``, ``varbnn.continual``,
 ``varbnn.prune``, ``varbnn.distributions``, ``varbnn.special``, ``varbnn.data``, ``varbnn.models``,
-``varbnn.analysis``, ``varbnn.distributed``, ``varbnn.ops``, ``varbnn.plots`` (matplotlib) and
-``varbnn.experiments``; those the training path does not need (``analysis``, ``continual``, ``data``,
-``distributed``, ``laplace``, ``models``, ``prune``, ``plots``, ``experiments``) are imported on first access, so
-``import varbnn`` stays cheap. ``__version__`` is the package version.
+``varbnn.analysis``, ``varbnn.distributed``, ``varbnn.ops``, ``varbnn.plots`` (matplotlib) and ``varbnn.cli`` (the
+``varbnn`` command); those the training path does not need (``analysis``, ``continual``, ``data``, ``distributed``,
+``laplace``, ``models``, ``prune``, ``plots``, ``cli``) are imported on first access, so ``import varbnn`` stays
+cheap. ``__version__`` is the package version. The experiments are not part of the package: they are the lab,
+``varbnn_lab`` (``lab/`` of a clone, ``pip install -e lab/``), which imports varbnn and is never imported by it.
 """
 
 import importlib as _importlib
@@ -135,8 +136,8 @@ __all__ = [
 ]
 
 # Imported on first use (PEP 562), so that ``import varbnn`` costs no more than the modules above: the figures
-# (matplotlib), the experiment runner and the command line, and the modules the training path does not need.
-_LAZY_MODULES = ("analysis", "continual", "data", "distributed", "laplace", "models", "prune", "plots", "experiments", "cli")
+# (matplotlib), the command line, and the modules the training path does not need.
+_LAZY_MODULES = ("analysis", "continual", "data", "distributed", "laplace", "models", "prune", "plots", "cli")
 
 
 def __getattr__(name: str) -> _Any:

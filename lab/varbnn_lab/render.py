@@ -1,7 +1,7 @@
 """``varbnn render OUT/NAME/NAME.json``: one entry point that rewrites the page of ANY experiment from its saved JSON.
 
 The numbers and the run's provenance (command, commit, device, seconds) are the JSON's; only the layout is today's.
-Each experiment's page is drawn by the renderer its entry in :func:`varbnn.experiments.catalog.experiment` names
+Each experiment's page is drawn by the renderer its entry in :func:`varbnn_lab.catalog.experiment` names
 (:func:`renderer_for`); the generic runner's configs by :func:`render_markdown`. Figures are linked when their files
 lie beside the JSON (they are not redrawn).
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from varbnn.experiments.engine import git_commit, read_result
+from varbnn_lab.engine import git_commit, read_result
 
 __all__ = [
     "renderer_for", "render_result", "render_saved", "SPECIAL_PAGES", "markdown_table", "mean_se", "provenance_lines",
@@ -74,7 +74,7 @@ def provenance_lines(
 ) -> list[str]:
     """The provenance bullets of a page, the same on every page: the command, the commit, the device and the wall time
     of the invocation that wrote ``result`` (a saved result: ``command``, ``commit``, ``device``, ``seconds``, as
-    :func:`varbnn.experiments.engine.provenance` gives them; ``seconds`` with ``seconds_digits`` decimals).
+    :func:`varbnn_lab.engine.provenance` gives them; ``seconds`` with ``seconds_digits`` decimals).
     ``runs_note``: the commit's bullet says that each run's own commit and device are in the ``_runs.jsonl`` file;
     ``run_commits`` / ``run_devices``: a bullet listing the result's ``run_commits`` / ``run_devices`` (the commits and
     devices that trained its runs), left out when the result has none; the device bullet then says it is this
@@ -98,9 +98,9 @@ def provenance_lines(
 
 def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | None:
     """The page renderer of experiment ``name`` (its ``-quick`` form too) as ``render(result, folder)`` (``folder``:
-    where the JSON lies, to find the figures): the catalog's (:func:`varbnn.experiments.catalog.experiment`), or
+    where the JSON lies, to find the figures): the catalog's (:func:`varbnn_lab.catalog.experiment`), or
     ``None`` for a config of the generic runner or a name the catalog does not know."""
-    from varbnn.experiments.catalog import experiment
+    from varbnn_lab.catalog import experiment
 
     try:
         return experiment(name).render
@@ -109,7 +109,7 @@ def renderer_for(name: str) -> Callable[[dict[str, Any], Path | None], str] | No
 
 
 def _special_pages() -> tuple[str, ...]:
-    from varbnn.experiments.catalog import SPECIAL
+    from varbnn_lab.catalog import SPECIAL
 
     return tuple(n for n, e in SPECIAL.items() if not n.endswith("-lstm"))
 
@@ -132,7 +132,7 @@ def render_result(result: dict[str, Any], folder: Path | None = None, rendered_a
 def render_saved(path: str | Path, rendered_at: str | None = None) -> Path:
     """Rewrite the page ``NAME.md`` beside a saved result ``NAME.json`` of ``varbnn reproduce NAME`` (any experiment)
     and return its path; the generic runner's pages name the commit that re-rendered them (``rendered_at``, default
-    :func:`varbnn.experiments.runner.git_commit` now)."""
+    :func:`varbnn_lab.runner.git_commit` now)."""
     path = Path(path)
     result = read_result(path)
     name = result.get("name")
@@ -486,7 +486,7 @@ def render_markdown(result: dict[str, Any], rendered_at: str | None = None) -> s
     if front and str(result["name"]).removesuffix("-quick") == "lenet5-front":
         lines += ["", *front_goal_lines(rows)]
     if str(result["name"]).startswith("uncertainty-"):
-        from varbnn.experiments.uncertainty import goal_lines
+        from varbnn_lab.uncertainty import goal_lines
 
         lines += ["", *goal_lines(result)]
     for figure in result.get("figures", []):

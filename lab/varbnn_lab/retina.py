@@ -41,16 +41,16 @@ import torch
 from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_retinamnist
-from varbnn.experiments.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
-from varbnn.experiments.evaluation import predictive_probs
-from varbnn.experiments.hooks import BestState
-from varbnn.experiments.pages.retina import draw_retina_figure, render_retina_markdown, summarise_retina
 from varbnn.families import make_family
 from varbnn.metrics import auroc, referral_curve
 from varbnn.models import vgg_small
 from varbnn.nn.base import sample_mode
 from varbnn.priors import Normal
 from varbnn.train import NonFiniteError, fit, seed_everything
+from varbnn_lab.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
+from varbnn_lab.evaluation import predictive_probs
+from varbnn_lab.hooks import BestState
+from varbnn_lab.pages.retina import draw_retina_figure, render_retina_markdown, summarise_retina
 
 __all__ = [
     "RetinaRun", "RetinaConfig", "retina_config", "run_retina", "vgg_small", "sample_hyperparameters", "retina_runs",
@@ -243,7 +243,7 @@ def run_retina(
 ) -> dict[str, Any]:  # fmt: skip
     """Train every (family, configuration, seed) not yet in ``OUT/<name>_runs*.jsonl`` (only those of ``shard``
     ``(k, n)`` if given, appended to ``<name>_runs.shard<k>.jsonl``; none if not ``train``; in ``workers`` CPU processes
-    if > 1: :func:`varbnn.experiments.engine.execute`), then write ``<name>.json``, ``.md`` and the figure from every run
+    if > 1: :func:`varbnn_lab.engine.execute`), then write ``<name>.json``, ``.md`` and the figure from every run
     found (not for a shard: the page waits for all of them). ``OUT``: ``out_dir``, by default
     ``benchmarks/results/<name>/``. ``distributed`` (under ``torchrun``): each run trains data-parallel, every rank on
     its share with its own weight noise, gradients averaged; rank 0 writes."""

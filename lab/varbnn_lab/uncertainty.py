@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from varbnn.experiments.baselines import BASELINES
+from varbnn_lab.baselines import BASELINES
 
 __all__ = ["comparable_times", "goals", "goal_lines"]
 

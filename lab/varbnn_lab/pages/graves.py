@@ -1,4 +1,4 @@
-"""The page of ``varbnn reproduce graves-mnist`` and ``graves-mnist-lstm`` (:mod:`varbnn.experiments.graves`): the
+"""The page of ``varbnn reproduce graves-mnist`` and ``graves-mnist-lstm`` (:mod:`varbnn_lab.graves`): the
 saved (variant, seed) runs summarised into one row per variant of Graves (2011) table 1, and the Markdown page."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.metrics import mean_and_standard_error
+from varbnn_lab.render import markdown_table, mean_se, provenance_lines
 
 if TYPE_CHECKING:
-    from varbnn.experiments.engine import RunKey
-    from varbnn.experiments.graves import GravesConfig
+    from varbnn_lab.engine import RunKey
+    from varbnn_lab.graves import GravesConfig
 
 __all__ = ["summarise_graves", "render_graves_markdown"]
 

@@ -1,5 +1,5 @@
 """The training hooks of the experiments' runs: traces at chosen steps, what a resumable run commits with its epoch
-checkpoints, the best-of-last-epochs selection (the generic runner, :mod:`varbnn.experiments.runner`), and the state
+checkpoints, the best-of-last-epochs selection (the generic runner, :mod:`varbnn_lab.runner`), and the state
 with the best score so far (:class:`BestState`: early stopping by selection, as ``graves-*`` and ``retina-*`` do)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from varbnn.analysis import GradientSNR
-from varbnn.experiments.config import ExperimentConfig
 from varbnn.nn.base import BayesianModule
 from varbnn.train import (
     CheckpointError,
@@ -24,6 +23,7 @@ from varbnn.train import (
     evaluate_weight_samples,
     read_checkpoint,
 )
+from varbnn_lab.config import ExperimentConfig
 
 __all__ = ["std_parameters", "Tracer", "committed_state", "Sidecar", "BestOfLast", "BestState"]
 

@@ -2,15 +2,15 @@
 function runs it and which draws its page.
 
 An experiment is registered once: here (:data:`SPECIAL`), or, for a config of the generic runner, with
-:func:`varbnn.experiments.registry.register_config`. :func:`experiments` lists both; each entry has three callables
+:func:`varbnn_lab.registry.register_config`. :func:`experiments` lists both; each entry has three callables
 that take the same arguments for every experiment:
 
 - ``config(name, quick)``: the config (a frozen dataclass; ``--set FIELD=VALUE`` overrides its fields);
 - ``run(config, *, device, out_dir, data_dir, progress, command, shard, train, workers, distributed)``: runs what is
-  not saved yet through the engine (:mod:`varbnn.experiments.engine`) and writes the page; returns the result, with
+  not saved yet through the engine (:mod:`varbnn_lab.engine`) and writes the page; returns the result, with
   ``written=False`` where this process wrote no page (a shard, a rank other than 0 of a distributed run);
 - ``render(result, folder)``: the Markdown page of a saved result (``varbnn render``); ``None`` for the generic
-  runner's configs, whose page :func:`varbnn.experiments.render.render_markdown` draws.
+  runner's configs, whose page :func:`varbnn_lab.render.render_markdown` draws.
 
 The command line (:mod:`varbnn.cli`) and ``varbnn render`` dispatch through this table only. The experiment modules
 are imported when an experiment is used, so ``varbnn list`` stays fast.
@@ -37,18 +37,18 @@ class Experiment:
     run: Callable[..., dict[str, Any]]
     render: Callable[[dict[str, Any], Path | None], str] | None = None
     generic: bool = False
-    """A config of the generic runner (:func:`varbnn.experiments.runner.run_experiment`: ``--variants`` applies)."""
+    """A config of the generic runner (:func:`varbnn_lab.runner.run_experiment`: ``--variants`` applies)."""
     compiles: bool = False
     """``run`` takes ``compile=`` (``fit(compile=...)`` for its training; ``--compile``): the generic runner's configs
     and those marked so."""
 
 
 def _attr(module: str, name: str) -> Any:
-    return getattr(importlib.import_module(f"varbnn.experiments.{module}"), name)
+    return getattr(importlib.import_module(f"varbnn_lab.{module}"), name)
 
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
-    """``varbnn.experiments.<module>.<name>``, imported at the first call."""
+    """``varbnn_lab.<module>.<name>``, imported at the first call."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return _attr(module, name)(*args, **kwargs)
@@ -140,9 +140,9 @@ SPECIAL: dict[str, Experiment] = {e.name: e for e in _SPECIAL}
 
 
 def experiments() -> dict[str, Experiment]:
-    """Every experiment by name: the generic runner's configs registered now (:data:`varbnn.experiments.registry.CONFIGS`,
+    """Every experiment by name: the generic runner's configs registered now (:data:`varbnn_lab.registry.CONFIGS`,
     including any a user registered with ``register_config``) and :data:`SPECIAL`."""
-    from varbnn.experiments.registry import CONFIGS, get_config
+    from varbnn_lab.registry import CONFIGS, get_config
 
     generic = {
         name: Experiment(name, config.description, lambda name, quick: get_config(name, quick=quick),

@@ -1,4 +1,4 @@
-"""What the generic runner (:mod:`varbnn.experiments.runner`) measures on a trained run: test metrics (and per-draw
+"""What the generic runner (:mod:`varbnn_lab.runner`) measures on a trained run: test metrics (and per-draw
 ELBO terms), out-of-distribution AUROC by entropy and mutual information, and the pruning rules' exported models; and
 the measures of the paper experiments that are not paper-specific: a classifier's (:func:`mode_error`,
 :func:`predictive_metrics`, :func:`predictive_probs`) and a Gaussian regressor's (:func:`predictive_log_likelihood`,
@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from varbnn.experiments.baselines import BASELINES, DETERMINISTIC
-from varbnn.experiments.config import ExperimentConfig, Variant
 from varbnn.metrics import auroc
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
 from varbnn.prune import classification_error
 from varbnn.train import evaluate_classifier, evaluate_weight_samples
+from varbnn_lab.baselines import BASELINES, DETERMINISTIC
+from varbnn_lab.config import ExperimentConfig, Variant
 
 __all__ = [
     "evaluate_variant", "uncertainties", "ood_scores", "prune_scores", "front_points", "sizes", "parameter_count",
@@ -221,7 +221,7 @@ def front_points(
         for budget in budgets:
             scores.update(_front_point(config, model, budget, train, validation, test, seed, progress, soft_targets))
         return scores
-    from varbnn.experiments.engine import worker_pool
+    from varbnn_lab.engine import worker_pool
 
     with worker_pool(min(workers, len(budgets))) as pool:
         futures = [

@@ -26,13 +26,13 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_mnist
 from varbnn.distributions.radial import chi_log_density
-from varbnn.experiments.engine import RunKey, RunStore, config_fields, fingerprint, open_run
-from varbnn.experiments.render import markdown_table, provenance_lines
 from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.nn.base import BayesianModule
 from varbnn.priors import Normal
 from varbnn.train import fit, seed_everything
+from varbnn_lab.engine import RunKey, RunStore, config_fields, fingerprint, open_run
+from varbnn_lab.render import markdown_table, provenance_lines
 
 __all__ = [
     "SoapBubbleConfig", "soap_bubble_config", "run_soap_bubble", "render_soap_bubble_markdown", "distance_from_mode",
@@ -149,11 +149,11 @@ def run_soap_bubble(
     workers: int = 1, distributed: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the kernel runs (both families) and the training runs (``config.families``) not yet in
-    ``OUT/<name>_runs*.jsonl`` by the engine (:func:`varbnn.experiments.engine.execute`: resumable, ``workers`` CPU
+    ``OUT/<name>_runs*.jsonl`` by the engine (:func:`varbnn_lab.engine.execute`: resumable, ``workers`` CPU
     processes, ``shard=(k, n)``, none if not ``train``; ``distributed``: each training run data-parallel under
     ``torchrun``, rank 0 writes), then write ``<name>.json``, ``.md`` and the figures (not for a shard).
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``."""
-    from varbnn.plots import soap_bubble_figures
+    from varbnn_lab.figures import soap_bubble_figures
 
     call = open_run(config.name, out_dir, device, distributed, workers)
     out = call.out

@@ -1,4 +1,4 @@
-"""The pages of ``varbnn reproduce retina-referral`` and ``retina-robustness`` (:mod:`varbnn.experiments.retina`): the
+"""The pages of ``varbnn reproduce retina-referral`` and ``retina-robustness`` (:mod:`varbnn_lab.retina`): the
 saved runs summarised into rows (per family and referred fraction, or per family over the sampled configurations),
 the figure, and the Markdown page."""
 
@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.metrics import mean_and_standard_error
+from varbnn_lab.render import markdown_table, mean_se, provenance_lines
 
 if TYPE_CHECKING:
-    from varbnn.experiments.retina import RetinaConfig
+    from varbnn_lab.retina import RetinaConfig
 
 __all__ = ["good_threshold", "summarise_retina", "draw_retina_figure", "render_retina_markdown"]
 
@@ -59,9 +59,9 @@ def summarise_retina(config: RetinaConfig, records: list[dict[str, Any]], fracti
 
 
 def draw_retina_figure(config: RetinaConfig, records: list[dict[str, Any]], path: Path, fractions: Sequence[float]) -> None:
-    """The page's figure at ``path``: the referral curves (:func:`varbnn.plots.referral_figure`) or the robustness
-    histogram (:func:`varbnn.plots.robustness_figure`)."""
-    from varbnn.plots import referral_figure, robustness_figure
+    """The page's figure at ``path``: the referral curves (:func:`varbnn_lab.figures.referral_figure`) or the robustness
+    histogram (:func:`varbnn_lab.figures.robustness_figure`)."""
+    from varbnn_lab.figures import referral_figure, robustness_figure
 
     if config.kind == "referral":
         referral_figure(records, path, fractions)

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from varbnn.experiments.config import results_dir
+from varbnn_lab.config import results_dir
 
 __all__ = [
     "RunKey",
@@ -390,7 +390,7 @@ class _WorkerPool(ProcessPoolExecutor):
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:
     """``workers`` spawned processes of one thread each that end with this process (:func:`_worker_start`): the
-    engine's run workers and the front points' (:func:`varbnn.experiments.evaluation.front_points`). Leaving its
+    engine's run workers and the front points' (:func:`varbnn_lab.evaluation.front_points`). Leaving its
     ``with`` block by an exception (an error, Ctrl-C) cancels the queued tasks and ends the workers at once; a normal
     exit waits for the tasks, as :class:`~concurrent.futures.ProcessPoolExecutor` does."""
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
@@ -615,7 +615,7 @@ def git_commit() -> str:
     if os.environ.get("VARBNN_COMMIT"):
         return os.environ["VARBNN_COMMIT"]
     try:
-        root = Path(__file__).resolve().parents[3]
+        root = Path(__file__).resolve().parents[2]
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
@@ -758,7 +758,7 @@ def open_run(
 ) -> Invocation:
     """What every ``run_*`` function does first, in this order: note the start time and the commit (:func:`git_commit`),
     set up this process's device and count the processes training each run (:func:`processes`), and create the
-    results folder ``OUT`` (:func:`varbnn.experiments.config.results_dir`)."""
+    results folder ``OUT`` (:func:`varbnn_lab.config.results_dir`)."""
     start, commit = time.perf_counter(), git_commit()
     dev, world = processes(device, distributed, workers)
     out = results_dir(name, out_dir)

@@ -27,24 +27,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from varbnn import data as datasets
 from varbnn.analysis import replace_stds_with_rank_k, std_matrix, variance_explained
 from varbnn.convert import bayesianize
-from varbnn.experiments.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
-from varbnn.experiments.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
-from varbnn.experiments.engine import (
-    _FAIL_FAST,
-    RunsFailed,
-    RunStore,
-    describe_device,
-    execute,
-    expand,
-    fingerprint,
-    git_commit,
-    nothing_saved,
-    processes,
-    select_shard,
-)
-from varbnn.experiments.evaluation import evaluate_variant, ood_scores, parameter_count, prune_scores
-from varbnn.experiments.hooks import BestOfLast, Sidecar, Tracer, committed_state
-from varbnn.experiments.render import render_markdown, render_saved  # noqa: F401 (re-exported)
 from varbnn.families import make_family
 from varbnn.families.gaussian import MeanField
 from varbnn.metrics import mean_and_standard_error
@@ -52,8 +34,6 @@ from varbnn.models import make_model
 from varbnn.nn.base import BayesianModule
 from varbnn.objectives import default_kl_weight, linear_kl_annealing
 from varbnn.plots import (
-    cost_figure,
-    front_figure,
     ood_histograms,
     overview_figure,
     reliability_diagram,
@@ -68,6 +48,25 @@ from varbnn.train import (
     fit,
     seed_everything,
 )
+from varbnn_lab.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
+from varbnn_lab.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
+from varbnn_lab.engine import (
+    _FAIL_FAST,
+    RunsFailed,
+    RunStore,
+    describe_device,
+    execute,
+    expand,
+    fingerprint,
+    git_commit,
+    nothing_saved,
+    processes,
+    select_shard,
+)
+from varbnn_lab.evaluation import evaluate_variant, ood_scores, parameter_count, prune_scores
+from varbnn_lab.figures import cost_figure, front_figure
+from varbnn_lab.hooks import BestOfLast, Sidecar, Tracer, committed_state
+from varbnn_lab.render import render_markdown, render_saved  # noqa: F401 (re-exported)
 
 __all__ = [
     "run_experiment",
@@ -188,14 +187,14 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train and evaluate every variant of ``config`` for every seed (``only``: just the runs of these variant labels;
     the page still shows every run saved); write JSON, Markdown and figures to ``out_dir``
-    (default: ``benchmarks/results/NAME/``, see :func:`~varbnn.experiments.config.results_dir`).
+    (default: ``benchmarks/results/NAME/``, see :func:`~varbnn_lab.config.results_dir`).
 
     ``compile``: train with ``fit(compile=...)`` (``True`` or a torch.compile mode; see :func:`varbnn.fit`), a runtime
     choice like the device: not part of the protocol, so a compiled run resumes an eager one's checkpoint and the other
     way round. Each record it trains says ``"compile"``, and the page counts a compiled step as a device of its own
     (times compare only within one). Refused for a variant with the Graves estimator, which ``fit`` cannot compile.
 
-    The runs, one per (variant label, seed), go through :mod:`varbnn.experiments.engine`: each finished run is one line
+    The runs, one per (variant label, seed), go through :mod:`varbnn_lab.engine`: each finished run is one line
     of ``OUT/NAME_runs.jsonl`` (a rerun skips it; a killed invocation keeps it, and the run in progress resumes from its
     epoch checkpoint when ``config.resumable``); ``workers`` > 1 runs them in that many CPU processes, ``shard=(k, n)``
     only every n-th from the k-th (into ``NAME_runs.shardK.jsonl``; nothing is rendered), ``train=False`` only renders
@@ -208,10 +207,10 @@ def run_experiment(
     ``ValueError`` naming it.
 
     A run that raises is reported at once (its key and traceback, on stderr); the other runs go on and a
-    :class:`~varbnn.experiments.engine.RunsFailed` naming the failed runs is raised at the end, before any page is
+    :class:`~varbnn_lab.engine.RunsFailed` naming the failed runs is raised at the end, before any page is
     written (every finished run is saved). ``fail_fast=True`` stops at the first failure instead (the queued runs are
     not started, the worker processes ended); ``None``: the engine's
-    :func:`~varbnn.experiments.engine.failure_policy` (``False`` by default).
+    :func:`~varbnn_lab.engine.failure_policy` (``False`` by default).
 
     With ``distributed`` (launch with ``torchrun``; see :mod:`varbnn.distributed`) every process trains on its shard
     with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
@@ -527,7 +526,7 @@ def _refused_figure_data(
 
 
 def _check_record(record: Mapping[str, Any]) -> str | None:
-    """What the page needs of a run's record (:class:`~varbnn.experiments.engine.RunStore`'s ``check``): ``scores`` a
+    """What the page needs of a run's record (:class:`~varbnn_lab.engine.RunStore`'s ``check``): ``scores`` a
     list of ``[label, {name: number or text}]`` pairs, ``traces`` a list or null; ``None`` when it holds them."""
     scores = record.get("scores")
     if not isinstance(scores, list) or not scores:
@@ -558,7 +557,7 @@ def _run_seed(
     model (the trained one, and its rank-k versions) and the traces (and ``compile`` when it trained with
     ``fit(compile=...)``). The first seed's run also saves what the figures need (:func:`_figure_data_path`), on the
     main process only. ``workers`` > 1: the points of ``prune_front`` in that many CPU processes
-    (:func:`~varbnn.experiments.evaluation.front_points`)."""
+    (:func:`~varbnn_lab.evaluation.front_points`)."""
     from varbnn import distributed as vdist
 
     label_wanted, seed = key
@@ -771,13 +770,13 @@ def _figures(
     seed = config.seeds[0]
     paths: list[Path] = []
     if "prune_front" in config.figures and rows:
-        from varbnn.experiments.render import front_budgets, published_lenet5_sizes
+        from varbnn_lab.render import front_budgets, published_lenet5_sizes
 
         published = [(m, f, f2, p, p2, e) for m, _, f, f2, p, p2, e in published_lenet5_sizes()]
         title = f"{config.name}: test error against size, the front and Oh et al.'s Table 2"
         paths.append(front_figure(rows, front_budgets(rows), published, out / f"{config.name}_front.png", title=title))
     if "cost" in config.figures and rows:
-        from varbnn.experiments.uncertainty import comparable_times
+        from varbnn_lab.uncertainty import comparable_times
 
         shown, other = comparable_times(rows, variant_devices)
         note = f"not shown (trained on another device than the plain network): {', '.join(other)}" if other else ""

@@ -1,5 +1,5 @@
-"""What the UCI regression experiments (``uci``, :mod:`varbnn.experiments.uci`; ``uci-learned``,
-:mod:`varbnn.experiments.uci_learned`) share: the datasets in the order they run, their split counts, a column of
+"""What the UCI regression experiments (``uci``, :mod:`varbnn_lab.uci`; ``uci-learned``,
+:mod:`varbnn_lab.uci_learned`) share: the datasets in the order they run, their split counts, a column of
 their tables (:class:`UCIVariant`), the network in-hidden-1, standardisation by training statistics, their jobs and
 the frame of their run functions (:func:`run_regression`). Each experiment module keeps its protocol only."""
 
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.engine import RunKey, RunStore, open_run, select_shard
+from varbnn_lab.engine import RunKey, RunStore, open_run, select_shard
 
 __all__ = ["SMALLEST_FIRST", "N_SPLITS", "UCIVariant", "hidden_units", "regression_network", "standardise", "regression_jobs",
            "run_regression"]  # fmt: skip
@@ -78,7 +78,7 @@ def regression_jobs(
     """The (dataset, variant, split) jobs in their fixed order: smallest dataset first; within one, variant by variant,
     or (``split_major``) split by split, every variant of a split before the next split (a partial run then compares
     the variants on the same splits). ``max_splits``: only each set's first splits. ``shard=(k, n)``: every n-th job
-    from the k-th (:func:`varbnn.experiments.engine.select_shard`)."""
+    from the k-th (:func:`varbnn_lab.engine.select_shard`)."""
     order = sorted(datasets, key=lambda d: SMALLEST_FIRST.index(d) if d in SMALLEST_FIRST else len(SMALLEST_FIRST))
     variants = tuple(variants)
     jobs = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from varbnn.experiments.config import ExperimentConfig, Variant
+from varbnn_lab.config import ExperimentConfig, Variant
 
 __all__ = ["CONFIGS", "get_config", "register_config"]
 

@@ -37,11 +37,17 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.engine import RunKey, config_fields, fingerprint
-from varbnn.experiments.evaluation import log_likelihood_ceiling, predictive_log_likelihood
-from varbnn.experiments.pages.uci import NOISE_UPDATE_TEXT as NOISE_UPDATE_TEXT  # re-exported: the page's text
-from varbnn.experiments.pages.uci import REFERENCE_LL, render_uci_markdown, summarise_uci
-from varbnn.experiments.regression import (
+from varbnn.families import make_family
+from varbnn.likelihoods import GammaPrecisionGaussian
+from varbnn.objectives import linear_kl_annealing
+from varbnn.predict import predict
+from varbnn.priors import make_prior
+from varbnn.train import default_optimizer, fit, seed_everything
+from varbnn_lab.engine import RunKey, config_fields, fingerprint
+from varbnn_lab.evaluation import log_likelihood_ceiling, predictive_log_likelihood
+from varbnn_lab.pages.uci import NOISE_UPDATE_TEXT as NOISE_UPDATE_TEXT  # re-exported: the page's text
+from varbnn_lab.pages.uci import REFERENCE_LL, render_uci_markdown, summarise_uci
+from varbnn_lab.regression import (
     N_SPLITS,
     SMALLEST_FIRST,
     UCIVariant,
@@ -49,12 +55,6 @@ from varbnn.experiments.regression import (
     regression_network,
     run_regression,
 )
-from varbnn.families import make_family
-from varbnn.likelihoods import GammaPrecisionGaussian
-from varbnn.objectives import linear_kl_annealing
-from varbnn.predict import predict
-from varbnn.priors import make_prior
-from varbnn.train import default_optimizer, fit, seed_everything
 
 __all__ = [
     "UCIVariant", "UCIConfig", "UCI_VARIANTS", "REFERENCE_LL", "run_uci", "render_uci_markdown", "uci_config",
@@ -171,7 +171,7 @@ def uci_config(
 
 
 def build_regressor(variant: UCIVariant, in_features: int, dataset: str = "yacht") -> nn.Module:
-    """The network of ``dataset`` (:func:`~varbnn.experiments.regression.regression_network`) with the variant's
+    """The network of ``dataset`` (:func:`~varbnn_lab.regression.regression_network`) with the variant's
     families on its two layers under one prior."""
     plain = regression_network(dataset, in_features)
     prior = make_prior(variant.prior, **variant.prior_options)
@@ -244,7 +244,7 @@ def _mean_ceiling(config: UCIConfig, dataset: str, splits: list[int], data_dir: 
 
 def uci_jobs(config: UCIConfig, shard: tuple[int, int] | None = None) -> list[tuple[str, UCIVariant, int]]:
     """The (dataset, variant, split) jobs of ``config`` in their fixed order (smallest dataset first, variant by
-    variant), or the ``shard=(k, n)`` share of them (:func:`~varbnn.experiments.regression.regression_jobs`)."""
+    variant), or the ``shard=(k, n)`` share of them (:func:`~varbnn_lab.regression.regression_jobs`)."""
     return regression_jobs(config.datasets, config.active_variants, config.max_splits, shard)
 
 
@@ -258,7 +258,7 @@ def run_uci(
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/`` (the Gamma(6, 6), 40-epoch protocol's folder; give
     another protocol its own, as the committed ``uci/gamma11``, ``uci/200-epochs``, ``uci/rdp-defaults`` are).
 
-    The engine runs them (:func:`~varbnn.experiments.regression.run_regression`): ``workers=N`` (> 1, CPU only) in N
+    The engine runs them (:func:`~varbnn_lab.regression.run_regression`): ``workers=N`` (> 1, CPU only) in N
     worker processes with one thread each; ``shard=(k, n)`` only every n-th job from the k-th, appended to
     ``<name>_runs.shard<k>.jsonl`` (shards may share one ``out_dir``; every runs file there is read back; the page waits
     for a call that is not a shard). Jobs run smallest dataset first. ``train=False`` only renders the table from the

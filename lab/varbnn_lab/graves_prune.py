@@ -1,5 +1,5 @@
 """``varbnn reproduce graves-prune`` (and ``-lstm``): Graves (2011) table 2 and figures 3-4 on the adaptive-weight-noise
-network of ``graves-mnist`` (:mod:`varbnn.experiments.graves`): prune at each lambda the weights whose relative
+network of ``graves-mnist`` (:mod:`varbnn_lab.graves`): prune at each lambda the weights whose relative
 density at zero is high (|mu|/sigma < lambda), evaluate, retrain, evaluate again; heat maps of the per-weight
 complexity cost."""
 
@@ -15,10 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from varbnn.experiments.config import results_dir
-from varbnn.experiments.engine import RunKey, RunStore, fingerprint, open_run, select_shard
-from varbnn.experiments.evaluation import mode_error
-from varbnn.experiments.graves import (
+from varbnn.objectives import NATS_PER_BIT, complexity_costs, transmitted_weights
+from varbnn.prune import prune_by_density_ratio
+from varbnn.train import seed_everything
+from varbnn_lab.config import results_dir
+from varbnn_lab.engine import RunKey, RunStore, fingerprint, open_run, select_shard
+from varbnn_lab.evaluation import mode_error
+from varbnn_lab.graves import (
     AWN,
     GravesConfig,
     _awn_checkpoint,
@@ -28,10 +31,7 @@ from varbnn.experiments.graves import (
     build_graves_model,
     network_experiment,
 )
-from varbnn.experiments.render import markdown_table, provenance_lines
-from varbnn.objectives import NATS_PER_BIT, complexity_costs, transmitted_weights
-from varbnn.prune import prune_by_density_ratio
-from varbnn.train import seed_everything
+from varbnn_lab.render import markdown_table, provenance_lines
 
 __all__ = ["run_graves_prune", "render_prune_markdown", "prune_claims", "prune_store", "prune_protocol"]
 
@@ -59,7 +59,7 @@ def run_graves_prune(
     if its checkpoint is missing) at every lambda, evaluate, retrain ``retrain_epochs`` with the same optimisation and
     evaluate again; per-weight complexity heat maps of ``config.heatmap_tensor`` (figures 3-4).
 
-    Each lambda is one run of the engine (:func:`varbnn.experiments.engine.execute`; records in
+    Each lambda is one run of the engine (:func:`varbnn_lab.engine.execute`; records in
     ``OUT/<name>_runs*.jsonl`` under :func:`prune_protocol`): resumable, ``workers`` CPU processes, ``shard=(k, n)``
     (the page is written once all shards are done), ``train=False`` only renders (none saved at all is a ``ValueError``
     naming the folder), ``distributed`` retrains
@@ -104,7 +104,7 @@ def run_graves_prune(
     call.write_result(result)
     figures = []
     if checkpoint.exists():  # figures 3-4 from the network (the masks are the rule's, recomputed: no training)
-        from varbnn.plots import complexity_heatmaps
+        from varbnn_lab.figures import complexity_heatmaps
 
         trained = _load_network(config, checkpoint, dev)
         layer_key = config.heatmap_tensor

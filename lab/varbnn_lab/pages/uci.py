@@ -1,4 +1,4 @@
-"""The page of ``varbnn reproduce uci`` (:mod:`varbnn.experiments.uci`): the saved (dataset, variant, split) records
+"""The page of ``varbnn reproduce uci`` (:mod:`varbnn_lab.uci`): the saved (dataset, variant, split) records
 summarised into one row per dataset, and the Markdown page of those rows (test LL against the reference and the
 protocol's LL ceiling, then RMSE)."""
 
@@ -8,12 +8,12 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from varbnn.experiments.render import MISSING, markdown_table, mean_se, provenance_lines
 from varbnn.metrics import mean_and_standard_error
+from varbnn_lab.render import MISSING, markdown_table, mean_se, provenance_lines
 
 if TYPE_CHECKING:
-    from varbnn.experiments.engine import RunKey
-    from varbnn.experiments.uci import UCIConfig
+    from varbnn_lab.engine import RunKey
+    from varbnn_lab.uci import UCIConfig
 
 __all__ = ["REFERENCE_LL", "NOISE_UPDATE_TEXT", "summarise_uci", "render_uci_markdown"]
 
@@ -104,7 +104,7 @@ def render_uci_markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             "LL ceiling: the highest expected test log-likelihood any network can reach under this protocol (closed-form "
-            "Gamma posterior of the noise precision: shape a0 + n/2, rate >= b0; `varbnn.experiments.uci."
+            "Gamma posterior of the noise precision: shape a0 + n/2, rate >= b0; `varbnn_lab.uci."
             "log_likelihood_ceiling`), averaged over the splits run. "
             + (
                 f"The reference lies above it on {len(unreachable)} set(s) ({', '.join(unreachable)}): no family can beat "

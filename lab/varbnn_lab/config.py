@@ -122,7 +122,7 @@ class ExperimentConfig:
     ``pretrained``: whether :func:`varbnn.bayesianize` starts the posterior means from the plain network's weights
     (False, the default: each family's own initialisation, as the papers); ``None``: the library's default.
 
-    ``ood_dataset``: the name of a dataset (``varbnn.experiments.runner`` loader table, its test split) whose inputs
+    ``ood_dataset``: the name of a dataset (``varbnn_lab.runner`` loader table, its test split) whose inputs
     are out of distribution for ``dataset``; adds the AUROC of telling them from the test inputs by predictive
     entropy (``ood_auroc_entropy``) and by mutual information (``ood_auroc_mi``), and the figures ``ood`` (entropy
     histograms) and ``overview`` (reliability diagrams above the entropy histograms, one column per variant).

@@ -32,13 +32,13 @@ from varbnn import distributed as vdist
 from varbnn.continual import MultiHeadNet, set_posterior_as_prior
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches, load_fashion_mnist
-from varbnn.experiments.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
-from varbnn.experiments.pages.continual import render_vcl_markdown, selection, summarise_vcl
 from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
 from varbnn.train import fit, seed_everything
+from varbnn_lab.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
+from varbnn_lab.pages.continual import render_vcl_markdown, selection, summarise_vcl
 
 __all__ = [
     "VCLVariant", "VCLConfig", "vcl_config", "run_vcl", "vcl_store", "render_vcl_markdown", "TensorBatches", "SPLIT_TASKS",
@@ -234,7 +234,7 @@ def run_vcl(
     ``distributed`` (under ``torchrun``): every process trains each run on its equal share of each task with a batch of
     ``batch_size // world_size`` (gradients averaged by ``fit``); rank 0 alone writes.
     ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
-    (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
+    (:func:`varbnn_lab.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
     (appended to ``<name>_runs.shard<k>.jsonl``; the page waits for all shards), none if not ``train``."""
     call = open_run(config.name, out_dir, device, distributed, workers)
     hashes = {v.label: config.protocol_hash(v) for v in config.variants}

@@ -11,7 +11,7 @@ Per dataset and standard split (20; 5 for protein):
   with n >= 300 points the posterior of one precision is concentrated, so its mean is the point estimate to within
   a few percent, and the Gamma(6, 6) protocol showed how a prior on it can cap the test log-likelihood.
 * **Network**: in-50-1 (100 hidden units for protein); a family on the first layer, its ``output_family`` on the
-  output layer (as :data:`varbnn.experiments.uci.UCI_VARIANTS`), at the library's default options; full ELBO
+  output layer (as :data:`varbnn_lab.uci.UCI_VARIANTS`), at the library's default options; full ELBO
   (``kl_weight`` 1) with the KL weight annealed linearly over the first quarter of the shortest training length;
   Adam 1e-3, batch 32. Baselines: MC dropout (dropout before the output layer, rate searched) and a deep ensemble
   of 5 plain networks with a mean and a variance output (:class:`~varbnn.likelihoods.HeteroscedasticGaussian`, as
@@ -45,15 +45,21 @@ from varbnn.baselines import DeepEnsemble, MCDropout
 from varbnn.convert import bayesianize
 from varbnn.data import load_uci
 from varbnn.data.loaders import UCI_DATASETS
-from varbnn.experiments.engine import RunKey, config_fields, fingerprint
-from varbnn.experiments.pages.uci_learned import (
+from varbnn.families import make_family
+from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
+from varbnn.objectives import linear_kl_annealing
+from varbnn.predict import RegressionSummary, predict
+from varbnn.priors import make_prior
+from varbnn.train import compile_mode, default_optimizer, fit, seed_everything
+from varbnn_lab.engine import RunKey, config_fields, fingerprint
+from varbnn_lab.pages.uci_learned import (
     BASELINE_FAMILIES,
     DEEP_ENSEMBLE_LL,
     render_uci_learned_markdown,
     summarise_uci_learned,
     uci_learned_figures,
 )
-from varbnn.experiments.regression import (
+from varbnn_lab.regression import (
     SMALLEST_FIRST,
     UCIVariant,
     hidden_units,
@@ -61,13 +67,7 @@ from varbnn.experiments.regression import (
     regression_network,
     run_regression,
 )
-from varbnn.experiments.regression import standardise as _standardise
-from varbnn.families import make_family
-from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
-from varbnn.objectives import linear_kl_annealing
-from varbnn.predict import RegressionSummary, predict
-from varbnn.priors import make_prior
-from varbnn.train import compile_mode, default_optimizer, fit, seed_everything
+from varbnn_lab.regression import standardise as _standardise
 
 __all__ = [
     "UCILearnedConfig", "LEARNED_VARIANTS", "DEEP_ENSEMBLE_LL", "quick_config", "run_uci_learned", "render_uci_learned_markdown",
@@ -261,7 +261,7 @@ def run_uci_learned(
 ) -> dict[str, Any]:  # fmt: skip
     """Run every (dataset, variant, split) not yet saved in ``OUT/<name>_runs*.jsonl`` (smallest set first, split by
     split; resumable, ``workers`` processes, ``shard=(k, n)``) and write ``<name>.json`` / ``.md`` (not for a shard);
-    ``train=False`` only renders (:func:`~varbnn.experiments.regression.run_regression`). ``distributed`` (under
+    ``train=False`` only renders (:func:`~varbnn_lab.regression.run_regression`). ``distributed`` (under
     ``torchrun``): each run trains data-parallel, every rank on its equal share with a batch of
     ``batch_size // world_size``; validation and test scores are averaged over the ranks; rank 0 alone writes.
     ``compile``: every training step through ``fit(compile=...)`` (``True`` or a torch.compile mode; a runtime choice

@@ -1,4 +1,4 @@
-"""The page of ``varbnn reproduce uci-learned`` (:mod:`varbnn.experiments.uci_learned`): the saved (dataset, variant,
+"""The page of ``varbnn reproduce uci-learned`` (:mod:`varbnn_lab.uci_learned`): the saved (dataset, variant,
 split) records summarised into one row per dataset with the two published references, and the Markdown page with
 issue 30's three goals."""
 
@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from varbnn.experiments.pages.uci import REFERENCE_LL
-from varbnn.experiments.render import MISSING, markdown_table, mean_se, provenance_lines
 from varbnn.metrics import mean_and_standard_error
+from varbnn_lab.pages.uci import REFERENCE_LL
+from varbnn_lab.render import MISSING, markdown_table, mean_se, provenance_lines
 
 if TYPE_CHECKING:
-    from varbnn.experiments.engine import RunKey
-    from varbnn.experiments.uci_learned import UCILearnedConfig
+    from varbnn_lab.engine import RunKey
+    from varbnn_lab.uci_learned import UCILearnedConfig
 
 __all__ = [
     "DEEP_ENSEMBLE_LL", "BASELINE_FAMILIES", "LONGEST_FRACTION", "TIME_REFERENCE", "chose_longest", "summarise_uci_learned",
@@ -111,12 +111,12 @@ def _compiled_line(rows: list[dict[str, Any]], labels: list[str]) -> str:
 
 
 def uci_learned_figures(result: dict[str, Any], out: Path) -> list[str]:
-    """Write ``OUT/<name>_cost.png`` (:func:`varbnn.plots.regression_cost_figure`: test log-likelihood against the
+    """Write ``OUT/<name>_cost.png`` (:func:`varbnn_lab.figures.regression_cost_figure`: test log-likelihood against the
     seconds per split relative to :data:`TIME_REFERENCE`, one panel per set, the published references as lines) when
     a row holds the reference variant; returns the file names written."""
     if not any(TIME_REFERENCE in row for row in result["rows"]):
         return []
-    from varbnn.plots import regression_cost_figure
+    from varbnn_lab.figures import regression_cost_figure
 
     config = result["config"]
     labels = [v["label"] for v in config["variants"] if config.get("only") is None or v["label"] in config["only"]]
@@ -134,7 +134,7 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
     families = [v["label"] for v in config["variants"] if v["label"] in labels and v["family"] not in BASELINE_FAMILIES]
     lines = [
         f"# {result['name']}", "",
-        "UCI regression under the learned-noise protocol (`varbnn.experiments.uci_learned`): test log-likelihood (nats "
+        "UCI regression under the learned-noise protocol (`varbnn_lab.uci_learned`): test log-likelihood (nats "
         "per point, original units) and RMSE, mean ± standard error over the splits run [count].", "",
         *provenance_lines(result, runs_note=True),
         f"- search: prior scales {_list(config['prior_scales'])} (MC dropout: rates {_list(config['dropout_rates'])}) x "

@@ -1,5 +1,5 @@
 """The pages of ``varbnn reproduce vcl-split-fmnist`` and its ``-search`` / ``-selected`` forms
-(:mod:`varbnn.experiments.continual`): the saved (variant, seed) runs summarised into one row per variant and task,
+(:mod:`varbnn_lab.continual`): the saved (variant, seed) runs summarised into one row per variant and task,
 the search's choice per family, and the Markdown page."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from varbnn.experiments.render import markdown_table, mean_se, provenance_lines
 from varbnn.metrics import mean_and_standard_error
+from varbnn_lab.render import markdown_table, mean_se, provenance_lines
 
 if TYPE_CHECKING:
-    from varbnn.experiments.continual import VCLConfig
-    from varbnn.experiments.engine import RunKey
+    from varbnn_lab.continual import VCLConfig
+    from varbnn_lab.engine import RunKey
 
 __all__ = ["selection", "summarise_vcl", "render_vcl_markdown"]
 

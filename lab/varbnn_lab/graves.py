@@ -1,5 +1,5 @@
 """``varbnn reproduce graves-mnist``: Graves (2011), "Practical Variational Inference for Neural Networks", table 1
-(``graves-prune``, table 2 and figures 3-4, is :mod:`varbnn.experiments.graves_prune`), on MNIST instead of TIMIT
+(``graves-prune``, table 2 and figures 3-4, is :mod:`varbnn_lab.graves_prune`), on MNIST instead of TIMIT
 (whose hierarchical MDRNN cannot be had here).
 
 Network: MLP 784-150-150-10 (141,510 weights and biases, close to the paper's 139,536), He-initialised means. Every
@@ -39,16 +39,16 @@ from varbnn import distributed as vdist
 from varbnn.convert import bayesianize
 from varbnn.data import TensorBatches
 from varbnn.divergence import kl as model_kl
-from varbnn.experiments.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
-from varbnn.experiments.evaluation import mode_error, predictive_metrics
-from varbnn.experiments.hooks import BestState
-from varbnn.experiments.pages.graves import render_graves_markdown, summarise_graves
 from varbnn.families import make_family
 from varbnn.models import mlp, row_lstm
 from varbnn.objectives import NATS_PER_BIT, complexity_is_finite, mdl_report
 from varbnn.priors import make_prior
 from varbnn.prune import SAFE_LAMBDA
 from varbnn.train import fit, save_checkpoint, seed_everything
+from varbnn_lab.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
+from varbnn_lab.evaluation import mode_error, predictive_metrics
+from varbnn_lab.hooks import BestState
+from varbnn_lab.pages.graves import render_graves_markdown, summarise_graves
 
 __all__ = [
     "GravesVariant", "GravesConfig", "graves_config", "graves_store", "run_graves_mnist", "network_experiment",
@@ -289,7 +289,7 @@ def run_graves_mnist(
 ) -> dict[str, Any]:  # fmt: skip
     """Table 1 analogue: train every (variant, seed) not yet in ``OUT/<name>_runs*.jsonl``; write ``<name>.json``/``.md``
     /``.png``. ``OUT``: ``out_dir``, by default ``benchmarks/results/<name>/``. The engine runs them
-    (:func:`varbnn.experiments.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
+    (:func:`varbnn_lab.engine.execute`): ``workers`` > 1 in CPU processes, ``shard=(k, n)`` only its share
     (appended to ``<name>_runs.shard<k>.jsonl``; the page is written once all shards are done), none if not ``train``.
     ``distributed`` (under ``torchrun``): each run trains data-parallel (every rank an equal share of the training set,
     batch ``batch_size // world_size``; the Graves estimator's per-example gradients averaged like the others'); rank 0
@@ -310,7 +310,7 @@ def run_graves_mnist(
         "rows": rows,
     }
     call.write_result(result)
-    from varbnn.plots import graves_curves
+    from varbnn_lab.figures import graves_curves
 
     figure = graves_curves([done[k] for k in done if k[0] in hashes], call.out / f"{config.name}.png")
     return call.write_page(result, render_graves_markdown(result, figure.name))
