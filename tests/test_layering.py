@@ -19,8 +19,8 @@ import varbnn
 
 PACKAGE = Path(varbnn.__file__).resolve().parent
 ROOT_NAME = "varbnn"
-APPLICATIONS = ("varbnn.experiments", "varbnn.cli")
-"""On top of the library, outside this check (the experiments and the command line leave the wheel)."""
+APPLICATIONS = ("varbnn.cli",)
+"""On top of the library, outside this check (the command line forwards to the lab, varbnn_lab, outside the wheel)."""
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("varbnn._checks", "varbnn._transforms", "varbnn.special", "varbnn.philox", "varbnn.ops",

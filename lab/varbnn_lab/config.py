@@ -85,7 +85,7 @@ class ExperimentConfig:
     ``validation_size``) and, if ``snr_tensor`` names a random tensor (``"<module>.<tensor>"``), the mean gradient
     signal-to-noise ratio of its standard-deviation parameters (everything but the mean) over the last ``snr_window`` steps.
 
-    Training: ``mc_samples`` weight draws per step, their gradients averaged (see :func:`varbnn.train.fit`).
+    Training: ``mc_samples`` weight draws per step, their gradients averaged (see :func:`varbnn.training.fit`).
 
     Evaluation: Monte Carlo predictive metrics with ``eval_samples`` draws; if ``eval_weight_samples`` > 0 also
     per-weight-sample test -ELBO, expected NLL and accuracy (mean and SEM over those draws, Swiatkowski et al.
@@ -118,7 +118,7 @@ class ExperimentConfig:
     training cross-entropy during last 10 epochs"); the table reports it as ``selected_epoch``. 0 (default): the last.
 
     ``kl_weight``: the constant KL weight beta of the ELBO after any annealing (1, the default: the true ELBO, as the
-    papers); ``None``: the library's default of :func:`varbnn.train.fit` (what a user who changes nothing gets).
+    papers); ``None``: the library's default of :func:`varbnn.training.fit` (what a user who changes nothing gets).
     ``pretrained``: whether :func:`varbnn.bayesianize` starts the posterior means from the plain network's weights
     (False, the default: each family's own initialisation, as the papers); ``None``: the library's default.
 

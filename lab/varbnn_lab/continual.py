@@ -36,7 +36,7 @@ from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.predict import classification_summary, predict
 from varbnn.priors import Normal
-from varbnn.train import fit, seed_everything
+from varbnn.training import fit, seed_everything
 from varbnn_lab.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
 from varbnn_lab.pages.continual import render_vcl_markdown, selection, summarise_vcl
 
@@ -194,7 +194,7 @@ def _run_one(
         xs, ys, batch = vdist.equal_share(xs, ys, config.batch_size)  # data-parallel: this rank's share
         loader = TensorBatches(xs, ys, batch, shuffle=True, drop_last=xs.shape[0] >= batch)
         optimizer = torch.optim.Adam(task_model.parameters(), lr=variant.lr or config.lr, amsgrad=config.amsgrad)
-        fit(task_model, loader, n_data=n_task, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev,
+        fit(task_model, loader, n_data=n_task, epochs=epochs, optimizer=optimizer, kl_weight=1.0, device=dev,
             progress=progress and vdist.is_main_process())  # fmt: skip
         row, val_row = [], []
         for j, seen in enumerate(config.tasks[: t + 1]):

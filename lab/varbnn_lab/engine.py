@@ -6,7 +6,7 @@ returns its record (a JSON-able dict). The engine
 
 - keeps the records in ``OUT/NAME_runs.jsonl`` (:class:`RunStore`): one JSON line per finished run, tagged with the
   protocol hash of the config's training fields, so a rerun of the same command skips what is done and a killed
-  invocation loses at most the run in progress (inside a run, per-epoch checkpoints stay :func:`varbnn.train.fit`'s);
+  invocation loses at most the run in progress (inside a run, per-epoch checkpoints stay :func:`varbnn.training.fit`'s);
   shard files ``NAME_runs.shardK.jsonl`` are merged on read;
 - runs the pending runs in this process, in ``workers`` spawned processes of one thread each, or only the ``shard``
   ``(K, N)`` share of them (every N-th run from the K-th of the fixed order: the shards partition the runs) for N
@@ -647,7 +647,7 @@ def processes(device: str | torch.device | None, distributed: bool, workers: int
     ``torchrun``) the process group is set up (:func:`varbnn.distributed.setup`; each rank its device) and must hold
     several processes, which runs in worker processes cannot be; else ``(resolve_device(device), 1)``."""
     from varbnn import distributed as vdist
-    from varbnn.train import resolve_device
+    from varbnn.training import resolve_device
 
     if not distributed:
         dev = resolve_device(device)

@@ -17,7 +17,7 @@ from varbnn.metrics import auroc
 from varbnn.nn.base import sample_mode
 from varbnn.predict import classification_summary, predict
 from varbnn.prune import classification_error
-from varbnn.train import evaluate_classifier, evaluate_weight_samples
+from varbnn.training import evaluate_classifier, evaluate_weight_samples
 from varbnn_lab.baselines import BASELINES, DETERMINISTIC
 from varbnn_lab.config import ExperimentConfig, Variant
 
@@ -40,7 +40,7 @@ def evaluate_variant(
     seed: int,
     dev: torch.device,
 ) -> tuple[dict[str, float], torch.Tensor]:
-    """The test metrics of one trained run (:func:`varbnn.train.evaluate_classifier`: accuracy, NLL, ECE, Brier,
+    """The test metrics of one trained run (:func:`varbnn.training.evaluate_classifier`: accuracy, NLL, ECE, Brier,
     ``eval_samples`` draws; one for a deterministic model) and the prediction time, plus, with ``eval_weight_samples``,
     each weight draw's -ELBO, NLL and accuracy (mean and ``_wsem``, the standard error over draws); and the predictive
     probabilities (for the figures)."""
@@ -300,7 +300,7 @@ def mode_error(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_s
 @torch.no_grad()
 def predictive_metrics(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, samples: int) -> dict[str, float]:
     """Error and NLL of the Monte Carlo predictive (``samples`` draws), in batches of 2,000. (Not
-    :func:`varbnn.train.evaluate_classifier`: its sums differ in the last digits, and saved records use these.)"""
+    :func:`varbnn.training.evaluate_classifier`: its sums differ in the last digits, and saved records use these.)"""
     dev = next(model.parameters()).device
     model.eval()
     wrong, nll = 0, 0.0

@@ -44,7 +44,7 @@ from varbnn.models import mlp, row_lstm
 from varbnn.objectives import NATS_PER_BIT, complexity_is_finite, mdl_report
 from varbnn.priors import make_prior
 from varbnn.prune import SAFE_LAMBDA
-from varbnn.train import fit, save_checkpoint, seed_everything
+from varbnn.training import fit, save_checkpoint, seed_everything
 from varbnn_lab.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
 from varbnn_lab.evaluation import mode_error, predictive_metrics
 from varbnn_lab.hooks import BestState
@@ -214,7 +214,7 @@ def _train(
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     batches = TensorBatches(*vdist.equal_share(data["x_train"], data["y_train"], config.batch_size))  # data-parallel: a share
-    fit(model, batches, n_data=n, epochs=epochs, optimizer=optimizer, beta=1.0, device=dev, progress=progress,
+    fit(model, batches, n_data=n, epochs=epochs, optimizer=optimizer, kl_weight=1.0, device=dev, progress=progress,
         on_epoch_end=on_epoch_end)  # fmt: skip
     return log, best.restore()
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from varbnn.objectives import NATS_PER_BIT, complexity_costs, transmitted_weights
 from varbnn.prune import prune_by_density_ratio
-from varbnn.train import seed_everything
+from varbnn.training import seed_everything
 from varbnn_lab.config import results_dir
 from varbnn_lab.engine import RunKey, RunStore, fingerprint, open_run, select_shard
 from varbnn_lab.evaluation import mode_error

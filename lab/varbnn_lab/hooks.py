@@ -16,13 +16,8 @@ import torch
 
 from varbnn.analysis import GradientSNR
 from varbnn.nn.base import BayesianModule
-from varbnn.train import (
-    CheckpointError,
-    _write_atomically,
-    _write_checkpoint_state,
-    evaluate_weight_samples,
-    read_checkpoint,
-)
+from varbnn.training import CheckpointError, evaluate_weight_samples, read_checkpoint
+from varbnn.training.checkpoint import _write_atomically, _write_checkpoint_state
 from varbnn_lab.config import ExperimentConfig
 
 __all__ = ["std_parameters", "Tracer", "committed_state", "Sidecar", "BestOfLast", "BestState"]

@@ -8,7 +8,7 @@ training set's statistics; no augmentation.
 
 Model: a VGG-style Bayesian CNN without dropout (three blocks of two 3x3 convolutions and a max-pool, channels
 ``width``, 2x, 4x), then the concatenated global mean and max pool and one dense layer (the paper's head), every
-layer made Bayesian with the variant's family and a N(0, 1) prior. Training is :func:`varbnn.train.fit` with the full
+layer made Bayesian with the variant's family and a N(0, 1) prior. Training is :func:`varbnn.training.fit` with the full
 ELBO (beta = 1, no KL down-weighting); the first epoch trains only the means on the NLL (posterior means as weights),
 as the paper does. ``samples`` weight draws per step average the ELBO (fit's ``mc_samples``). The model state with the
 best validation accuracy (checked every epoch) is the one evaluated; a non-finite loss or gradient stops a run
@@ -46,7 +46,7 @@ from varbnn.metrics import auroc, referral_curve
 from varbnn.models import vgg_small
 from varbnn.nn.base import sample_mode
 from varbnn.priors import Normal
-from varbnn.train import NonFiniteError, fit, seed_everything
+from varbnn.training import NonFiniteError, fit, seed_everything
 from varbnn_lab.engine import RunKey, RunStore, config_fields, expand, fingerprint, open_run
 from varbnn_lab.evaluation import predictive_probs
 from varbnn_lab.hooks import BestState
@@ -148,7 +148,7 @@ def referral_metrics(probs: torch.Tensor, labels: torch.Tensor, uncertainty: tor
 def _train_one(
     config: RetinaConfig, run: RetinaRun, family_name: str, seed: int, data: dict[str, Any], dev: torch.device
 ) -> dict[str, Any]:
-    """One run, trained by :func:`varbnn.train.fit` in two calls: epoch 1 on the means alone (the weights at their means,
+    """One run, trained by :func:`varbnn.training.fit` in two calls: epoch 1 on the means alone (the weights at their means,
     the NLL alone: ``beta = 0``), then the full ELBO with ``run.samples`` weight draws per step and the learning-rate
     decay; the state with the best validation accuracy after any epoch is evaluated. A non-finite loss or gradient
     stops the run (``diverged``), keeping that best state."""
@@ -178,7 +178,7 @@ def _train_one(
     common = {"n_data": n, "device": dev, "progress": False}
     try:
         with sample_mode(model, "mean"):  # epoch 1: means only, NLL only, weights at their means
-            fit(model, loader, epochs=1, optimizer=make_optimizer(means), beta=0.0, diagnose=False, **common)
+            fit(model, loader, epochs=1, optimizer=make_optimizer(means), kl_weight=0.0, diagnose=False, **common)
         validate(1)
         if config.epochs > 1:
             optimizer = make_optimizer(list(model.parameters()))
@@ -189,7 +189,7 @@ def _train_one(
                     decay.step()
                 validate(epoch + 1)
 
-            fit(model, loader, epochs=config.epochs - 1, optimizer=optimizer, beta=1.0, mc_samples=run.samples,
+            fit(model, loader, epochs=config.epochs - 1, optimizer=optimizer, kl_weight=1.0, mc_samples=run.samples,
                 on_epoch_end=on_epoch_end, **common)  # fmt: skip
     except NonFiniteError as error:
         if error.kind == "data":

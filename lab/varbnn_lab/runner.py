@@ -42,12 +42,8 @@ from varbnn.plots import (
     variance_explained_figure,
 )
 from varbnn.priors import make_prior
-from varbnn.train import (
-    _fit_compile_mode,
-    default_optimizer,
-    fit,
-    seed_everything,
-)
+from varbnn.training import default_optimizer, fit, seed_everything
+from varbnn.training.compiled import _fit_compile_mode
 from varbnn_lab.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn_lab.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
 from varbnn_lab.engine import (
@@ -141,20 +137,20 @@ def build_model(config: ExperimentConfig, variant: Variant, trained: torch.nn.Mo
 
 
 def _kl_weight(config: ExperimentConfig, warmup: int, model: torch.nn.Module) -> dict[str, Any]:
-    """``fit``'s ``beta`` argument: annealed from 0 over ``warmup`` steps to ``config.kl_weight`` (``None``: the
+    """``fit``'s ``kl_weight`` argument: annealed from 0 over ``warmup`` steps to ``config.kl_weight`` (``None``: the
     model's library default, :func:`varbnn.objectives.default_kl_weight`); none at all (fit's default) when
     ``kl_weight`` is None and nothing is annealed."""
     if config.kl_weight is None and not warmup:
         return {}
     final = default_kl_weight(model) if config.kl_weight is None else float(config.kl_weight)
     if warmup:
-        return {"beta": lambda step: final * linear_kl_annealing(step, warmup)}
-    return {"beta": final}
+        return {"kl_weight": lambda step: final * linear_kl_annealing(step, warmup)}
+    return {"kl_weight": final}
 
 
 def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimizer:
     """``"adam"`` or ``"amsgrad"`` (Adam with the AMSGrad correction), fused where torch supports it
-    (:func:`varbnn.train.default_optimizer`)."""
+    (:func:`varbnn.training.default_optimizer`)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; allowed: {OPTIMIZERS}")
     return default_optimizer(parameters, lr, amsgrad=name == "amsgrad")
@@ -346,9 +342,9 @@ def run_experiment(
 
 def _check_compile(config: ExperimentConfig, only: Sequence[str] | None, compile: bool | str, distributed: bool) -> None:
     """Refuse ``compile`` before any run starts (a ``ValueError``) where ``fit`` would refuse it in the first run: not
-    ``True`` or a mode (:func:`varbnn.train.compile_mode`), with distributed training, or for a variant to run that
+    ``True`` or a mode (:func:`varbnn.training.compiled.compile_mode`), with distributed training, or for a variant to run that
     uses the Graves estimator."""
-    from varbnn.train import compile_mode
+    from varbnn.training.compiled import compile_mode
 
     compile_mode(compile)
     if distributed:

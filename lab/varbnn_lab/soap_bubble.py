@@ -30,7 +30,7 @@ from varbnn.families import make_family
 from varbnn.models import mlp
 from varbnn.nn.base import BayesianModule
 from varbnn.priors import Normal
-from varbnn.train import fit, seed_everything
+from varbnn.training import fit, seed_everything
 from varbnn_lab.engine import RunKey, RunStore, config_fields, fingerprint, open_run
 from varbnn_lab.render import markdown_table, provenance_lines
 
@@ -98,7 +98,7 @@ def _kernel_distances(config: SoapBubbleConfig, family_name: str, dev: torch.dev
 
 
 def _train(config: SoapBubbleConfig, family_name: str, dev: torch.device, data_dir: str | None, progress: bool) -> dict[str, Any]:
-    """The training run of ``family_name`` by :func:`varbnn.train.fit` (data-parallel under ``torchrun``): per epoch,
+    """The training run of ``family_name`` by :func:`varbnn.training.fit` (data-parallel under ``torchrun``): per epoch,
     the training loss (-ELBO / N), the training accuracy of the weight draw each batch was trained with, and the
     distance of sampled weights from the mode."""
     seed_everything(config.seed)
@@ -124,7 +124,7 @@ def _train(config: SoapBubbleConfig, family_name: str, dev: torch.device, data_d
 
     t0 = time.perf_counter()
     fit(model, TensorBatches(*vdist.equal_share(x, y, config.batch_size)), n_data=n, epochs=config.epochs, nll=nll,
-        beta=1.0, optimizer=torch.optim.Adam(model.parameters(), lr=config.lr), device=dev, progress=progress,
+        kl_weight=1.0, optimizer=torch.optim.Adam(model.parameters(), lr=config.lr), device=dev, progress=progress,
         on_epoch_end=on_epoch_end, diagnose=False)  # fmt: skip
     return {"run": "train", "family": family_name, "history": history, "seconds": round(time.perf_counter() - t0, 1),
             "weights": sum(p.numel() for n_, p in model.named_parameters() if n_.endswith(".loc"))}  # fmt: skip

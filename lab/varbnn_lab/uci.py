@@ -42,7 +42,7 @@ from varbnn.likelihoods import GammaPrecisionGaussian
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import predict
 from varbnn.priors import make_prior
-from varbnn.train import default_optimizer, fit, seed_everything
+from varbnn.training import default_optimizer, fit, seed_everything
 from varbnn_lab.engine import RunKey, config_fields, fingerprint
 from varbnn_lab.evaluation import log_likelihood_ceiling, predictive_log_likelihood
 from varbnn_lab.pages.uci import NOISE_UPDATE_TEXT as NOISE_UPDATE_TEXT  # re-exported: the page's text
@@ -213,7 +213,7 @@ def _run_key(config: UCIConfig, data_dir: str | None, dev: torch.device, progres
     t0 = time.perf_counter()
     fit(
         model, loader, n_data=n, epochs=epochs, optimizer=optimizer, nll=nll, device=dev, progress=progress,
-        beta=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
+        kl_weight=(lambda step: linear_kl_annealing(step, warmup)) if warmup else 1.0,
         on_step_end=after_step if closed_form else None,
     )  # fmt: skip
     seconds = time.perf_counter() - t0

@@ -50,7 +50,8 @@ from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
 from varbnn.objectives import linear_kl_annealing
 from varbnn.predict import RegressionSummary, predict
 from varbnn.priors import make_prior
-from varbnn.train import compile_mode, default_optimizer, fit, seed_everything
+from varbnn.training import default_optimizer, fit, seed_everything
+from varbnn.training.compiled import compile_mode
 from varbnn_lab.engine import RunKey, config_fields, fingerprint
 from varbnn_lab.pages.uci_learned import (
     BASELINE_FAMILIES,
