@@ -701,13 +701,13 @@ def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():
     config = get_config("mnist-mlp")
     assert "kl_weight" not in config.to_dict()  # the default 1.0 keeps existing checkpoint hashes
     model = build_model(config, config.variants[-1])
-    assert _kl_weight(config, 0, model) == {"beta": 1.0}
+    assert _kl_weight(config, 0, model) == {"kl_weight": 1.0}
     tempered = dataclasses.replace(config, kl_weight=0.1)
     assert "kl_weight" in tempered.training_dict()
-    schedule = _kl_weight(tempered, 10, model)["beta"]
+    schedule = _kl_weight(tempered, 10, model)["kl_weight"]
     assert schedule(5) == pytest.approx(0.05) and schedule(20) == pytest.approx(0.1)
     assert _kl_weight(dataclasses.replace(config, kl_weight=None), 0, model) == {}  # fit's own default
-    annealed = _kl_weight(dataclasses.replace(config, kl_weight=None), 10, model)["beta"]  # to the model's default
+    annealed = _kl_weight(dataclasses.replace(config, kl_weight=None), 10, model)["kl_weight"]  # to the model's default
     assert annealed(20) == pytest.approx(MeanField.default_kl_weight) and annealed(5) == pytest.approx(0.5 * 0.1)
 
 
