@@ -400,25 +400,8 @@ def fit(
             if checks is not None:  # (after check() itself raised, its window is empty: nothing more to report)
                 checks.pending(error)
             raise
-        if batches == 0:
-            raise ValueError(
-                f"the loader yielded no batches in epoch {epoch + 1}: nothing to train on (an empty dataset, or "
-                "batch_size larger than the dataset with drop_last=True?)"
-            )
-        if used == 0:
-            raise NonFiniteError(
-                f"every batch of epoch {epoch + 1} ({batches}) had a non-finite loss or gradient and was skipped "
-                "(skip_nonfinite=True): the model or the optimisation has diverged",
-                kind="loss",
-                epoch=epoch + 1,
-                step=step + 1,
-            )
-        examples = sum(count for _, _, count in distinct)
-        if per_epoch is None and check_batch_size and not distributed and examples > n_data:  # first epoch only
-            raise ValueError(  # a loader whose size is not known before (a list, a generator): counted in the epoch
-                f"n_data={n_data} is smaller than the {examples} distinct examples the loader yielded in epoch "
-                f"{epoch + 1}: n_data must be the training-set size (the number of examples the KL is spread over)"
-            )
+        _check_epoch(epoch, step, batches, used, distinct, n_data,
+                     counted=per_epoch is None and check_batch_size and not distributed)  # fmt: skip
         if checks is not None:
             checks.check()
             totals = checks.take_totals()
@@ -439,21 +422,7 @@ def fit(
         bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}", kl=f"{record['kl']:.4g}")
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
-        bad = _nonfinite_names(model.named_parameters())
-        if bad:
-            raise NonFiniteError(
-                f"non-finite parameters after epoch {epoch + 1}: {_listing(bad)} hold NaN or inf"
-                + (f"; checkpoint {checkpoint} keeps the last good epoch" if checkpoint is not None else ""),
-                kind="parameters",
-                epoch=epoch + 1,
-            )
-        if checkpoint is not None and vdist.is_main_process():
-            extra: dict[str, Any] = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
-            if lik is not None:
-                extra["likelihood"] = lik.state_dict()
-            save_checkpoint(
-                checkpoint, model, optimizer, epoch=epoch + 1, history=history, step=step, rng=_rng_state(loader), **extra
-            )
+        _save_epoch(checkpoint, model, optimizer, epoch + 1, history, step, loader, lik, checkpoint_extra)
     if compiled_step is not None and mode is not None and _uses_cudagraphs(mode, dev):
         # the last step's gradients live in the CUDA graphs' memory, which the next compiled graph to run (another
         # fit's) overwrites: drop them rather than leave .grad tensors that fail when read later
@@ -462,6 +431,61 @@ def fit(
     if diagnose and history and first_epoch < epochs and vdist.is_main_process():
         _diagnose(model, history, n_data, _label_entropy(seen_labels))
     return history
+
+
+def _check_epoch(
+    epoch: int, step: int, batches: int, used: int, distinct: set[tuple[int, int, int]], n_data: int, *, counted: bool
+) -> None:
+    """After an epoch: a loader that yielded nothing, an epoch whose every batch was skipped, or (``counted``: a loader
+    whose size is not known before, in its first epoch) more distinct examples than ``n_data``, each a clear error."""
+    if batches == 0:
+        raise ValueError(
+            f"the loader yielded no batches in epoch {epoch + 1}: nothing to train on (an empty dataset, or "
+            "batch_size larger than the dataset with drop_last=True?)"
+        )
+    if used == 0:
+        raise NonFiniteError(
+            f"every batch of epoch {epoch + 1} ({batches}) had a non-finite loss or gradient and was skipped "
+            "(skip_nonfinite=True): the model or the optimisation has diverged",
+            kind="loss",
+            epoch=epoch + 1,
+            step=step + 1,
+        )
+    examples = sum(count for _, _, count in distinct)
+    if counted and examples > n_data:  # (first epoch only: the set is filled then)
+        raise ValueError(
+            f"n_data={n_data} is smaller than the {examples} distinct examples the loader yielded in epoch "
+            f"{epoch + 1}: n_data must be the training-set size (the number of examples the KL is spread over)"
+        )
+
+
+def _save_epoch(
+    checkpoint: str | os.PathLike[str] | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    epoch: int,
+    history: list[dict[str, float]],
+    step: int,
+    loader: object,
+    lik: Likelihood | None,
+    checkpoint_extra: Callable[[], dict[str, Any]] | None,
+) -> None:
+    """The end of epoch ``epoch`` (1-based): non-finite parameters are an error (the last checkpoint is kept); else the
+    checkpoint is rewritten (rank 0 only) with the history, the step, the random states and the extras."""
+    bad = _nonfinite_names(model.named_parameters())
+    if bad:
+        raise NonFiniteError(
+            f"non-finite parameters after epoch {epoch}: {_listing(bad)} hold NaN or inf"
+            + (f"; checkpoint {checkpoint} keeps the last good epoch" if checkpoint is not None else ""),
+            kind="parameters",
+            epoch=epoch,
+        )
+    if checkpoint is not None and vdist.is_main_process():
+        extra: dict[str, Any] = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
+        if lik is not None:
+            extra["likelihood"] = lik.state_dict()
+        save_checkpoint(checkpoint, model, optimizer, epoch=epoch, history=history, step=step, rng=_rng_state(loader),
+                        **extra)  # fmt: skip
 
 
 def _data_term(nll: NLLFunction, likelihood: Likelihood | str | None, n_data: int) -> tuple[Likelihood | None, NLLFunction]:
