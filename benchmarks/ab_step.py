@@ -125,12 +125,12 @@ def _generator_draws() -> None:
 def _generator_row_tangents() -> None:
     import types
 
-    import varbnn.distributions.vmf as vmf
+    import varbnn.distributions.vmf_sampling as vmf_sampling
 
     def randn(shape: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.randn(shape, dtype=dtype, device=device)
 
-    vmf.philox = types.SimpleNamespace(randn=randn)  # type: ignore[assignment]
+    vmf_sampling.philox = types.SimpleNamespace(randn=randn)  # type: ignore[assignment]
 
 
 def _no_softplus_group() -> None:

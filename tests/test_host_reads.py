@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import varbnn
 import varbnn.likelihoods as L
 from varbnn import special
-from varbnn.distributions import vmf
+from varbnn.distributions import vmf_sampling
 from varbnn.priors import Laplace, Normal
 from varbnn.training.checks import _DeferredChecks
 
@@ -85,7 +85,7 @@ def _reads(case: str, steps: int) -> int:
 def test_a_training_step_reads_no_device_value_on_a_gpu(case, monkeypatch):
     monkeypatch.setattr(_DeferredChecks, "DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_DeferredChecks, "EVERY", 1000)  # one read of the checks per epoch
-    monkeypatch.setattr(vmf, "_fixed_rounds", True)
+    monkeypatch.setattr(vmf_sampling, "_fixed_rounds", True)
     monkeypatch.setattr(special, "_use_masked", lambda device: True)
     monkeypatch.setattr(special, "_scalar_path", lambda z: False)
     with warnings.catch_warnings():

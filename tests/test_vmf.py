@@ -281,7 +281,7 @@ def test_validation_can_be_switched_off():
 
 
 def test_bounded_rejection_rounds_raise_a_clear_error(monkeypatch):
-    from varbnn.distributions import vmf
+    from varbnn.distributions import vmf_sampling
 
     torch.manual_seed(0)
     kappa = torch.full((100_000,), 1e4, dtype=torch.float64)  # one per element: the per-element rounds
@@ -290,11 +290,11 @@ def test_bounded_rejection_rounds_raise_a_clear_error(monkeypatch):
         q.rsample()  # 8 first-round proposals: P(all rejected) ~ 0.32^8 per element
     shared = VonMisesFisher(_unit(3), torch.tensor(1e4, dtype=torch.float64), max_rejection_rounds=1)
     assert shared.rsample((1000,)).shape == (1000, 3)  # the shared pool's first round suffices
-    monkeypatch.setattr(vmf, "POOL_FACTOR", 1.0)  # ~0.68 n accepted of n proposals
-    monkeypatch.setattr(vmf, "POOL_EXTRA", 0)
+    monkeypatch.setattr(vmf_sampling, "POOL_FACTOR", 1.0)  # ~0.68 n accepted of n proposals
+    monkeypatch.setattr(vmf_sampling, "POOL_EXTRA", 0)
     with pytest.raises(RejectionSamplingError, match=r"left \d+ of 1000 elements .* max_rejection_rounds=1"):
         shared.rsample((1000,))
-    monkeypatch.setattr(vmf, "POOL_FACTOR", 0.01)  # one proposal a round: many rounds, the draws still all there
+    monkeypatch.setattr(vmf_sampling, "POOL_FACTOR", 0.01)  # one proposal a round: many rounds, the draws still all there
     assert VonMisesFisher(_unit(3), torch.tensor(2.0, dtype=torch.float64)).rsample((50,)).isfinite().all()
 
 
@@ -408,7 +408,7 @@ def test_fixed_rejection_rounds_draw_the_same_distribution_without_a_host_synchr
 def test_wood_proposals_are_symmetric_beta(d):
     """Wood's proposals eps ~ Beta((d-1)/2, (d-1)/2) (drawn from one Gamma and one normal): Kolmogorov-Smirnov against
     scipy's Beta, and no value outside (0, 1) even in the arcsine-shaped d = 2 case."""
-    from varbnn.distributions.vmf import _wood_proposals
+    from varbnn.distributions.vmf_sampling import _wood_proposals
 
     torch.manual_seed(d)
     e, _ = _wood_proposals(d, 1.0, 4, 5_000, torch.float64, torch.device("cpu"))
@@ -420,7 +420,7 @@ def test_wood_proposals_are_symmetric_beta(d):
 def test_wood_acceptance_rate_is_at_least_about_0_65_for_every_dimension_and_concentration():
     """The bound PROPOSALS_FIXED's fallback probability (0.37^32) rests on: the minimum over kappa in [1e-3, 1e6] of
     the acceptance rate, 20,000 proposals a point (standard error <= 0.0034), is at least 0.63 for every d."""
-    from varbnn.distributions.vmf import _wood_proposals
+    from varbnn.distributions.vmf_sampling import _wood_proposals
 
     torch.manual_seed(0)
     for d in (2, 3, 10, 100, 1000):
@@ -479,7 +479,7 @@ def test_householder_sample_equals_the_explicit_reflection_and_passes_gradcheck(
         inputs = tuple(t.clone().requires_grad_() for t in (base, omega, sin_theta, radius))
         assert torch.autograd.gradcheck(fn, inputs)
     # the plain operations a torch.func transform runs: the same values, and autograd's gradients pass gradcheck
-    from varbnn.distributions.vmf import _householder_values
+    from varbnn.distributions.vmf_sampling import _householder_values
 
     plain = _householder_values(mu, noise, omega, sin_theta, radius, normalize=True)[0]
     torch.testing.assert_close(plain, out, rtol=1e-12, atol=1e-12)
@@ -535,7 +535,7 @@ def _wood_transform_autograd(dim: int, kappa: torch.Tensor, eps: torch.Tensor, a
 
 @pytest.mark.parametrize("dim", [3, 10, 785])
 def test_wood_sample_closed_form_backward_matches_autograd_of_the_formula(dim, monkeypatch):
-    from varbnn.distributions import vmf
+    from varbnn.distributions import vmf_sampling as vmf
 
     kappa0 = torch.tensor([0.05, 1.0, 30.0, 2e3, 1e5], dtype=torch.float64)
     eps = torch.tensor([0.3, 0.55, 0.01, 0.9, 0.5], dtype=torch.float64)
@@ -568,7 +568,7 @@ def test_wood_sample_under_torch_func_is_finite_at_proposals_of_exactly_0_and_1(
     derivatives at 0, and a score of -inf - -inf): they now equal the Function's."""
     from torch.func import grad
 
-    from varbnn.distributions import vmf
+    from varbnn.distributions import vmf_sampling as vmf
 
     eps = torch.tensor([0.0, 1.0, 0.3], dtype=torch.float64)
     monkeypatch.setattr(vmf, "wood_accepted_proposals", lambda d, k, rounds: eps.clone())
@@ -617,8 +617,8 @@ def test_wood_sampler_reads_the_host_only_on_the_cpu(monkeypatch):
     under torch.func transforms, Wood's sampler takes the fixed proposals (their distribution is tested above)."""
     from torch.func import vmap
 
-    from varbnn.distributions import vmf
-    from varbnn.distributions.vmf import _without_host_sync
+    from varbnn.distributions import vmf_sampling as vmf
+    from varbnn.distributions.vmf_sampling import _without_host_sync
 
     q = VonMisesFisher(_unit(20), torch.tensor(10.0, dtype=torch.float64))
     with _CountSyncs() as counter:
@@ -661,7 +661,7 @@ def test_the_compiled_cpu_rejection_op_passes_torch_library_opcheck(dtype):
 
 
 def test_first_accepted_is_argmax_down_the_columns():
-    from varbnn.distributions.vmf import _first_accepted
+    from varbnn.distributions.vmf_sampling import _first_accepted
 
     g = torch.Generator().manual_seed(0)
     for k, n, p in ((8, 400, 0.7), (4, 3, 0.1), (1, 5, 0.5), (8, 0, 0.5)):
