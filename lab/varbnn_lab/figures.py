@@ -23,6 +23,8 @@ import torch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from varbnn.plots import save_figure  # noqa: E402
+
 __all__ = [
     "cost_figure",
     "regression_cost_figure",
@@ -35,17 +37,7 @@ __all__ = [
 ]
 
 
-def _save(fig: Any, path: str | os.PathLike[str], title: str, dpi: int, bottom: float = 0.0) -> Path:
-    """Title, lay out (leaving the ``bottom`` fraction free, e.g. for a note), write and close ``fig`` (as
-    ``varbnn.plots``' figures do)."""
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
+_save = save_figure  # the library's: title, lay out, write, close
 
 
 def cost_figure(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str = "", note: str = "") -> Path:

@@ -24,6 +24,7 @@ from varbnn.analysis import low_rank  # noqa: E402
 from varbnn.metrics import auroc, calibration_bins, expected_calibration_error  # noqa: E402
 
 __all__ = [
+    "save_figure",
     "reliability_diagram",
     "ood_histograms",
     "overview_figure",
@@ -64,8 +65,9 @@ def _entropy_panel(ax: plt.Axes, title: str, inside: torch.Tensor, outside: torc
     ax.legend(fontsize=8)
 
 
-def _save(fig: Any, path: str | os.PathLike[str], title: str, dpi: int, bottom: float = 0.0) -> Path:
-    """Title, lay out (leaving the ``bottom`` fraction free, e.g. for a note), write and close ``fig``."""
+def save_figure(fig: Any, path: str | os.PathLike[str], title: str = "", dpi: int = 110, bottom: float = 0.0) -> Path:
+    """Title ``fig`` (when ``title``), lay it out (leaving the ``bottom`` fraction free, e.g. for a note), write it to
+    ``path`` (its folder created) at ``dpi`` and close it; returns the path. Every figure of this module ends so."""
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, bottom, 1, 1))
@@ -74,6 +76,9 @@ def _save(fig: Any, path: str | os.PathLike[str], title: str, dpi: int, bottom: 
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+_save = save_figure
 
 
 def reliability_diagram(

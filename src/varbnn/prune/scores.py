@@ -124,7 +124,7 @@ def score_histograms(
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("log mode of local radius")
     axes[0][0].set_ylabel("groups")
-    from varbnn.plots import _save
+    from varbnn.plots import save_figure as _save
 
     return _save(fig, path, title, dpi=110)
 
