@@ -79,6 +79,19 @@ def _candidates(x: torch.Tensor, y: torch.Tensor) -> dict[str, Callable[[], None
     return {"plain + Adam": plain_step, "MeanField + Adam": adam_step, "MeanField + IVON": ivon_step}
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
 def _commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -127,14 +140,14 @@ def main(argv: list[str] | None = None) -> Path:
     command = "python benchmarks/ivon_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
     result = {
         "command": command.strip(), "commit": _commit(),
-        "device": f"cpu, {args.threads} thread(s)", "rounds": args.rounds, "steps": args.steps,
-        "wall_seconds": time.perf_counter() - began, "rows": rows, "times_ms": times,
+        "device": f"cpu: {_cpu_name()}, {args.threads} thread(s)", "rounds": args.rounds, "steps": args.steps,
+        "seconds": time.perf_counter() - began, "rows": rows, "times_ms": times,
     }  # fmt: skip
     table = ["| candidate | median step (ms) | to plain + Adam | to MeanField + Adam |", "|---|---:|---:|---:|"]
     table += [f"| {r['candidate']} | {r['median_ms']:.2f} | {r['to_plain_adam']:.2f}x | {r['to_meanfield_adam']:.2f}x |"
               for r in rows]  # fmt: skip
     notes = [
-        f"wall time: {result['wall_seconds']:.0f} s; {args.rounds} rounds of {args.steps} steps per candidate, taking "
+        f"wall time: {result['seconds']:.0f} s; {args.rounds} rounds of {args.steps} steps per candidate, taking "
         "turns in a shuffled order; ratios are medians over rounds of the two candidates' steps in the same round",
         "MLP 784-400-400-10, batch 128, MeanField reparam (bayesianize's default), n_data 60,000",
     ]
