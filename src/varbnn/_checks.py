@@ -26,7 +26,7 @@ import torch
 
 __all__ = [
     "ArgumentTypeError", "FLOAT32_MAX", "FLOAT32_TINY", "as_int", "as_positive_int", "as_float", "as_float_in",
-    "as_bool", "describe_range", "check_class_labels",
+    "as_bool", "describe_range", "check_class_labels", "check_batch",
 ]  # fmt: skip
 
 
@@ -157,3 +157,24 @@ def check_class_labels(labels: torch.Tensor, classes: int, name: str, *, owner: 
             f"{_prefix(name, owner)} must hold class indices in [0, {classes}), got values from {int(labels.min())} "
             f"to {int(labels.max())}"
         )
+
+
+def check_batch(batch: Any, index: int, owner: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A loader's batch as ``(x, y)`` tensors, or an :class:`ArgumentTypeError` naming ``owner`` and what the loader
+    yielded instead (a dict, a tuple of another length, something other than tensors)."""
+    head = f"{owner}: the loader must yield (x, y) batches of tensors; batch {index}"
+    if isinstance(batch, dict):
+        raise ArgumentTypeError(
+            f"{head} is a dict with keys {sorted(map(str, batch))}: wrap the loader, e.g. ((b['image'], b['label']) for "
+            "b in loader), or give the dataset a __getitem__ that returns (x, y)"
+        )
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        what = f"a {type(batch).__name__} of {len(batch)} items" if isinstance(batch, (tuple, list)) else type(batch).__name__
+        raise ArgumentTypeError(f"{head} is {what}")
+    x, y = batch
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise ArgumentTypeError(
+            f"{head} holds a {type(x).__name__} and a {type(y).__name__} (a DataLoader over a TensorDataset, or convert "
+            "them with torch.as_tensor)"
+        )
+    return x, y

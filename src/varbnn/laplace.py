@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from varbnn._checks import as_float_in, check_class_labels
+from varbnn._checks import as_float_in, check_batch, check_class_labels
 
 __all__ = ["LastLayerLaplace"]
 
@@ -193,10 +193,8 @@ class LastLayerLaplace(nn.Module):
             total_g: torch.Tensor | None = None
             count = 0
             log_likelihood = 0.0
-            for batch in loader:
-                if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-                    raise ValueError("loader must yield (x, y) batches")
-                x, y = batch
+            for index, batch in enumerate(loader):
+                x, y = check_batch(batch, index, "LastLayerLaplace.fit")
                 if not _is_integer_labels(y):
                     kind = y.dtype if isinstance(y, torch.Tensor) else type(y).__name__
                     raise ValueError(f"labels y must be an integer tensor of class indices (any integer dtype), got {kind}")

@@ -232,23 +232,3 @@ def _draws_with_replacement(loader: object) -> bool:
     samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
     return any(getattr(s, "replacement", False) is True for s in samplers)
 
-
-def _batch_pair(batch: Any, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A loader's batch as ``(x, y)`` tensors, or a ``TypeError`` naming what the loader yielded instead (a dict, a
-    tuple of another length, something other than tensors)."""
-    if isinstance(batch, dict):
-        raise TypeError(
-            f"fit: the loader must yield (x, y) batches of tensors; batch {index} is a dict with keys {sorted(map(str, batch))}: "
-            "wrap the loader, e.g. ((b['image'], b['label']) for b in loader), or give the dataset a __getitem__ that "
-            "returns (x, y)"
-        )
-    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        what = f"a {type(batch).__name__} of {len(batch)} items" if isinstance(batch, (tuple, list)) else type(batch).__name__
-        raise TypeError(f"fit: the loader must yield (x, y) batches of tensors; batch {index} is {what}")
-    x, y = batch
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise TypeError(
-            f"fit: the loader must yield (x, y) batches of tensors; batch {index} holds a {type(x).__name__} and a "
-            f"{type(y).__name__} (a DataLoader over a TensorDataset, or convert them with torch.as_tensor)"
-        )
-    return x, y

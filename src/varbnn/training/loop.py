@@ -15,7 +15,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from varbnn import distributed as vdist
-from varbnn._checks import as_bool, as_float_in, as_int, as_positive_int
+from varbnn._checks import as_bool, as_float_in, as_int, as_positive_int, check_batch
 from varbnn.data.batches import fast_batches
 from varbnn.likelihoods import Likelihood
 from varbnn.nn.model import model_kl, update_adaptive_priors
@@ -31,7 +31,6 @@ from varbnn.training.checkpoint import _rng_state, save_checkpoint
 from varbnn.training.checks import (
     _KINDS,
     NonFiniteError,
-    _batch_pair,
     _DeferredChecks,
     _distinct_examples_per_epoch,
     _draws_with_replacement,
@@ -333,7 +332,7 @@ def fit(
         distinct: set[tuple[int, int, int]] = set()  # (storage, offset, count): the same batch yielded again counts once
         try:
             for batch in fast_batches(loader):  # a DataLoader over a TensorDataset: the same batches by one index each
-                x, y = _batch_pair(batch, batches)
+                x, y = check_batch(batch, batches, "fit")
                 if diagnose and len(seen_labels) < _DIAGNOSE_LABEL_BATCHES and _class_labels(y):
                     seen_labels.append(y.detach().reshape(-1).to("cpu", torch.long))
                 where = f"epoch {epoch + 1}, step {step + 1} (batch index {batches} of the epoch)"
