@@ -171,6 +171,8 @@ def test_mc_dropout_of_a_network_in_eval_mode_samples():
     x = torch.randn(6, 4)
     assert predict(model, x, samples=4).std(0).max() > 0
     net.eval()  # switched off behind the wrapper's back: forward turns dropout on again
+    with torch.no_grad():
+        assert not torch.equal(model(x), model(x))  # a direct call, which predict's eval() switch does not cover
     assert predict(model, x, samples=4).std(0).max() > 0
 
 

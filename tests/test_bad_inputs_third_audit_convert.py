@@ -247,6 +247,12 @@ def test_hooks_move_to_the_bayesian_layer() -> None:
     assert seen == [(4, 2)]
     varbnn.to_deterministic(model)(torch.randn(5, 3))
     assert seen == [(4, 2), (5, 2)]
+    root = nn.Linear(3, 2)  # the model itself one layer: its hooks go and come back too
+    root.register_forward_hook(lambda module, inputs, output: seen.append(tuple(output.shape)))
+    bayesian = varbnn.bayesianize(root)
+    bayesian(torch.randn(6, 3))
+    varbnn.to_deterministic(bayesian)(torch.randn(7, 3))
+    assert seen[-2:] == [(6, 2), (7, 2)]
 
 
 def test_batch_norm_warning_says_what_to_do() -> None:

@@ -5,6 +5,7 @@ string hyperparameters. Each test feeds one and asserts the clear error or the f
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -244,9 +245,21 @@ CASES += [
              rf"{where.split('.')[0]}: {where.split('.')[1].split(' ')[0]} must be a finite number > 0")
     for where, make in _POSITIVE.items() for kind, v in _BAD_POSITIVE.items()
 ]  # fmt: skip
+def _same_as_float(made: tuple[object, object], make: Callable[[object], torch.nn.Module]) -> None:
+    """Both modules (from a NumPy scalar and a 0-d tensor) equal the one built from the Python float 2.0."""
+    reference = make(2.0)
+    for module in made:
+        assert isinstance(module, torch.nn.Module)
+        assert repr(module) == repr(reference)
+        state, expected = module.state_dict(), reference.state_dict()
+        assert state.keys() == expected.keys()
+        assert all(torch.equal(state[k], expected[k]) or (state[k].isnan().all() and expected[k].isnan().all())
+                   for k in state)  # (an unset running statistic is NaN in both)
+
+
 CASES += [
     BadInput(f"{where}-numpy-and-0d-tensor", lambda make=make: (make(np.float32(2.0)), make(torch.tensor(2.0))),
-             expect=lambda r: None) for where, make in _POSITIVE.items()
+             expect=lambda r, make=make: _same_as_float(r, make)) for where, make in _POSITIVE.items()
 ]  # fmt: skip
 CASES += [
     BadInput("gamma-string-prior-shape-named", lambda: GammaPrecisionGaussian(prior_shape="6"), TypeError,

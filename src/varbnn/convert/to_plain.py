@@ -89,8 +89,10 @@ def to_deterministic(model: nn.Module, mode: str = "mean") -> nn.Module:
         raise ValueError(f"mode must be 'mean' or 'mode', got {mode!r}")
     new = copy.deepcopy(model)
     root = _lookup(_DETERMINIZERS, new)
-    if root is not None:
-        return root(new, mode)  # type: ignore[no-any-return]
+    if root is not None:  # the model is one Bayesian layer
+        plain_root: nn.Module = root(new, mode)
+        _carry_hooks(new, plain_root)
+        return plain_root
 
     done: dict[int, tuple[nn.Module, nn.Module]] = {}  # id(module) -> (it, its replacement): a shared one stays shared
 
