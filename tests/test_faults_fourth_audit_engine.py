@@ -5,6 +5,7 @@ refuses an empty or malformed value; a run's record that does not carry its own 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -252,3 +253,32 @@ def test_a_run_returning_something_else_than_a_record_is_a_failed_run(tmp_path):
     with pytest.raises(RunsFailed, match=r"\('a', 0\)") as info:
         execute(toy_runs(), run, toy_store(tmp_path), device=CPU, commit="c")
     assert "run ('a', 0) returned list, not a record" in info.value.failed[("a", 0)]
+
+
+def test_a_record_its_store_would_refuse_on_load_is_a_failed_run_not_a_poisoned_file(tmp_path):
+    """A record that fails the store's ``check`` was appended, and every later load of the runs file then failed on
+    it: now it is a failed run and the file keeps loading."""
+    store = dataclasses.replace(toy_store(tmp_path), check=lambda record: "no 'score'" if "score" not in record else None)
+
+    def run(key: tuple[str, int]) -> Any:
+        record = toy_run(None, 0.0, key)
+        if key != ("a", 0):
+            record["score"] = 1.0
+        return record
+
+    with pytest.raises(RunsFailed, match=r"\('a', 0\)") as info:
+        execute(toy_runs(), run, store, device=CPU, commit="c")
+    assert "is not usable: no 'score'; not saved" in info.value.failed[("a", 0)]
+    assert ("a", 0) not in store.load() and len(store.load()) == len(toy_runs()) - 1
+
+
+def test_a_failing_on_record_callback_does_not_fail_a_saved_run(tmp_path):
+    store = toy_store(tmp_path)
+
+    def on_record(key: tuple[str, int], record: dict[str, Any]) -> None:
+        raise RuntimeError("a callback's bug")
+
+    with pytest.warns(UserWarning, match=r"on_record failed after run .* was saved: RuntimeError: a callback's bug"):
+        done = execute(toy_runs(), functools.partial(toy_run, None, 0.0), store, device=CPU, commit="c",
+                       on_record=on_record)  # fmt: skip
+    assert sorted(done) == sorted(store.load()) == sorted(toy_runs())

@@ -327,7 +327,7 @@ def test_setup_with_a_missing_rank_times_out_naming_it(monkeypatch):
 BAD_TIMEOUTS = [
     BadInput(f"timeout={value!r}", functools.partial(lambda v: __import__("varbnn.distributed").distributed
                                                      ._setup_timeout(v), value),
-             raises=ValueError, match=r"timeout must be a positive, finite number of seconds")
+             raises=ValueError, match=r"timeout \(seconds\) must be a finite number > 0")
     for value in (0, -1.0, float("nan"), float("inf"), True, "10")
 ]  # fmt: skip
 
@@ -347,3 +347,5 @@ def test_setup_timeout_defaults_and_its_environment_variable(monkeypatch):
     monkeypatch.setenv("VARBNN_DIST_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="environment variable VARBNN_DIST_TIMEOUT must be a positive number"):
         _setup_timeout(None)
+    context = __import__("varbnn.distributed").distributed.setup(device="cpu")  # one process: the variable is unused
+    assert (context.rank, context.world_size) == (0, 1)

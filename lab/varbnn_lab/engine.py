@@ -539,11 +539,18 @@ def execute(
             f"run {key!r} returned {type(record).__name__}, not a record (a dict of JSON-able values)")  # fmt: skip
         if problem is not None:
             raise ValueError(f"{problem}; not saved (a run's record must carry its own run key)")
+        problem = store.check(record) if store.check is not None else None
+        if problem is not None:  # saved, it would make every later load of the runs file fail
+            raise ValueError(f"the record of run {key!r} is not usable: {problem}; not saved")
         record.update(protocol=store.protocol(key), commit=commit, device=device_text)
         store.append(record)
         done[key] = record
         if on_record is not None:
-            on_record(key, record)
+            try:
+                on_record(key, record)
+            except Exception as error:  # noqa: BLE001 -- the run is saved: a callback's failure does not undo it
+                warnings.warn(f"[{store.name}] on_record failed after run {key!r} was saved: {type(error).__name__}: {error}",
+                              stacklevel=2)  # fmt: skip
 
     def fail(key: RunKey, error: BaseException) -> None:
         failed[key] = text = _failure_text(error)
@@ -603,7 +610,7 @@ def execute(
                     break
             finished.add(key)
     if failed:
-        left_out = [key for key in pending if key not in finished and key not in done]
+        left_out = [key for key in pending if key not in finished]
         raise RunsFailed(store.name, failed, done, left_out, None if store.readonly else store.path)
     return done
 

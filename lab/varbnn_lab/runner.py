@@ -234,7 +234,7 @@ def run_experiment(
         protocol=lambda k: protocols[k[0]] if k in known else None, shard=shard, readonly=not vdist.is_main_process(),
         check=_check_record, fields=("variant", "seed"),
     )  # fmt: skip
-    if not train and not any(k in store.load() for k in runs):  # before any data is loaded (or downloaded)
+    if not train and not set(runs) & set(store.load()):  # before any data is loaded (or downloaded)
         raise nothing_saved(store, len(runs))  # an empty page (or a plotting library's error) otherwise
     data = _data(config, data_dir)
     n_train, total_steps = data["n_train"], data["total_steps"]

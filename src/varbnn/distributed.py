@@ -13,7 +13,6 @@ by its rank), so the averaged gradient also averages ``world_size`` independent 
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +20,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from varbnn._checks import as_float_in
 
 __all__ = [
     "DistributedContext",
@@ -95,9 +96,7 @@ def _setup_timeout(timeout: float | None) -> float:
             raise ValueError(f"{where} must be a positive number of seconds, got {text!r}") from None
     if timeout is None:
         return SETUP_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"{where} must be a positive, finite number of seconds, got {timeout!r}")
-    return float(timeout)
+    return as_float_in(timeout, f"{where} (seconds)", 0.0, None, low_open=True)
 
 
 def _rendezvous(rank: int, world: int, seconds: float) -> dist.Store:
@@ -162,7 +161,8 @@ def setup(
     """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
-    seconds = _setup_timeout(timeout)
+    if timeout is not None:  # a bad argument is refused in one process too; the environment is read for a rendezvous
+        _setup_timeout(timeout)
     local_rank = _env_int("LOCAL_RANK") or 0
     if device is None or device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -185,7 +185,7 @@ def setup(
         raise ValueError("backend 'nccl' needs a CUDA device; use backend='gloo' on the CPU")
     if not 0 <= env_rank < env_world:
         raise ValueError(f"environment variable RANK must be in [0, WORLD_SIZE = {env_world}), got {env_rank}")
-    store = _rendezvous(env_rank, env_world, seconds)
+    store = _rendezvous(env_rank, env_world, _setup_timeout(timeout))
     dist.init_process_group(chosen, store=store, rank=env_rank, world_size=env_world)
     return DistributedContext(env_rank, env_world, local_rank, dev, chosen)
 
