@@ -97,7 +97,7 @@ def test_in_one_process_the_other_runs_go_on_and_the_policy_can_stop_them(tmp_pa
     with failure_policy(True), pytest.raises(RunsFailed, match="stopped before 4 other"):
         execute(toy_runs(), run, other, device=CPU, commit="c")
     assert _keys(other.path) == [("a", 0)]
-    with pytest.raises(TypeError, match="fail_fast must be"):
+    with pytest.raises(TypeError, match=r"execute: fail_fast \(or None\) must be True or False"):
         execute(toy_runs(), run, other, device=CPU, commit="c", fail_fast="yes")  # type: ignore[arg-type]
 
 

@@ -102,7 +102,7 @@ def test_bad_metric_input_is_named():
         metrics.brier_score(torch.tensor([[float("nan"), 1.0]]), torch.tensor([0]))
     with pytest.raises(ValueError, match="at least one positive and one negative"):
         metrics.auroc(torch.rand(4), torch.ones(4))
-    with pytest.raises(ValueError, match="noise_std must be > 0"):
+    with pytest.raises(ValueError, match="noise_std must be a finite number > 0"):
         metrics.gaussian_log_likelihood(torch.zeros(2, 3), torch.zeros(3), -1.0)
 
 

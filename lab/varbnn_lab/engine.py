@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from varbnn._checks import as_bool
 from varbnn_lab.config import results_dir
 
 __all__ = [
@@ -439,8 +440,7 @@ def failure_policy(fail_fast: bool) -> Iterator[None]:
     """Within the block, :func:`execute` calls that do not say otherwise (``fail_fast=None``) stop at the first failed
     run (``True``) or let the other runs go on (``False``, the default outside any block). ``varbnn reproduce
     --fail-fast`` runs its experiment in ``failure_policy(True)``: every experiment's runs go through :func:`execute`."""
-    if not isinstance(fail_fast, bool):
-        raise TypeError(f"fail_fast must be True or False, got {fail_fast!r}")
+    fail_fast = as_bool(fail_fast, "fail_fast", owner="failure_policy")
     token = _FAIL_FAST.set(fail_fast)
     try:
         yield
@@ -517,8 +517,7 @@ def execute(
     are recorded already)."""
     check_workers(workers, device)
     fail_fast = _FAIL_FAST.get() if fail_fast is None else fail_fast
-    if not isinstance(fail_fast, bool):
-        raise TypeError(f"fail_fast must be True, False or None, got {fail_fast!r}")
+    fail_fast = as_bool(fail_fast, "fail_fast (or None)", owner="execute")
     done = store.load()
     again = set(redo)
     pending = [key for key in runs if key not in done or key in again]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from varbnn._checks import ArgumentTypeError, as_bool, as_float, as_float_in, as_int, check_class_labels
+from varbnn._checks import ArgumentTypeError, as_bool, as_float_in, as_int, check_class_labels
 
 __all__ = [
     "mean_and_standard_error",
@@ -302,9 +302,7 @@ def gaussian_log_likelihood(sample_means: torch.Tensor, targets: torch.Tensor, n
         if not bool((noise > 0).all()):
             raise ValueError(f"noise_std must be > 0 (and finite), got {noise_std!r}")
     else:
-        number = as_float(noise_std, "noise_std")  # a finite number: not a bool, string, NaN or inf
-        if number <= 0:
-            raise ValueError(f"noise_std must be > 0 (and finite), got {noise_std!r}")
+        number = as_float_in(noise_std, "noise_std", 0.0, None, low_open=True)
         noise = torch.tensor(number, dtype=torch.float64, device=means.device)
     log_density = torch.distributions.Normal(means, noise).log_prob(wide_targets.unsqueeze(0))
     per_point = torch.logsumexp(log_density, dim=0) - math.log(means.shape[0])

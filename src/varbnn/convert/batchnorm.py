@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from varbnn._checks import as_positive_int
 from varbnn.convert.report import ConversionWarning
 from varbnn.nn.base import BayesianModule
 
@@ -85,8 +86,7 @@ def recalibrate_batchnorm(model: nn.Module, loader: Iterable[Any], *, samples: i
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-        raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+    samples = as_positive_int(samples, "samples", owner="recalibrate_batchnorm")
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     if not norms:
         raise ValueError("model has no batch-norm layer with running statistics (track_running_stats=True) to recalibrate")
