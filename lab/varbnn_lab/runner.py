@@ -43,6 +43,7 @@ from varbnn.plots import (
 )
 from varbnn.priors import make_prior
 from varbnn.training import default_optimizer, fit, seed_everything
+from varbnn.training.checkpoint import _check_plain_data, _reason, _write_atomically
 from varbnn.training.compiled import _fit_compile_mode
 from varbnn_lab.baselines import BASELINES, DETERMINISTIC, after_training, build_baseline, members
 from varbnn_lab.config import OPTIMIZERS, ExperimentConfig, Variant, results_dir
@@ -465,8 +466,6 @@ def _model_state(model: torch.nn.Module) -> dict[str, Any] | None:
 def _load_figure_data(path: Path, variant: Variant) -> dict[str, Any]:
     """The figure data at ``path`` (:func:`_figure_data_path`), loaded with ``torch.load(weights_only=True)``: nothing
     in it is run. A file that does not load so, or is not of :data:`_FIGURE_FORMAT`, is a ``ValueError`` naming it."""
-    from varbnn.training.checkpoint import _reason
-
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -654,12 +653,10 @@ def _run_seed(
             print(f"[{config.name}] {label} seed {seed}: {summary}", file=sys.stderr)
     if figure_data and vdist.is_main_process():
         path = _figure_data_path(config, out_dir, variant, seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _check_plain_data(figure_data, "figure data")  # what weights_only=True loads back, nothing else
         buffer = io.BytesIO()
         torch.save(figure_data, buffer)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, path)
+        _write_atomically(path, buffer.getvalue())
     return {
         "variant": variant.label,
         "seed": seed,
