@@ -14,8 +14,12 @@ that no committed file holds. A paper number that no committed file holds is sta
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
+import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +51,169 @@ VERDICTS = ("yes", "partly", "no", "n/a", "not run")
 """``n/a``: a diagnostic or a measurement with no claim to reproduce; ``not run``: a seed experiment with no result."""
 
 
+VERDICT_RULE = (
+    "A claim that compares A against B over seeds (or data splits) is judged on the per-seed differences d_s = A_s - "
+    "B_s, signed so that a positive d_s goes the paper's way (for a metric where lower is better, d_s = B_s - A_s). "
+    "**yes** when d_s > 0 on a majority of the seeds and mean(d) > SE(d) = std(d, ddof=1) / sqrt(n); **no** when the "
+    "reverse holds the same way (d_s < 0 on a majority and -mean(d) > SE(d)); **partly** otherwise. A single seed has "
+    "no standard error, so one seed gives at most **partly**. A claim made of several comparisons is **yes** when "
+    "every comparison is, **no** when every one is, and **partly** otherwise; its hand-written verdict must equal "
+    "that (tests/test_verdict_rule.py). Comparisons marked as evidence only are shown but do not decide."
+)
+"""The rule every per-seed verdict follows, as the results index states it."""
+
+
+@dataclass(frozen=True)
+class SeedStats:
+    """The rule's inputs and output for one comparison: seeds, how many went the paper's way / the other way, the mean
+    difference, its standard error (NaN for one seed) and the verdict."""
+
+    n: int
+    wins: int
+    losses: int
+    mean: float
+    se: float
+    verdict: str
+
+
+def verdict_rule(diffs: Sequence[float]) -> SeedStats:
+    """:data:`VERDICT_RULE` on the per-seed differences ``diffs`` (positive: the paper's direction). Raises a
+    ValueError for no differences or a non-finite one."""
+    values = [float(d) for d in diffs]
+    if not values:
+        raise ValueError("diffs: expected at least one per-seed difference, got none")
+    if not all(math.isfinite(d) for d in values):
+        raise ValueError(f"diffs: expected finite numbers, got {values}")
+    n = len(values)
+    mean = sum(values) / n
+    wins, losses = sum(d > 0 for d in values), sum(d < 0 for d in values)
+    if n < 2:
+        return SeedStats(n, wins, losses, mean, math.nan, "partly")
+    se = math.sqrt(sum((d - mean) ** 2 for d in values) / (n - 1)) / math.sqrt(n)
+    if 2 * wins > n and mean > se:
+        verdict = "yes"
+    elif 2 * losses > n and -mean > se:
+        verdict = "no"
+    else:
+        verdict = "partly"
+    return SeedStats(n, wins, losses, mean, se, verdict)
+
+
+def combine_verdicts(verdicts: Sequence[str]) -> str:
+    """Several comparisons' verdicts as one: ``yes`` when all are, ``no`` when all are, ``partly`` otherwise."""
+    if not verdicts:
+        raise ValueError("verdicts: expected at least one verdict, got none")
+    unknown = [v for v in verdicts if v not in ("yes", "partly", "no")]
+    if unknown:
+        raise ValueError(f"verdicts: expected 'yes', 'partly' or 'no', got {unknown}")
+    if all(v == "yes" for v in verdicts):
+        return "yes"
+    if all(v == "no" for v in verdicts):
+        return "no"
+    return "partly"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A per-seed comparison a claim declares: row ``a`` against row ``b`` of the records in ``file`` (a path or glob
+    from the repository root: a runs ``.jsonl``, or a JSON whose list of records sits at ``records``, a ``/`` path; a
+    dict of lists there gives records ``{"key": k, "seed": i, "value": item}``), paired by the field ``seed``; the
+    value of a record is read at ``metric`` (see :func:`read_path`); ``better`` says which way the paper's claim goes
+    for ``a`` ("higher" or "lower"). ``decides``: False for evidence shown beside a claim whose verdict rests on
+    something else (a count over data sets, a published number)."""
+
+    label: str
+    file: str
+    a: tuple[tuple[str, Any], ...]
+    b: tuple[tuple[str, Any], ...]
+    metric: str
+    better: str = "higher"
+    seed: str = "seed"
+    records: str = ""
+    decides: bool = True
+
+    def __post_init__(self) -> None:
+        if self.better not in ("higher", "lower"):
+            raise ValueError(f"better: expected 'higher' or 'lower', got {self.better!r}")
+
+
+def read_path(value: Any, path: str) -> Any:
+    """The part of ``value`` at ``path``: ``/``-separated steps, each a dict key, a list index (``-1``: the last),
+    ``[key=v]`` (the first list element whose ``key`` equals ``v``, compared as numbers where both are) or, as the
+    last step, ``mean`` (the mean of a list of numbers)."""
+    for step in [s for s in path.split("/") if s]:
+        select = re.fullmatch(r"\[([^=\]]+)=([^\]]*)\]", step)
+        if select:
+            key, want = select.groups()
+            value = next(item for item in value if _same(item.get(key), want))
+        elif step == "mean" and isinstance(value, list):
+            value = sum(value) / len(value)
+        elif isinstance(value, list):
+            value = value[int(step)]
+        else:
+            value = value[step]
+    return value
+
+
+def _same(have: Any, want: str) -> bool:
+    try:
+        return math.isclose(float(have), float(want), rel_tol=0, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return str(have) == want
+
+
+def load_records(comparison: Comparison, root: Path | None = None) -> list[dict[str, Any]]:
+    """The records of ``comparison.file`` (every file the glob matches, in name order)."""
+    base = ROOT if root is None else root
+    paths = sorted(base.glob(comparison.file))
+    if not paths:
+        raise FileNotFoundError(f"{comparison.label}: no file matches {comparison.file}")
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        if path.suffix == ".jsonl":
+            out += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            continue
+        data = read_path(json.loads(path.read_text(encoding="utf-8")), comparison.records)
+        if isinstance(data, dict):
+            out += [{"key": k, "seed": i, "value": item} for k, items in data.items() for i, item in enumerate(items)]
+        else:
+            out += list(data)
+    return out
+
+
+def paired_values(comparison: Comparison, root: Path | None = None) -> list[tuple[Any, float, float, float]]:
+    """(seed, a's value, b's value, the signed difference) for every seed both rows have, in seed order."""
+    records = load_records(comparison, root)
+
+    def side(selector: tuple[tuple[str, Any], ...]) -> dict[Any, float]:
+        rows = [r for r in records if all(_same(r.get(k), str(v)) for k, v in selector)]
+        return {r[comparison.seed]: float(read_path(r, comparison.metric)) for r in rows}
+
+    a, b = side(comparison.a), side(comparison.b)
+    seeds = sorted(set(a) & set(b), key=lambda s: (str(type(s)), s))
+    if not seeds:
+        raise ValueError(f"{comparison.label}: rows a and b share no {comparison.seed!r} in {comparison.file}")
+    sign = 1.0 if comparison.better == "higher" else -1.0
+    return [(s, a[s], b[s], sign * (a[s] - b[s])) for s in seeds]
+
+
+def compare(comparison: Comparison, root: Path | None = None) -> SeedStats:
+    """:func:`verdict_rule` on ``comparison``'s per-seed differences."""
+    return verdict_rule([d for *_, d in paired_values(comparison, root)])
+
+
+
 @dataclass(frozen=True)
 class Claim:
     """One seed experiment: its folder under ``benchmarks/results/`` (None: not run), the paper (a key of
-    :data:`PAPERS`), what the paper claims, varbnn's result, the verdict (one of :data:`VERDICTS`), why, and the
-    committed files (paths from the repository root) that hold every number of the four texts."""
+    :data:`PAPERS`), what the paper claims, varbnn's result, the verdict (one of :data:`VERDICTS`), why, the committed
+    files (paths from the repository root) that hold every number of the texts, and the per-seed comparisons
+    (:class:`Comparison`) its verdict rests on, judged by :data:`VERDICT_RULE`.
+
+    The numbers of ``claim`` (the paper's or the issue's, quoted) may come from any source; every number of
+    ``result`` and ``why`` must be one that ``claim`` states, one of a data file among the sources (``.json``,
+    ``.jsonl``, ``.csv``: what a committed command wrote; a ``.py`` source holds published reference values) or one
+    the comparisons compute, never one only a Markdown page holds."""
 
     folder: str | None
     title: str
@@ -61,6 +223,13 @@ class Claim:
     verdict: str
     why: str
     sources: tuple[str, ...]
+    comparisons: tuple[Comparison, ...] = ()
+
+
+def rule_verdict(claim: Claim) -> str | None:
+    """The verdict the rule gives ``claim`` from its deciding comparisons (None: it declares none)."""
+    deciding = [c for c in claim.comparisons if c.decides]
+    return combine_verdicts([compare(c).verdict for c in deciding]) if deciding else None
 
 
 J = "benchmarks/results/README.md"  # the journal: the headline of every result
@@ -75,16 +244,36 @@ CLAIMS: tuple[Claim, ...] = (
         claim="Table 1 (TIMIT, an LSTM network): Gaussian posteriors beat delta posteriors and the fully adaptive one "
         "(adaptive weight noise) scores best; L2 is no better than maximum likelihood; adaptive L1 and L2 fail because "
         "their priors become excessively narrow (b = 0.002 for L1); adaptive weight noise compresses the training "
-        "targets to 0.29 of a uniform code.",
-        result="MLP 784-150-150-10, 30 epochs, test error of the mode: weight noise 1.76%, adaptive-mean L2 1.92%, "
+        "targets to 0.29 of a uniform code. The paper trains 384 epochs.",
+        result="MLP with two hidden layers of 150 units, one seed, 30 epochs, test error of the mode: weight noise 1.76%, "
+        "adaptive-mean L2 1.92%, "
         "L2 1.95%, maximum likelihood 2.15%, adaptive weight noise 2.62%, adaptive-prior weight noise 3.26%; adaptive "
         "L1 / L2 collapse (15.6% / 18.8%; b = 0.0021); adaptive weight noise compresses the targets to 0.12 of a "
         "uniform code.",
         verdict="partly",
-        why="The collapse of the adaptive L1 / L2 priors and its cause reproduce; the ranking does not: within 30 "
-        "epochs (the paper trains 384) fixed weight noise is best and adaptive weight noise trails L2 and maximum "
-        "likelihood. MNIST replaces TIMIT, whose data cannot be had here.",
+        why="Only the collapse of the adaptive L1 / L2 priors and its cause reproduce; the ranking does not: fixed "
+        "weight noise is best and adaptive weight noise trails L2 and maximum likelihood. One seed and 30 epochs "
+        "against the paper's 384, so by the verdict rule no comparison can be more than partly. MNIST replaces TIMIT, "
+        "whose data cannot be had here.",
         sources=(J, R + "graves-mnist/graves-mnist.md"),
+        comparisons=(
+        Comparison(
+            "adaptive weight noise vs maximum likelihood, test error of the mode",
+            R + "graves-mnist/graves-mnist_runs.jsonl",
+            (("variant", "adaptive weight noise"),),
+            (("variant", "maximum likelihood"),),
+            "test_error_mode",
+            better="lower",
+        ),
+        Comparison(
+            "weight noise vs maximum likelihood, test error of the mode",
+            R + "graves-mnist/graves-mnist_runs.jsonl",
+            (("variant", "weight noise"),),
+            (("variant", "maximum likelihood"),),
+            "test_error_mode",
+            better="lower",
+        ),
+        ),
     ),
     Claim(
         folder="graves-prune",
@@ -98,7 +287,8 @@ CLAIMS: tuple[Claim, ...] = (
         "10.40%.",
         verdict="partly",
         why="The shape reproduces: the error moves by at most 0.05 points up to lambda = 0.5 and jumps after, and "
-        "retraining beats the unpruned network at lambda = 0.2. The rest does not: in the paper retraining never "
+        "retraining beats the unpruned network at lambda = 0.2. One seed, and the retraining here is at most 2 epochs, "
+        "far shorter than the paper's. The rest does not: in the paper retraining never "
         "raises the error by much and lowers it at lambda = 0.5 and 2, while here 2 epochs of retraining under the "
         "adaptive prior more than double it at lambda = 0.5 and 0.83 (the 'safe' threshold); far fewer weights are "
         "kept at lambda = 0.5 (8.0%).",
@@ -139,10 +329,20 @@ CLAIMS: tuple[Claim, ...] = (
         "after task 5 >= 0.97 and above mean-field's).",
         result="Mean accuracy over the 5 heads after task 5, 5 seeds: radial 0.977 ± 0.001, mean-field 0.984 ± 0.001; "
         "single-head: both forget (0.25 vs 0.28).",
-        verdict="partly",
-        why="Radial reaches 0.97 but is not above mean-field. The paper tuned both families by a grid search; here one "
+        verdict="no",
+        why="Radial reaches 0.97, but mean-field is above it on 5 of 5 seeds (radial minus mean-field -0.0073 ± 0.0012 "
+        "per seed): the reverse of the paper's figure. The paper tuned both families by a grid search; here one "
         "setting each ran (the paper's tuned epochs). vcl-split-fmnist-search and -selected give both the same grid.",
         sources=(J,),
+        comparisons=(
+        Comparison(
+            "radial vs mean-field, multi-head: mean accuracy over the 5 heads after task 5",
+            R + "vcl-split-fmnist/vcl-split-fmnist_runs.jsonl",
+            (("variant", "radial, multi-head"),),
+            (("variant", "mean-field, multi-head"),),
+            "accuracy/-1/mean",
+        ),
+        ),
     ),
     Claim(
         folder="vcl-split-fmnist-search",
@@ -172,6 +372,15 @@ CLAIMS: tuple[Claim, ...] = (
         "(not significant); radial keeps head 1 better (0.9919 vs 0.9875), mean-field heads 2, 4 and 5 (0.9546, 0.9974, 0.9933 vs 0.9494, 0.9962, 0.9876; head 3 level). Both beat the "
         "one-setting run of vcl-split-fmnist.",
         sources=(R + "vcl-split-fmnist-selected/vcl-split-fmnist-selected.md",),
+        comparisons=(
+        Comparison(
+            "radial vs mean-field at their selected settings: mean accuracy over the 5 heads after task 5",
+            R + "vcl-split-fmnist-selected/vcl-split-fmnist-selected_runs.jsonl",
+            (("variant", "radial, lr 0.001, 60 epochs, init default"),),
+            (("variant", "mean-field, lr 0.001, 20 epochs, init default"),),
+            "accuracy/-1/mean",
+        ),
+        ),
     ),
     Claim(
         folder="retina-referral",
@@ -180,12 +389,58 @@ CLAIMS: tuple[Claim, ...] = (
         claim="Figure 7 (diabetic retinopathy): referring the most uncertain test points raises the AUROC on the rest, "
         "more for radial than for mean-field (the issue's goal: radial at or above mean-field at every fraction "
         "referred).",
-        result="RetinaMNIST stand-in, 5 seeds, AUROC at 0 / 20 / 50% referred: radial 0.780 / 0.783 / 0.793, "
+        result="RetinaMNIST stand-in, 5 seeds, AUROC at 0% / 20% / 50% referred: radial 0.780 / 0.783 / 0.793, "
         "mean-field 0.782 / 0.776 / 0.734.",
         verdict="partly",
-        why="Radial is above from 20% referred on, and within one standard error below at 0-10%. The 28x28 "
+        why="Per fraction referred, by the verdict rule: radial is clearly above mean-field from 30% on (on 3, 3 and 5 "
+        "of 5 seeds, mean differences +0.021, +0.045 and +0.059 at 30%, 40% and 50%), not at 20% (3 of 5 seeds, +0.007 ± "
+        "0.017, within one standard error) and level at 0-10% (2 of 5 seeds). The 28x28 "
         "RetinaMNIST images stand in for the paper's retinopathy data, which cannot be had here.",
-        sources=(J, "lab/varbnn_lab/retina.py"),
+        sources=(J, "lab/varbnn_lab/retina.py", R + "retina-referral/retina-referral.json"),
+        comparisons=(
+        Comparison(
+            "radial vs mean-field, AUROC at 0% referred",
+            R + "retina-referral/retina-referral_runs.shard*.jsonl",
+            (("family", "radial"),),
+            (("family", "meanfield"),),
+            "referral/[referred=0.0]/auroc",
+        ),
+        Comparison(
+            "radial vs mean-field, AUROC at 10% referred",
+            R + "retina-referral/retina-referral_runs.shard*.jsonl",
+            (("family", "radial"),),
+            (("family", "meanfield"),),
+            "referral/[referred=0.1]/auroc",
+        ),
+        Comparison(
+            "radial vs mean-field, AUROC at 20% referred",
+            R + "retina-referral/retina-referral_runs.shard*.jsonl",
+            (("family", "radial"),),
+            (("family", "meanfield"),),
+            "referral/[referred=0.2]/auroc",
+        ),
+        Comparison(
+            "radial vs mean-field, AUROC at 30% referred",
+            R + "retina-referral/retina-referral_runs.shard*.jsonl",
+            (("family", "radial"),),
+            (("family", "meanfield"),),
+            "referral/[referred=0.3]/auroc",
+        ),
+        Comparison(
+            "radial vs mean-field, AUROC at 40% referred",
+            R + "retina-referral/retina-referral_runs.shard*.jsonl",
+            (("family", "radial"),),
+            (("family", "meanfield"),),
+            "referral/[referred=0.4]/auroc",
+        ),
+        Comparison(
+            "radial vs mean-field, AUROC at 50% referred",
+            R + "retina-referral/retina-referral_runs.shard*.jsonl",
+            (("family", "radial"),),
+            (("family", "meanfield"),),
+            "referral/[referred=0.5]/auroc",
+        ),
+        ),
     ),
     Claim(
         folder="retina-robustness",
@@ -209,14 +464,35 @@ CLAIMS: tuple[Claim, ...] = (
         claim="Figure 6 (MNIST MLP): the 2-tied Normal reaches the mean-field accuracy (96.8% both) with about half "
         "the parameters, its gradients have a far higher signal-to-noise ratio early in training, and it converges "
         "faster in -ELBO.",
-        result="25 epochs, 3 seeds: parameters 956,820 (mean-field) vs 484,008 (2-tied, 50.6%); validation -ELBO at "
+        result="25 epochs, 3 seeds: parameters 956,820 (mean-field) vs 484,008 (2-tied); validation -ELBO at "
         "step 5000: 13.9 vs 2.45; test accuracy 98.2% vs 95.7%; gradient SNR at step 1000: 5,362 vs 265.",
         verdict="partly",
-        why="Half the parameters and the faster -ELBO convergence reproduce. Accuracy: after 25 epochs (the paper "
-        "trains ~300) mean-field is still far from its ELBO optimum (KL/N = 6.6 nats) and more accurate. SNR: with "
-        "this KL schedule the exact KL gradient dominates each mean-field std's gradient, so its SNR is the higher "
-        "(ktied-snr-anneal tests this).",
+        why="Half the parameters and the faster -ELBO convergence reproduce (2-tied lower on 3 of 3 seeds). Accuracy: "
+        "after 25 epochs mean-field is still far from its ELBO optimum (KL/N = 6.6 nats) and more accurate. SNR: "
+        "mean-field's is the higher on 3 of 3 seeds. That it comes from the KL weight of this short schedule is "
+        "refuted by ktied-snr-anneal (the paper's schedule, mean-field still higher); why mean-field's SNR is orders "
+        "of magnitude above the paper's is not explained (the suspect: the SNR averaged per element of the std "
+        "tensor, not the paper's measure).",
         sources=(J,),
+        comparisons=(
+        Comparison(
+            "2-tied vs mean-field, gradient SNR at step 1000",
+            R + "ktied-mnist/ktied-mnist.json",
+            (("key", "2-tied"),),
+            (("key", "mean-field"),),
+            "value/[step=1000]/snr",
+            records="traces",
+        ),
+        Comparison(
+            "2-tied vs mean-field, validation -ELBO at step 5000",
+            R + "ktied-mnist/ktied-mnist.json",
+            (("key", "2-tied"),),
+            (("key", "mean-field"),),
+            "value/[step=5000]/val_nelbo",
+            better="lower",
+            records="traces",
+        ),
+        ),
     ),
     Claim(
         folder="ktied-snr-anneal",
@@ -228,9 +504,30 @@ CLAIMS: tuple[Claim, ...] = (
         "parameters; validation -ELBO at step 5000: 10.28 vs 25.77; SNR at step 1000: 1247 vs 4516.",
         verdict="partly",
         why="Under the paper's schedule 2-tied matches mean-field's accuracy with half the parameters and has the lower "
-        "validation -ELBO, but mean-field's SNR at step 1000 stays the higher: the SNR claim does not reproduce on "
-        "the MLP.",
+        "validation -ELBO (3 of 3 seeds), but mean-field's SNR at step 1000 stays the higher (3 of 3 seeds): the SNR "
+        "claim does not reproduce on the MLP, and this run refutes the explanation that ktied-mnist's short KL "
+        "schedule causes it. Mean-field's SNR here is orders of magnitude above the paper's mean-field value and is "
+        "not explained; the suspect is the measure (E[g]^2/Var[g] averaged per element of the std tensor).",
         sources=(R + "ktied-snr-anneal/ktied-snr-anneal.md",),
+        comparisons=(
+        Comparison(
+            "2-tied vs mean-field, gradient SNR at step 1000",
+            R + "ktied-snr-anneal/ktied-snr-anneal.json",
+            (("key", "2-tied"),),
+            (("key", "mean-field"),),
+            "value/[step=1000]/snr",
+            records="traces",
+        ),
+        Comparison(
+            "2-tied vs mean-field, validation -ELBO at step 5000",
+            R + "ktied-snr-anneal/ktied-snr-anneal.json",
+            (("key", "2-tied"),),
+            (("key", "mean-field"),),
+            "value/[step=5000]/val_nelbo",
+            better="lower",
+            records="traces",
+        ),
+        ),
     ),
     Claim(
         folder="ktied-posthoc",
@@ -238,8 +535,9 @@ CLAIMS: tuple[Claim, ...] = (
         paper="ktied",
         claim="The std matrices of a trained mean-field network are close to low rank; replacing them by their rank-1 "
         "or rank-2 approximation costs little.",
-        result="The first singular value carries 94-98% of each std matrix's variance (of the means: 18-27%); stds "
-        "replaced by rank 2: accuracy 98.06% vs 98.08% (full), test -ELBO 4.55 vs 4.63; rank 1: 97.6%.",
+        result="The first singular value carries most of each std matrix's variance and far less of the means' (read "
+        "from the committed figure only: no data file holds these shares); stds replaced by rank 2: accuracy 98.06% vs "
+        "98.08% (full), test -ELBO 4.55 vs 4.63; rank 1: 97.6%.",
         verdict="yes",
         why="As in the paper, on the MNIST MLP (the paper also shows a CNN and an LSTM).",
         sources=(J,),
@@ -258,6 +556,26 @@ CLAIMS: tuple[Claim, ...] = (
         "paper's LSTM also loses some accuracy with k-tied); here the SNR is the higher for 2-tied, unlike on the MLP. "
         "MNIST rows stand in for IMDB, which cannot be had here.",
         sources=(R + "ktied-lstm/ktied-lstm.md",),
+        comparisons=(
+        Comparison(
+            "2-tied vs mean-field, validation -ELBO at step 5000",
+            R + "ktied-lstm/ktied-lstm.json",
+            (("key", "2-tied"),),
+            (("key", "mean-field"),),
+            "value/[step=5000]/val_nelbo",
+            better="lower",
+            records="traces",
+        ),
+        Comparison(
+            "2-tied vs mean-field, recurrent kernel's gradient SNR at step 1000",
+            R + "ktied-lstm/ktied-lstm.json",
+            (("key", "2-tied"),),
+            (("key", "mean-field"),),
+            "value/[step=1000]/snr",
+            records="traces",
+            decides=False,
+        ),
+        ),
     ),
     Claim(
         folder=None,
@@ -427,10 +745,15 @@ CLAIMS: tuple[Claim, ...] = (
         "0.05, RDP 4.36, 2-tied 4.31, mean-field 4.20, radial 4.16; 4.46, 5.39 (3.80, 5.63). protein: MAP -2.962, radial "
         "-2.964, mean-field -2.967, 2-tied -2.974, RDP -2.978; -2.960, -2.878 (-2.84, -2.83).",
         verdict="no",
-        why="The goals are not met: the best family is above the best-of-four reference on 2 of 9 sets (energy by MAP, "
-        "0.22; naval, where every family is above 3.80) against 6 asked, above the deep-ensemble paper on 1 of 9 "
-        "(energy) against 4, and RDP is at or above mean-field on 3 of 9 (boston by 0.01 and wine by 0.001, within a "
-        "standard error, naval by 0.16) against 5. On kin8nm, naval and protein every variant is bound by the "
+        why="The goals are not met. The best column is above the best-of-four reference on 2 of 9 sets, but on both "
+        "(energy, naval) the best column is MAP, a point estimate and no Bayesian win: the Bayesian families are "
+        "above it on 1 of 9 (naval, where every family is above 3.80; best RDP 4.36) against 6 asked, and above the "
+        "deep-ensemble paper on 1 of 9 (energy: radial -1.37 against -1.38, MAP -0.84) against 4. RDP is at or above "
+        "mean-field on 3 of 9 set means (boston by 0.01 and wine by 0.001, naval by 0.16) against 5; per split (the "
+        "per-seed table) that is clear only on naval (16 of 20 splits), level on boston and wine, and RDP is below "
+        "on the other six. The paper's own RDP column is not compared: its log-likelihood log-sum-exps over test "
+        "points, not weight draws (lab/varbnn_lab/uci.py), and no committed file holds it. "
+        "On kin8nm, naval and protein every variant is bound by the "
         "10,000-step cap (the same budget for every family), and on power and protein every family is within 0.03 "
         "of the others and 0.03-0.12 below the references. The baselines do better: MC dropout is above every family "
         "on yacht (by 0.57), concrete (0.04), power (0.005), wine and protein (0.002 each), and the 5-member ensemble is the best column on six sets. On yacht the "
@@ -441,7 +764,90 @@ CLAIMS: tuple[Claim, ...] = (
         "mean-field's, the score correction does not change it, and with one concentration per group "
         "(shared_concentration=False, an option beyond the paper) the same run ends 0.15 nats below mean-field's "
         "(-1.77 against -1.62); on concrete split 0 the validation-chosen values are within 0.02 nats either way.",
-        sources=(J, R + "uci-learned/uci-learned.md", R + "uci-learned/rdp-trace.md"),
+        sources=(J, R + "uci-learned/uci-learned.md", R + "uci-learned/rdp-trace.md", "lab/varbnn_lab/pages/uci.py"),
+        comparisons=(
+        Comparison(
+            "RDP vs mean-field, test LL on yacht (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "yacht"), ("variant", "RDP (double)")),
+            (("dataset", "yacht"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on bostonHousing (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "bostonHousing"), ("variant", "RDP (double)")),
+            (("dataset", "bostonHousing"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on energy (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "energy"), ("variant", "RDP (double)")),
+            (("dataset", "energy"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on concrete (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "concrete"), ("variant", "RDP (double)")),
+            (("dataset", "concrete"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on wine-quality-red (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "wine-quality-red"), ("variant", "RDP (double)")),
+            (("dataset", "wine-quality-red"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on kin8nm (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "kin8nm"), ("variant", "RDP (double)")),
+            (("dataset", "kin8nm"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on power-plant (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "power-plant"), ("variant", "RDP (double)")),
+            (("dataset", "power-plant"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on naval-propulsion-plant (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "naval-propulsion-plant"), ("variant", "RDP (double)")),
+            (("dataset", "naval-propulsion-plant"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        Comparison(
+            "RDP vs mean-field, test LL on protein-tertiary-structure (per split)",
+            R + "uci-learned/uci-learned_runs.jsonl",
+            (("dataset", "protein-tertiary-structure"), ("variant", "RDP (double)")),
+            (("dataset", "protein-tertiary-structure"), ("variant", "mean-field")),
+            "ll",
+            seed="split",
+            decides=False,
+        ),
+        ),
     ),
     # --- varbnn's own --------------------------------------------------------------------------------------------
     Claim(
@@ -463,10 +869,12 @@ CLAIMS: tuple[Claim, ...] = (
         "than the plain network.",
         result="288 runs (every family, KL weights 1-0.01, two mean initialisations, three small tasks, seeds 0-1): at "
         "its defaults every family's validation NLL is 0.69-0.79 of the plain net's.",
-        verdict="yes",
-        why="The selection rule (lowest mean validation NLL ratio) was stated before the runs. Radial needed a "
+        verdict="partly",
+        why="On the three small tasks the claim holds; on LeNet-5 it does not carry over, so partly (the verdict rule on "
+        "the LeNet-5 check: no family at its defaults beats the plain net's validation NLL on both seeds, Delta is "
+        "worse on both). The selection rule (lowest mean validation NLL ratio) was stated before the runs. Radial needed a "
         "per-element initial std: with sigma = 1e-2 it had no epistemic uncertainty. The check on LeNet-5 (variant "
-        "lenet5/: 10 epochs on 10,000 Fashion-MNIST images, 2 seeds) does not carry the claim over: at the defaults the "
+        "lenet5/: 10 epochs on Fashion-MNIST, 2 seeds) does not carry the claim over: at the defaults the "
         "validation NLL ratio is 0.975-1.030 and every family's ECE is above the plain net's (+0.001 to +0.011); no KL "
         "weight from 1 to 0.01 makes KTied, RDP or Delta clearly better than the plain net. The extra ECE is "
         "underconfidence (variant lenet5-gap, seed 0: mean confidence minus accuracy -0.010 to -0.018 for the Bayesian "
@@ -476,6 +884,53 @@ CLAIMS: tuple[Claim, ...] = (
         "KTied at 1e-3 beats the plain net on both (0.978, -0.000) with mutual information 0.0007.",
         sources=(J, R + "defaults/lenet5/defaults.md", R + "defaults/lenet5-gap/defaults.md",
                  R + "defaults/lenet5-init-std/defaults.md"),
+        comparisons=(
+        Comparison(
+            "meanfield at its defaults vs plain, LeNet-5 validation NLL",
+            R + "defaults/lenet5-init-std/defaults.json",
+            (("family", "meanfield"),),
+            (("family", "plain"),),
+            "nll",
+            better="lower",
+            records="records",
+        ),
+        Comparison(
+            "radial-element at its defaults vs plain, LeNet-5 validation NLL",
+            R + "defaults/lenet5-init-std/defaults.json",
+            (("family", "radial-element"),),
+            (("family", "plain"),),
+            "nll",
+            better="lower",
+            records="records",
+        ),
+        Comparison(
+            "ktied at its defaults vs plain, LeNet-5 validation NLL",
+            R + "defaults/lenet5-init-std/defaults.json",
+            (("family", "ktied"),),
+            (("family", "plain"),),
+            "nll",
+            better="lower",
+            records="records",
+        ),
+        Comparison(
+            "rdp at its defaults vs plain, LeNet-5 validation NLL",
+            R + "defaults/lenet5-init-std/defaults.json",
+            (("family", "rdp"),),
+            (("family", "plain"),),
+            "nll",
+            better="lower",
+            records="records",
+        ),
+        Comparison(
+            "delta at its defaults vs plain, LeNet-5 validation NLL",
+            R + "defaults/lenet5-init-std/defaults.json",
+            (("family", "delta"),),
+            (("family", "plain"),),
+            "nll",
+            better="lower",
+            records="records",
+        ),
+        ),
     ),
     Claim(
         folder="conversion-defaults",
@@ -678,14 +1133,122 @@ CLAIMS: tuple[Claim, ...] = (
         "0.0025; MeanField 0.0267 / 0.0016; Radial 0.0306, KTied 0.0340, RDP 0.0317, Delta 0.0306; temperature "
         "scaling 0.0297, MC dropout 0.0256, ensemble 0.0214. OOD AUROC (entropy): MeanField 0.9930, plain 0.9878, "
         "ensemble 0.9931.",
-        verdict="no",
-        why="At 20 epochs, on the means of 3 seeds, goal (a) holds (every family below the overfit plain network on "
-        "NLL and ECE), (b) does not (KTied's NLL above MC dropout's; the best family differs per seed: KTied 0.0211, "
-        "RDP 0.0247, MeanField 0.0229, each below MC dropout's on its own seed) and (c) does not (KTied 1.36 x the "
-        "ensemble's NLL at 0.28 x its training time). "
+        verdict="partly",
+        why="At 20 epochs, by the verdict rule on the 3 seeds: goal (a) holds on NLL for every family and on ECE for "
+        "all but Delta (its ECE below plain's on 2 of 3 seeds, within one standard error); 'every family below plain' "
+        "holds on the 3-seed means only: on seed 1 MeanField's NLL 0.0336 and Delta's 0.0335 are above plain's 0.0323. "
+        "(b) does not hold: KTied (the best family on the means) is below MC dropout's NLL on 1 of 3 seeds, and the "
+        "best family of each seed (KTied 0.0211, RDP 0.0247, MeanField 0.0229) is below MC dropout's on seeds 0 and 2 "
+        "but not on seed 1 (RDP 0.0247 against 0.0221); KTied is above MC dropout on OOD AUROC on 3 of 3 seeds. (c) "
+        "does not hold (KTied 1.36 x the ensemble's NLL at 0.28 x its training time). "
         "At 5 epochs only MeanField beats the plain network on both NLL and ECE: the plain network is hardly overfit "
         "(ECE 0.0025) and temperature scaling makes its test NLL worse.",
         sources=(J, R + "uncertainty-mnist/uncertainty-mnist.md", R + "uncertainty-mnist/20-epochs/uncertainty-mnist.md"),
+        comparisons=(
+        Comparison(
+            "KTied vs plain, NLL (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "KTied"),),
+            (("variant", "plain"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "KTied vs plain, ECE (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "KTied"),),
+            (("variant", "plain"),),
+            "scores/0/1/ece",
+            better="lower",
+        ),
+        Comparison(
+            "RDP vs plain, NLL (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "RDP"),),
+            (("variant", "plain"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "RDP vs plain, ECE (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "RDP"),),
+            (("variant", "plain"),),
+            "scores/0/1/ece",
+            better="lower",
+        ),
+        Comparison(
+            "Radial vs plain, NLL (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "Radial"),),
+            (("variant", "plain"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "Radial vs plain, ECE (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "Radial"),),
+            (("variant", "plain"),),
+            "scores/0/1/ece",
+            better="lower",
+        ),
+        Comparison(
+            "MeanField vs plain, NLL (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "MeanField"),),
+            (("variant", "plain"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "MeanField vs plain, ECE (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "MeanField"),),
+            (("variant", "plain"),),
+            "scores/0/1/ece",
+            better="lower",
+        ),
+        Comparison(
+            "Delta (MAP) vs plain, NLL (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "Delta (MAP)"),),
+            (("variant", "plain"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "Delta (MAP) vs plain, ECE (goal a)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "Delta (MAP)"),),
+            (("variant", "plain"),),
+            "scores/0/1/ece",
+            better="lower",
+        ),
+        Comparison(
+            "KTied (the best family on the means) vs MC dropout, NLL (goal b)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "KTied"),),
+            (("variant", "MC dropout (p = 0.1)"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "KTied vs plain + temperature scaling, NLL (goal b)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "KTied"),),
+            (("variant", "plain + temperature scaling"),),
+            "scores/0/1/nll",
+            better="lower",
+        ),
+        Comparison(
+            "KTied vs MC dropout, OOD AUROC (entropy) (goal b)",
+            R + "uncertainty-mnist/20-epochs/uncertainty-mnist_runs.jsonl",
+            (("variant", "KTied"),),
+            (("variant", "MC dropout (p = 0.1)"),),
+            "scores/0/1/ood_auroc_entropy",
+        ),
+        ),
     ),
     Claim(
         folder="uncertainty-fmnist",
@@ -752,11 +1315,266 @@ CLAIMS: tuple[Claim, ...] = (
     ),
 )
 
+
+NOT_ATTEMPTED: tuple[tuple[str, str], ...] = (
+    ("graves", "Table 1 and 2 on TIMIT with the paper's LSTM (phoneme error rates): the TIMIT corpus is licensed and "
+     "not available offline here; MNIST and a row LSTM stand in (graves-mnist, graves-prune; the LSTM configs are not "
+     "run)."),
+    ("radial", "Figure 7 on the Kaggle diabetic-retinopathy images (256x256): that data cannot be had here; the "
+     "retina pages use RetinaMNIST (MedMNIST's 28x28 fundus images, 1,080 training images), a real but far smaller "
+     "stand-in, so neither the paper's AUROC levels nor its network size are compared."),
+    ("ktied", "The CIFAR-10/100 CNN and ResNet-18 results and the IMDB LSTM: the datasets are not available offline "
+     "here and the CIFAR runs are GPU-sized; ktied-lstm puts MNIST rows through an LSTM instead of IMDB reviews."),
+    ("rdp", "The Year Prediction MSD set of Table 1 (varbnn's UCI loader and its offline data do not hold "
+     "it, and it is by far the largest set) and the "
+     "claim that RDP beats VMG and the other baselines on UCI: the published RDP column's log-likelihood log-sum-exps "
+     "over test points instead of weight draws (lab/varbnn_lab/uci.py), so its numbers are not comparable and are "
+     "not compared; the uci pages compare with the best of VI/PBP/Dropout/VMG instead."),
+)
+"""The seed papers' claims not attempted, with the reason (rendered on the results index)."""
+
 NO_JSON = frozenset({"profiles"})
 """Folders without a result JSON (text profiles and their README): rendered, but exempt from the JSON rule."""
 
 _LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+# --- staleness -------------------------------------------------------------------------------------------------------
+
+
+LIBRARY_PATHS = (
+    "src/varbnn/families",
+    "src/varbnn/nn",
+    "src/varbnn/objectives.py",
+    "src/varbnn/divergence.py",
+    "src/varbnn/training",
+    "src/varbnn/train.py",
+    "src/varbnn/priors.py",
+    "src/varbnn/distributions",
+    "src/varbnn/optim",
+)
+"""The library code a result depends on. A folder's page is stale when a commit not in its runs' history (one that
+came after them) changed a file under these paths, or when a run's commit is marked ``+dirty`` (its code is
+unknown). Changes elsewhere (the lab, the CLI, plots, docs) do not count: they change how a run is set up or shown,
+and its record names its own protocol."""
+
+STALE_RULE = (
+    "A page is **stale** when the library code its numbers came from has changed since: some commit after the runs' "
+    "commit (one not among that commit's ancestors) changed a file under " + ", ".join(f"`{p}`" for p in LIBRARY_PATHS)
+    + ", or a run's commit is marked `+dirty` (its code is unknown). The runs' commits are those the folder's run "
+    "records name (the runs files, the JSON's `run_commits` and `records`), else the JSON's own `commit`; `history/` "
+    "is left out. Stale means \"rerun to be sure\", not \"wrong\"."
+)
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """A folder's runs' commits (short hashes, ``+dirty`` kept), whether it is stale, the first library commit after
+    them (None: not stale, or stale by a dirty commit only), and the commits git does not know (shallow history)."""
+
+    commits: tuple[str, ...]
+    stale: bool
+    since: str | None
+    unknown: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _History:
+    order: dict[str, int]  # full hash -> position in `git rev-list HEAD` (0: HEAD)
+    parents: dict[str, tuple[str, ...]]
+    touching: tuple[str, ...]  # commits that changed LIBRARY_PATHS, newest first
+
+
+_HISTORY: dict[Path, _History | None] = {}
+
+
+def git_history(root: Path | None = None) -> _History | None:
+    """The commit graph of HEAD and the commits that changed :data:`LIBRARY_PATHS` (two git calls, cached per
+    repository; None without git or outside a repository)."""
+    root = ROOT if root is None else root
+    if root in _HISTORY:
+        return _HISTORY[root]
+    history: _History | None = None
+    try:
+        graph = subprocess.run(["git", "rev-list", "--parents", "HEAD"], cwd=root, capture_output=True, text=True,
+                               check=True, timeout=30).stdout.split("\n")  # fmt: skip
+        touching = subprocess.run(["git", "log", "--full-history", "--no-merges", "--format=%H", "HEAD", "--",
+                                   *LIBRARY_PATHS], cwd=root, capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.split()  # fmt: skip
+        order, parents = {}, {}
+        for i, line in enumerate(row for row in graph if row.strip()):
+            commit, *rest = line.split()
+            order[commit], parents[commit] = i, tuple(rest)
+        history = _History(order, parents, tuple(touching))
+    except (OSError, subprocess.SubprocessError):
+        history = None
+    _HISTORY[root] = history
+    return history
+
+
+def _ancestors(history: _History, commit: str) -> set[str]:
+    seen, todo = set(), [commit]
+    while todo:
+        c = todo.pop()
+        if c not in seen:
+            seen.add(c)
+            todo += history.parents.get(c, ())
+    return seen
+
+
+def run_commits(folder: Path) -> list[str]:
+    """The commits a results folder's runs name: every ``commit`` of its runs files (``*runs*.jsonl``) and of its
+    JSONs' ``records``, and their ``run_commits``; where there are none, the JSONs' own ``commit``. ``history/`` is
+    left out."""
+    runs: set[str] = set()
+    own: set[str] = set()
+    for path in sorted(folder.rglob("*.json*")):
+        if "history" in path.relative_to(folder).parts or path.suffix not in (".json", ".jsonl"):
+            continue
+        try:
+            if path.suffix == ".jsonl":
+                runs |= {str(r["commit"]) for r in _jsonl(path) if isinstance(r, dict) and r.get("commit")}
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        if data.get("commit"):
+            own.add(str(data["commit"]))
+        runs |= {str(c) for c in (data.get("run_commits") or [])}
+        records = data.get("records")
+        if isinstance(records, list):
+            runs |= {str(r["commit"]) for r in records if isinstance(r, dict) and r.get("commit")}
+    return sorted(runs or own)
+
+
+def _jsonl(path: Path) -> list[Any]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def staleness(commits: Sequence[str], root: Path | None = None) -> Staleness | None:
+    """Whether results run at ``commits`` are stale under :data:`STALE_RULE` (None without git)."""
+    history = git_history(root)
+    if history is None:
+        return None
+    short = tuple(sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "") for c in commits}))
+    dirty = any(c.endswith("+dirty") for c in commits)
+    later: set[str] = set()
+    unknown = []
+    for commit in {c.removesuffix("+dirty") for c in commits}:
+        full = [h for h in history.order if h.startswith(commit)] if len(commit) >= 7 else []
+        if len(full) != 1:
+            unknown.append(commit[:7])
+            continue
+        ancestors = _ancestors(history, full[0])
+        later |= {t for t in history.touching if t not in ancestors}
+    since = max(later, key=lambda c: history.order[c])[:7] if later else None  # the oldest of them
+    return Staleness(short, bool(later) or dirty, since, tuple(sorted(unknown)))
+
+
+def folder_staleness(folder: str) -> Staleness | None:
+    """:func:`staleness` of a results folder's :func:`run_commits` (None without git, or without commits)."""
+    commits = run_commits(RESULTS / folder)
+    return staleness(commits) if commits else None
+
+
+def stale_runs(folder: str) -> list[str]:
+    """The ``stale_runs`` entries of the folder's result JSONs (written by the runner beside ``code_hash``), as
+    ``file: entry`` lines."""
+    out = []
+    for path in sorted((RESULTS / folder).rglob("*.json")):
+        if "history" in path.relative_to(RESULTS / folder).parts:
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("stale_runs"):
+            entries = data["stale_runs"]
+            items = entries if isinstance(entries, list) else [entries]
+            out += [f"{path.relative_to(RESULTS).as_posix()}: {json.dumps(e) if not isinstance(e, str) else e}" for e in items]
+    return out
+
+
+# --- numbers of the claims --------------------------------------------------------------------------------------------
+
+
+DATA_SUFFIXES = (".json", ".jsonl", ".csv")
+"""The files a claim's measured numbers must come from: what a committed command wrote, never a hand-written page."""
+
+_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+_REFERENCE = re.compile(r"\b(?:issues?|[Tt]ables?|[Ff]igures?|[Ff]ig\.|sections?|[Ee]q\.)\s+\d+(?:\s*(?:-|and|,)\s*\d+)*")
+
+
+def claim_numbers(text: str) -> list[tuple[str, bool]]:
+    """The numbers written in a claim's text, each with whether a ``%`` follows it; commit hashes and references to
+    issues, tables, figures and sections are not numbers."""
+    text = _REFERENCE.sub(" ", _HASH.sub(" ", text))
+    return [(m.group(0).rstrip(","), text[m.end() : m.end() + 1] == "%") for m in _NUMBER.finditer(text)]
+
+
+def data_values(path: Path) -> list[float]:
+    """Every number of a data file: a JSON's or JSON-lines file's numeric values and the numbers written in its
+    strings (a command's ``--seeds 0,1``, a device's ``2 threads``), a CSV's numbers; as absolute values."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".csv":
+        return [abs(_to_float(n)) for n in _NUMBER.findall(_HASH.sub(" ", text))]
+    out: list[float] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, bool) or value is None:
+            return
+        if isinstance(value, (int, float)):
+            if math.isfinite(value):
+                out.append(abs(float(value)))
+        elif isinstance(value, str):
+            out.extend(abs(_to_float(n)) for n in _NUMBER.findall(_HASH.sub(" ", value)))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    lines = text.splitlines() if path.suffix == ".jsonl" else [text]
+    for line in lines:
+        if line.strip():
+            walk(json.loads(line))
+    return out
+
+
+def claim_data_files(claim: Claim) -> list[Path]:
+    """The data files that back a claim's numbers: its data sources and every ``.json``, ``.jsonl`` and ``.csv`` of
+    its folder (variants, studies and history included), each written by a committed command."""
+    files = [ROOT / s for s in claim.sources if Path(s).suffix in DATA_SUFFIXES]
+    if claim.folder is not None and (RESULTS / claim.folder).is_dir():
+        files += sorted(p for p in (RESULTS / claim.folder).rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
+    return list(dict.fromkeys(files))
+
+
+def _to_float(written: str) -> float:
+    return float(written.replace(",", ""))
+
+
+def number_matches(written: str, values: Sequence[float], percent: bool = False) -> bool:
+    """Whether the number ``written`` (as a claim writes it: ``0.0073``, ``1,273``, ``7.7e-15``) is some value of
+    ``values`` (sorted absolute values) rounded to the digits written: within half a unit of its last digit (``0.0073``
+    matches 0.00726 and 0.00734, not 0.0075). With ``percent`` (a ``%`` follows), a value 100 times smaller matches
+    too (``1.76%`` matches 0.0176)."""
+    number = written.replace(",", "")
+    mantissa, _, exponent = number.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    target = float(number)
+    half = 0.5 * 10.0 ** (-decimals + (int(exponent) if exponent else 0))
+    for scale in (1.0, 100.0) if percent else (1.0,):
+        low, high = (target - half) / scale, (target + half) / scale
+        i = bisect.bisect_left(values, low * (1 - 1e-12))
+        if i < len(values) and values[i] <= high * (1 + 1e-12):
+            return True
+    return False
 
 
 # --- reading the folders -----------------------------------------------------------------------------------------------
@@ -936,6 +1754,80 @@ def provenance_table(pages: list[Path]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+
+def _num(value: float) -> str:
+    """A value for the evidence tables: four significant digits."""
+    return f"{value:.4g}" if math.isfinite(value) else "–"
+
+
+def evidence_lines(claim: Claim) -> list[str]:
+    """The page's per-seed section: each comparison's seeds, differences, mean ± SE and the rule's verdict."""
+    if not claim.comparisons:
+        return []
+    lines = [
+        "## Per-seed evidence {#per-seed}",
+        "",
+        "Computed at build time from the committed records by the [verdict rule](index.md#the-verdict-rule): d = A - B "
+        "signed so that positive goes the paper's way; SE = std(d, ddof=1)/sqrt(n).",
+        "",
+        "| comparison (A vs B, metric) | file | per seed: A / B (d) | the paper's way | the other way | mean d ± SE | rule | "
+        "decides |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for comparison in claim.comparisons:
+        pairs = paired_values(comparison)
+        stats = verdict_rule([d for *_, d in pairs])
+        seeds = "; ".join(f"{s}: {_num(a)} / {_num(b)} ({d:+.3g})" for s, a, b, d in pairs)
+        spread = f"{stats.mean:+.3g} ± {_num(stats.se)}" if stats.n > 1 else f"{stats.mean:+.3g} (one seed: no SE)"
+        lines.append(
+            f"| {_cell(comparison.label)} ({comparison.better} is the paper's way) | `{_cell(comparison.file)}` | "
+            f"{_cell(seeds)} | {stats.wins} of {stats.n} | {stats.losses} of {stats.n} | {spread} | "
+            f"**{stats.verdict}** | {'yes' if comparison.decides else 'evidence only'} |"
+        )
+    combined = rule_verdict(claim)
+    if combined is not None:
+        lines += ["", f"The rule's verdict from the deciding comparisons: **{combined}** (the claim's: **{claim.verdict}**)."]
+    return lines + [""]
+
+
+def stale_lines(folder: str) -> list[str]:
+    """The page's staleness banner (or a note where git is not at hand)."""
+    info = folder_staleness(folder)
+    entries = stale_runs(folder)
+    lines: list[str] = []
+    if info is None:
+        if git_history() is None:
+            lines += ["!!! note", "    Staleness not checked: git was not available when this page was built.", ""]
+    elif info.stale:
+        since = f"stale since `{info.since}`" if info.since else "stale: a run's commit is marked +dirty (its code is unknown)"
+        lines += [
+            '!!! warning "' + since.split(":")[0] + '"',
+            f"    The runs' commits ({', '.join(f'`{c}`' for c in info.commits)}) predate a change of the library "
+            "code these numbers depend on" + (f" (first: `{info.since}`)" if info.since else "") + "; see the "
+            "[staleness rule](index.md#the-verdict-rule). The numbers stand for the code they name, not for HEAD.",
+            "",
+        ]
+    if entries:
+        lines += ["Runs the runner marks stale (`stale_runs`):", "", *[f"- `{_cell(e)}`" for e in entries], ""]
+    return lines
+
+
+def _commits_cell(info: Staleness | None) -> str:
+    if info is None:
+        return "–"
+    shown = [f"`{c}`" for c in info.commits[:2]]
+    more = len(info.commits) - len(shown)
+    return ", ".join(shown) + (f" (+{more} more)" if more else "")
+
+
+def _stale_cell(info: Staleness | None) -> str:
+    if info is None:
+        return "–"
+    if info.stale:
+        return f"since `{info.since}`" if info.since else "yes (+dirty)"
+    return "? (commit not in history)" if info.unknown else "no"
+
+
 def header(claim: Claim | None, folder: str) -> list[str]:
     if claim is None:
         return [
@@ -973,7 +1865,9 @@ def render_folder(folder: str) -> tuple[str, set[Path]]:
     assets: set[Path] = set()
     pages = current_pages(path)
     title = claim.title if claim else folder
-    lines = [f"# {title}", "", *header(claim, folder)]
+    lines = [f"# {title}", "", *stale_lines(folder), *header(claim, folder)]
+    if claim is not None:
+        lines += evidence_lines(claim)
     table = provenance_table(pages)
     if table:
         lines += ["Read from the result JSON:", "", *table, ""]
@@ -1040,19 +1934,34 @@ def render_index() -> str:
         "committed result page itself and its history. `n/a`: a diagnostic or a measurement with no claim to "
         "reproduce. The commands and the full headline of every run are in the [experiment journal](journal.md).",
         "",
-        "| paper | experiment | the paper's claim (or the goal) | varbnn's result | reproduced | why |",
-        "|---|---|---|---|---|---|",
+        "## The verdict rule {#the-verdict-rule}",
+        "",
+        VERDICT_RULE,
+        "",
+        STALE_RULE,
+        "",
+        "## The experiments",
+        "",
+        "| paper | experiment | the paper's claim (or the goal) | varbnn's result | reproduced | why | runs' commit | "
+        "stale |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    git_missing = git_history() is None
     for claim in ordered_claims():
         name = claim.title.split(":")[0]
         experiment = f"[{name}]({claim.folder}.md)" if claim.folder in folders else name
+        info = folder_staleness(claim.folder) if claim.folder in folders else None
         lines.append(
             f"| {_cell(NAV_GROUPS[claim.paper])} | {experiment} | {_cell(claim.claim)} | {_cell(claim.result)} | "
-            f"**{claim.verdict}** | {_cell(claim.why)} |"
+            f"**{claim.verdict}** | {_cell(claim.why)} | {_commits_cell(info)} | {_stale_cell(info)} |"
         )
     unclaimed = sorted(folders - set(claims_by_folder()))
     for folder in unclaimed:
-        lines.append(f"| – | [{folder}]({folder}.md) | not reviewed yet | – | – | – |")
+        lines.append(f"| – | [{folder}]({folder}.md) | not reviewed yet | – | – | – | – | – |")
+    if git_missing:
+        lines += ["", "_git was not available when this page was built: the runs' commit and stale columns are empty._"]
+    lines += ["", "## Not attempted", "", "The papers' claims varbnn has not tried to reproduce, and why:", ""]
+    lines += [f"- **{_cell(NAV_GROUPS[paper])}**: {text}" for paper, text in NOT_ATTEMPTED]
     lines += ["", "Papers:", ""] + [f"- {NAV_GROUPS[key]}: {title}" for key, title in PAPERS.items()]
     return "\n".join(lines) + "\n"
 
