@@ -465,6 +465,7 @@ def fit(
         _save_epoch(checkpoint, model, optimizer, epoch + 1, history, step, loader, lik, checkpoint_extra,
                     watch.checkpoint_entry() if watch is not None else None)  # fmt: skip
         if stop:
+            bar.close()  # (tqdm closes a bar it ran to its end by itself)
             break
     if compiled_step is not None and mode is not None and _uses_cudagraphs(mode, dev):
         # the last step's gradients live in the CUDA graphs' memory, which the next compiled graph to run (another
