@@ -50,6 +50,7 @@ from varbnn.training.diagnose import (
     _label_entropy,
     _warn_if_not_sampling,
 )
+from varbnn.training.early_stopping import validation_watch
 from varbnn.training.prepare import _check_graves, _data_term, _distributed, _kl_weight_schedule, _optimizer, _start
 from varbnn.training.setup import BetaSchedule, NLLFunction, _has_adaptive_prior, resolve_device
 
@@ -83,6 +84,9 @@ def fit(
     checkpoint_extra: Callable[[], dict[str, Any]] | None = None,
     diagnose: bool = True,
     compile: bool | str = False,
+    validation: tuple[torch.Tensor, torch.Tensor] | None = None,
+    validation_samples: int = 8,
+    early_stopping: int | None = None,
     beta: float | BetaSchedule | None = None,
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + kl_weight * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
@@ -199,6 +203,35 @@ def fit(
     loss and gradients): MeanField (every estimator but Graves'), KTied, Delta, Radial and RadialDirectional (its
     rejection rounds run as one opaque op).
 
+    ``validation=(x, y)`` (default ``None``: none), a held-out set: after every epoch, before ``on_epoch_end`` (so
+    that the callback sees it), its NLL under the model's predictive is added to the epoch's record as ``val_nll``
+    (nats per example): with a likelihood (``likelihood=``, a :class:`~varbnn.likelihoods.Likelihood` passed as
+    ``nll``, or the default cross-entropy with class-index targets, read as ``"categorical"``) it is
+    :func:`evaluate`'s ``nll``, ``-mean_n log (1/S) sum_s p(y_n | f_s(x_n))`` over ``S = validation_samples`` weight
+    draws (a categorical likelihood adds ``val_accuracy``, the accuracy of the mean probabilities); with a custom
+    ``nll`` function (or soft-label targets) it is ``mean_s nll(f_s(x), y)``, the draws' mean NLL (an upper bound on the
+    predictive's, which fit cannot form from an arbitrary loss). The draws are seeded (seed 0 every epoch, so epochs
+    are compared on the same random numbers) in a forked random stream (the global random state, and so the training,
+    is exactly as without ``validation``), run in eval mode (every module's training flag is restored afterwards),
+    without gradients, ``1000`` examples at a time, on the model's device. A model that does not sample (no Bayesian
+    layer in ``sample_mode="sample"``, no :class:`~varbnn.baselines.MCDropout`) takes one pass. Cost per epoch:
+    ``validation_samples`` forward passes over ``x`` (one for a deterministic model). Not available with distributed
+    training yet (a ``ValueError``): evaluate after ``fit`` instead.
+
+    ``early_stopping=patience`` (an int >= 1; needs ``validation``): training stops after ``patience`` consecutive
+    epochs without a new lowest ``val_nll`` (strictly lower; a NaN never improves), and before returning, the model
+    (parameters and buffers) and a likelihood's learned parameters are restored to their state at the end of the
+    best epoch; so are they when training runs all ``epochs``. The optimizer's state is not restored (it stays the last
+    epoch's). With early stopping every record also holds ``best_epoch`` (1-based, the epoch of the lowest ``val_nll``
+    so far: the last record's is the epoch restored), and the last record holds ``stopped_early = 1.0`` when patience
+    ran out before ``epochs``; the history keeps every epoch trained. Keeping the best state costs one copy of the
+    model's state on its device, and in ``checkpoint`` (whose ``"model"`` entry stays the last epoch's, matching the
+    optimizer's state) it is stored under ``"early_stopping"`` with the best epoch, its ``val_nll`` and the count of
+    epochs since it: a killed run resumed with ``resume=True`` stops at the same epoch and restores the same state,
+    and a checkpoint that stopped early returns its history at once, with the best state restored. Resuming a
+    checkpoint without that entry (one written without early stopping) starts the count afresh: the best epoch is
+    then one of the epochs trained from there on.
+
     Every finished epoch is also logged at INFO level on the ``varbnn.train`` logger (loss, NLL, KL, beta).
 
     :param model: the network to train (Bayesian layers from :func:`varbnn.convert.bayesianize` or
@@ -236,6 +269,11 @@ def fit(
         GPU when the batches have one shape, see above), or a mode string (default False: eager). The first step
         compiles: on a 2-core CPU 38-96 s for an MNIST MLP the first time, 8-26 s once torch's on-disk cache holds
         the graphs, so that compiling pays after thousands of steps there (the training guide's "Compiled steps").
+    :param validation: a held-out ``(x, y)`` whose predictive NLL is recorded after each epoch as ``val_nll`` (default
+        ``None``; see above).
+    :param validation_samples: weight draws of the validation predictive, an int >= 1 (default 8).
+    :param early_stopping: the patience in epochs, an int >= 1, or ``None`` (default: no early stopping); needs
+        ``validation``; the best epoch's state is restored (see above).
     :param beta: the earlier name of ``kl_weight`` (a ``FutureWarning``; an error together with ``kl_weight``).
 
     On return the model is in ``eval()`` mode (dropout off, batch normalisation using its running statistics), so that
@@ -244,7 +282,8 @@ def fit(
 
     :returns: the history: one dict per epoch (restored ones included) with ``epoch``, the epoch's mean ``loss``,
         ``nll`` and ``kl`` (nats; ``kl`` is the model's total), ``beta`` the KL weight's value after the epoch's last
-        step (the next step's weight), and ``skipped`` with ``skip_nonfinite``.
+        step (the next step's weight), ``skipped`` with ``skip_nonfinite``, ``val_nll`` (and ``val_accuracy``) with
+        ``validation``, ``best_epoch`` (and on the last record ``stopped_early``) with ``early_stopping``.
     """
     n_data = _training_set_size(n_data)
     epochs = as_int(epochs, "epochs", low=0, owner="fit")
@@ -278,6 +317,7 @@ def fit(
         )
     check_batch_size = not _draws_with_replacement(loader)
     distributed = _distributed(distributed)
+    watch = validation_watch(validation, validation_samples, early_stopping, nll=nll, likelihood=lik, distributed=distributed)
     dev = resolve_device(device, model)
     model.to(dev)
     extra_parameters: list[nn.Parameter] = []
@@ -306,6 +346,10 @@ def fit(
         update_adaptive_priors(model)
     first_epoch, history, step = _start(checkpoint, resume, overwrite, epochs, model, optimizer, loader, dev, lik,
                                         default_rate)  # fmt: skip
+    last = epochs  # (a checkpoint that stopped early: none to train)
+    if watch is not None and first_epoch > 0 and checkpoint is not None:
+        watch.resume(checkpoint, dev, model, lik)
+        last = first_epoch if watch.stopped else epochs
     if distributed:  # every rank its own weight noise (after DDP's broadcast made the parameters equal)
         torch.manual_seed(vdist.rank_seed(torch.initial_seed() + 7919 * (first_epoch + 1)))
     parameters = [*model.parameters(), *extra_parameters]
@@ -314,7 +358,7 @@ def fit(
     in_model = {id(p) for p in model.parameters()}
     outside = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in in_model and p.requires_grad]
     # disable=None: tqdm turns the bar off by itself when stderr is not a terminal (a redirected run logs no frames)
-    bar = tqdm(range(first_epoch, epochs), desc="epochs", disable=None if progress else True, leave=False,
+    bar = tqdm(range(first_epoch, last), desc="epochs", disable=None if progress else True, leave=False,
                initial=first_epoch, total=epochs)  # fmt: skip
     seen_labels: list[torch.Tensor] = []  # a few batches' class labels: the NLL of their marginal, for _diagnose
     # off the CPU, the loss and gradient checks run without waiting for the device (see _DeferredChecks)
@@ -411,19 +455,26 @@ def fit(
         record.update(epoch=epoch + 1, beta=float(schedule(step)))
         if skip_nonfinite:
             record["skipped"] = skipped
+        stop = watch is not None and watch.after_epoch(epoch + 1, epochs, record, model, lik)  # val_nll; best_epoch
         history.append(record)
         logger.info("epoch %d/%d: loss %.6g, nll %.6g, kl %.6g, beta %.4g", epoch + 1, epochs, record["loss"],
                     record["nll"], record["kl"], record["beta"])  # fmt: skip
         bar.set_postfix(loss=f"{record['loss']:.4f}", nll=f"{record['nll']:.4f}", kl=f"{record['kl']:.4g}")
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
-        _save_epoch(checkpoint, model, optimizer, epoch + 1, history, step, loader, lik, checkpoint_extra)
+        _save_epoch(checkpoint, model, optimizer, epoch + 1, history, step, loader, lik, checkpoint_extra,
+                    watch.checkpoint_entry() if watch is not None else None)  # fmt: skip
+        if stop:
+            bar.close()  # (tqdm closes a bar it ran to its end by itself)
+            break
     if compiled_step is not None and mode is not None and _uses_cudagraphs(mode, dev):
         # the last step's gradients live in the CUDA graphs' memory, which the next compiled graph to run (another
         # fit's) overwrites: drop them rather than leave .grad tensors that fail when read later
         optimizer.zero_grad(set_to_none=True)
+    if watch is not None:
+        watch.restore(model, lik)  # early stopping: the best epoch's state
     model.eval()  # predict/evaluate right after fit: batch norm uses its running statistics, dropout is off
-    if diagnose and history and first_epoch < epochs and vdist.is_main_process():
+    if diagnose and history and first_epoch < last and vdist.is_main_process():
         _diagnose(model, history, n_data, _label_entropy(seen_labels))
     return history
 
@@ -464,9 +515,11 @@ def _save_epoch(
     loader: object,
     lik: Likelihood | None,
     checkpoint_extra: Callable[[], dict[str, Any]] | None,
+    early_stopping: dict[str, Any] | None = None,
 ) -> None:
     """The end of epoch ``epoch`` (1-based): non-finite parameters are an error (the last checkpoint is kept); else the
-    checkpoint is rewritten (rank 0 only) with the history, the step, the random states and the extras."""
+    checkpoint is rewritten (rank 0 only) with the history, the step, the random states, the extras and the
+    ``early_stopping`` entry (when given)."""
     bad = _nonfinite_names(model.named_parameters())
     if bad:
         raise NonFiniteError(
@@ -479,6 +532,8 @@ def _save_epoch(
         extra: dict[str, Any] = {"extra": checkpoint_extra()} if checkpoint_extra is not None else {}
         if lik is not None:
             extra["likelihood"] = lik.state_dict()
+        if early_stopping is not None:
+            extra["early_stopping"] = early_stopping
         save_checkpoint(checkpoint, model, optimizer, epoch=epoch, history=history, step=step, rng=_rng_state(loader),
                         **extra)  # fmt: skip
 
