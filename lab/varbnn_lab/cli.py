@@ -204,7 +204,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "varbnn") -> int:
         "on a GPU when the batches have one shape, else the default mode); or torch.compile's MODE (default, "
         "reduce-overhead, max-autotune, max-autotune-no-cudagraphs); a runtime choice like --device, not a new protocol",
     )  # fmt: skip
-    rep.add_argument("--no-train", action="store_true", help="render the results from the runs already saved")
+    rep.add_argument(
+        "--no-train", action="store_true",
+        help="render the results from the runs already saved (never trains; runs made by code that has changed since "
+        "are shown and flagged as stale on the page)",
+    )  # fmt: skip
+    rep.add_argument(
+        "--reuse-stale", action="store_true",
+        help="reuse the saved runs made by code that has changed since (another code hash; see varbnn_lab.provenance) "
+        "instead of retraining them (the default, which moves their old records to NAME_runs.stale.jsonl); the page "
+        "flags them as stale",
+    )  # fmt: skip
+    rep.add_argument(
+        "--allow-dirty", action="store_true",
+        help="write into a committed results folder (under benchmarks/results/) although tracked files under src/ or "
+        "lab/ have uncommitted changes (refused by default); the records then say dirty: true",
+    )  # fmt: skip
     rep.add_argument(
         "--fail-fast", action="store_true",
         help="stop at the first run that fails (the queued runs are not started, the worker processes ended); by "
@@ -294,6 +309,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "varbnn") -> int:
         shard = args.shard  # None or (K, N), checked by _shard_option
     from varbnn_lab.catalog import experiment
     from varbnn_lab.engine import RunsFailed, failure_policy
+    from varbnn_lab.provenance import provenance_policy
 
     finished = False
     try:
@@ -309,7 +325,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "varbnn") -> int:
             options["only"] = _split_variants(args.variants, labels) if getattr(args, "variants", None) else None
         if spec.compiles and getattr(args, "compile", None):
             options["compile"] = args.compile  # True (--compile alone) or a mode string
-        with failure_policy(bool(getattr(args, "fail_fast", False))):
+        policy = provenance_policy(allow_dirty=bool(getattr(args, "allow_dirty", False)),
+                                   reuse_stale=bool(getattr(args, "reuse_stale", False)))  # fmt: skip
+        with failure_policy(bool(getattr(args, "fail_fast", False))), policy:
             result = spec.run(config, device=args.device, out_dir=args.out, data_dir=args.data_dir,
                               progress=not args.no_progress, command=command, shard=shard,
                               train=not getattr(args, "no_train", False), workers=getattr(args, "workers", 1),

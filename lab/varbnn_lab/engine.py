@@ -12,6 +12,8 @@ returns its record (a JSON-able dict). The engine
   ``(K, N)`` share of them (every N-th run from the K-th of the fixed order: the shards partition the runs) for N
   processes or machines (:func:`execute`, :func:`select_shard`);
 - writes the same provenance (command, commit, device, seconds) on every page (:func:`provenance`);
+- tags every record with the code that made it (``code_hash``, ``dirty``: :mod:`varbnn_lab.provenance`) and retrains a
+  record made by other code (stale) unless told to reuse it, moving the old record to ``NAME_runs.stale.jsonl``;
 - opens every ``run_*`` function's call the same way (:func:`open_run`: start time, commit, device, results folder)
   and writes its ``NAME.json`` and ``NAME.md`` the same way (:class:`Invocation`).
 
@@ -302,7 +304,63 @@ class RunStore:
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         line = (json.dumps(record) + "\n").encode()  # before the file is touched: a record JSON cannot hold fails here
+        _append_line(path, line)
+
+    @property
+    def stale_path(self) -> Path:
+        """Where :meth:`set_aside` moves the records made by other code: ``NAME_runs.stale.jsonl`` (never read as
+        runs)."""
+        return Path(self.out) / f"{self.name}_runs.stale.jsonl"
+
+    def set_aside(self, key: RunKey, code_hash: str) -> int:
+        """Move every record of run ``key`` under its protocol that was made by other code than ``code_hash`` (a
+        stale record: :func:`varbnn_lab.provenance.is_stale`) out of the runs files into :attr:`stale_path`; returns
+        how many. Each is appended there before its runs file is rewritten without it (atomically, under the file's
+        lock): an interrupted move leaves a copy, never a loss. Nothing for a ``readonly`` store."""
+        from varbnn_lab.provenance import is_stale
+
+        if self.readonly:
+            return 0
+        expected = self.protocol(key)
+        moved = 0
+        for path in self.files():
+            with path.open("rb") as handle, _locked(handle):
+                data = handle.read()
+                lines = data.split(b"\n")
+                keep, aside = [], []
+                for number, line in enumerate(lines, 1):
+                    try:
+                        record = json.loads(line.decode("utf-8")) if line.strip() else None
+                    except (UnicodeDecodeError, json.JSONDecodeError):
+                        record = None
+                    if (isinstance(record, dict) and self._key_of(path, number, record) == key
+                            and record.get("protocol") == expected and is_stale(record, code_hash)):  # fmt: skip
+                        aside.append(line + b"\n")
+                    else:
+                        keep.append(line)
+                if not aside:
+                    continue
+                for line in aside:
+                    _append_line(self.stale_path, line)
+                tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+                tmp.write_bytes(b"\n".join(keep))
+                os.replace(tmp, path)
+                moved += len(aside)
+        return moved
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """Append ``line`` to ``path`` under an exclusive lock, first removing a last line cut short (no final newline).
+    A file replaced while this waited for its lock (:meth:`RunStore.set_aside` rewrites runs files) is opened again,
+    so that the line never goes to a file no longer in the folder."""
+    while True:
         with path.open("ab") as handle, _locked(handle):
+            try:
+                same = os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue
             size = os.fstat(handle.fileno()).st_size
             if size > 0:
                 with path.open("rb") as reader:
@@ -311,6 +369,7 @@ class RunStore:
                     handle.truncate(data.rfind(b"\n") + 1)
             handle.write(line)
             handle.flush()
+            return
 
 
 @contextlib.contextmanager
@@ -492,13 +551,25 @@ def execute(
     on_record: Callable[[RunKey, dict[str, Any]], None] | None = None,
     fail_fast: bool | None = None,
     redo: Collection[RunKey] = (),
+    code_hash: str | None = None,
+    dirty: bool | None = None,
+    reuse_stale: bool | None = None,
 ) -> dict[RunKey, dict[str, Any]]:
     """Run every run of ``runs`` that ``store`` does not hold yet (and those of ``redo`` even if it does) and append its
     record as soon as it finishes; returns every record of ``store`` (the runs found and the runs done now) by key.
 
-    ``run(key)`` trains and evaluates one run and returns its record; the engine adds ``protocol``, ``commit`` and
-    ``device``. It must seed everything it draws from (each run is then independent of the order and of the process it
-    runs in). ``workers`` > 1 (CPU only) runs them in that many spawned processes of one thread each (``run`` must then
+    ``run(key)`` trains and evaluates one run and returns its record; the engine adds ``protocol``, ``commit``,
+    ``device``, ``code_hash`` (default :func:`varbnn_lab.provenance.code_hash` of the module that defines ``run``) and
+    ``dirty`` (default: whether :func:`varbnn_lab.provenance.dirty_files` names any file; ``None`` outside a git
+    checkout). ``run`` must seed everything it draws from (each run is then independent of the order and of the process
+    it runs in).
+
+    A saved run of ``runs`` whose record was made by other code (a stale record: another or no ``code_hash``) is run
+    again, and once the new record is saved the old one is moved to ``NAME_runs.stale.jsonl``
+    (:meth:`RunStore.set_aside`); with ``reuse_stale`` (``None``: the :func:`~varbnn_lab.provenance.provenance_policy`
+    in force, ``False`` outside any) it is kept and returned as it is.
+
+    ``workers`` > 1 (CPU only) runs them in that many spawned processes of one thread each (``run`` must then
     be picklable: a module-level function or a ``functools.partial`` of one); this process appends each record as it
     arrives, so a killed invocation keeps every finished run, and its workers end within a second of it (they watch
     their parent). ``on_record(key, record)`` is called after each append (progress lines).
@@ -518,8 +589,17 @@ def execute(
     check_workers(workers, device)
     fail_fast = _FAIL_FAST.get() if fail_fast is None else fail_fast
     fail_fast = as_bool(fail_fast, "fail_fast (or None)", owner="execute")
+    from varbnn_lab import provenance as prov
+
+    code = prov.code_hash([m for m in [prov.module_of(run)] if m]) if code_hash is None else code_hash
+    if dirty is None:
+        files = prov.dirty_files()
+        dirty = None if files is None else bool(files)
+    reuse = prov.current_policy().reuse_stale if reuse_stale is None else reuse_stale
     done = store.load()
     again = set(redo)
+    if not reuse:
+        again |= {key for key in runs if key in done and prov.is_stale(done[key], code)}
     pending = [key for key in runs if key not in done or key in again]
     from varbnn import distributed as vdist
 
@@ -541,8 +621,12 @@ def execute(
         problem = store.check(record) if store.check is not None else None
         if problem is not None:  # saved, it would make every later load of the runs file fail
             raise ValueError(f"the record of run {key!r} is not usable: {problem}; not saved")
-        record.update(protocol=store.protocol(key), commit=commit, device=device_text)
+        record.update(protocol=store.protocol(key), commit=commit, device=device_text, code_hash=code, dirty=dirty)
         store.append(record)
+        moved = store.set_aside(key, code)
+        if moved:
+            print(f"[{store.name}] run {key!r}: the record made by older code moved to {store.stale_path}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         done[key] = record
         if on_record is not None:
             try:
@@ -690,6 +774,10 @@ class Invocation:
     out: Path
     name: str = ""
     """The experiment's name (the tag of :meth:`reporter`'s lines)."""
+    dirty: bool | None = None
+    """Whether the code had uncommitted changes when the call began (:func:`varbnn_lab.provenance.check_tree`)."""
+    seen: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """What :meth:`execute` learnt for :meth:`provenance`: ``code_hash`` and ``stale_runs``."""
 
     def progress(self, progress: bool) -> bool:
         """Whether a run prints its own progress: asked to, in this process (``workers == 1``) and on rank 0."""
@@ -708,14 +796,20 @@ class Invocation:
         train: bool = True,
     ) -> dict[RunKey, dict[str, Any]]:
         """:func:`execute` of the ``shard`` share of ``runs`` (:func:`select_shard`; none at all if not ``train``: only
-        the saved records are read) on this call's device, workers and commit, appending to ``store`` on rank 0 only
-        (:func:`for_this_rank`)."""
+        the saved records are read) on this call's device, workers, commit and dirty flag, appending to ``store`` on
+        rank 0 only (:func:`for_this_rank`). The code hash and the stale runs among ``runs`` (those reused with
+        ``--reuse-stale`` or rendered with ``--no-train``) are kept for :meth:`provenance`."""
+        from varbnn_lab import provenance as prov
+
+        code = prov.code_hash([m for m in [prov.module_of(run)] if m])
         pending = select_shard(runs, shard) if train else []
         done = execute(pending, run, for_this_rank(store), device=self.device, workers=self.workers, commit=self.commit,
-                       on_record=on_record)  # fmt: skip
+                       on_record=on_record, code_hash=code, dirty=self.dirty)  # fmt: skip
         keys = list(runs)
         if not train and keys and not any(key in done for key in keys):  # a page of NaNs otherwise
             raise nothing_saved(store, len(keys))
+        self.seen["code_hash"] = code
+        self.seen.setdefault("stale_runs", []).extend(prov.stale_runs(done, keys, code, store.fields))
         return done
 
     def writes(self, shard: tuple[int, int] | None = None) -> bool:
@@ -742,8 +836,15 @@ class Invocation:
         return describe_device(self.device) + (f" x {self.world} processes ({parallel})" if self.world > 1 else "")
 
     def provenance(self, command: str | None, device: str | None = None) -> dict[str, Any]:
-        """:func:`provenance` of this call: ``device`` by default :meth:`device_text`."""
-        return provenance(command, self.commit, self.device_text() if device is None else device, self.start)
+        """:func:`provenance` of this call (``device`` by default :meth:`device_text`), with the code's provenance
+        (:mod:`varbnn_lab.provenance`): ``code_hash`` (of the last :meth:`execute`; ``None`` before any), ``dirty`` and
+        ``stale_runs`` (the stale runs :meth:`execute` returned)."""
+        return {
+            **provenance(command, self.commit, self.device_text() if device is None else device, self.start),
+            "code_hash": self.seen.get("code_hash"),
+            "dirty": self.dirty,
+            "stale_runs": list(self.seen.get("stale_runs", [])),
+        }
 
     def write_result(self, result: Mapping[str, Any], default: Callable[[Any], Any] | None = str) -> Path:
         """Write ``result`` to ``OUT/NAME.json`` (``NAME``: its ``"name"``), JSON indented by 2 with a final newline;
@@ -763,13 +864,17 @@ def open_run(
     name: str, out_dir: str | os.PathLike[str] | None, device: str | torch.device | None, distributed: bool, workers: int
 ) -> Invocation:
     """What every ``run_*`` function does first, in this order: note the start time and the commit (:func:`git_commit`),
-    set up this process's device and count the processes training each run (:func:`processes`), and create the
-    results folder ``OUT`` (:func:`varbnn_lab.config.results_dir`)."""
+    refuse a committed results folder ``OUT`` (:func:`varbnn_lab.config.results_dir`) from a tree with uncommitted
+    code changes unless allowed (:func:`varbnn_lab.provenance.check_tree`, a ``ValueError``), set up this process's
+    device and count the processes training each run (:func:`processes`), and create ``OUT``."""
+    from varbnn_lab.provenance import check_tree
+
     start, commit = time.perf_counter(), git_commit()
-    dev, world = processes(device, distributed, workers)
     out = results_dir(name, out_dir)
+    dirty = check_tree(out)
+    dev, world = processes(device, distributed, workers)
     out.mkdir(parents=True, exist_ok=True)
-    return Invocation(start, commit, dev, world, workers, out, name)
+    return Invocation(start, commit, dev, world, workers, out, name, dirty)
 
 
 def default_command() -> str:

@@ -21,7 +21,7 @@ from varbnn_lab.engine import git_commit, read_result
 
 __all__ = [
     "renderer_for", "render_result", "render_saved", "SPECIAL_PAGES", "markdown_table", "mean_se", "provenance_lines",
-    "MISSING", "RIGHT",
+    "stale_lines", "MISSING", "RIGHT",
 ]  # fmt: skip
 
 MISSING = "–"
@@ -79,7 +79,8 @@ def provenance_lines(
     ``run_commits`` / ``run_devices``: a bullet listing the result's ``run_commits`` / ``run_devices`` (the commits and
     devices that trained its runs), left out when the result has none; the device bullet then says it is this
     invocation's. A result's ``provenance_note`` (a correction of
-    its provenance written into the JSON by hand, e.g. a commit recorded wrongly) is its own bullet."""
+    its provenance written into the JSON by hand, e.g. a commit recorded wrongly) is its own bullet, and so are its
+    ``stale_runs`` (runs made by code that has changed since: :func:`stale_lines`)."""
     note = " (each run's own commit and device are in the `_runs.jsonl` file)" if runs_note else ""
     lines = [f"- command: `{result['command']}`", f"- commit: `{result['commit']}`{note}"]
     if run_commits and result.get("run_commits"):
@@ -93,6 +94,39 @@ def provenance_lines(
     lines.append(f"- wall time of this invocation: {result['seconds']:.{seconds_digits}f} s")
     if result.get("provenance_note"):
         lines.append(f"- provenance: {result['provenance_note']}")
+    lines.extend(stale_lines(result))
+    return lines
+
+
+def stale_lines(result: Mapping[str, Any]) -> list[str]:
+    """The bullets of a result's ``stale_runs`` (:mod:`varbnn_lab.provenance`): none when it has none; else one
+    saying how many runs shown were made by code that has changed since, then one per value of the runs' first key
+    field (e.g. per variant) naming the rest of each run's key and the commits that made them."""
+    stale = result.get("stale_runs")
+    if not isinstance(stale, list) or not stale:
+        return []
+    groups: dict[str, tuple[list[str], set[str]]] = {}
+    for entry in stale:
+        if not isinstance(entry, Mapping):
+            continue
+        key = [(k, v) for k, v in entry.items() if k not in ("commit", "code_hash")]
+        if len(key) == 1 and key[0][0] == "run" and isinstance(key[0][1], list) and key[0][1]:
+            head, rest = str(key[0][1][0]), ", ".join(map(str, key[0][1][1:]))
+        else:
+            head = f"{key[0][0]} {key[0][1]}" if key else "run"
+            rest = ", ".join(f"{k} {v}" for k, v in key[1:])
+        runs, commits = groups.setdefault(head, ([], set()))
+        if rest:
+            runs.append(rest)
+        commits.add(str(entry.get("commit") or "unknown"))
+    lines = [
+        f"- **stale runs**: {len(stale)} run(s) on this page were made by code that has changed since (another or no "
+        "code hash: reused with `--reuse-stale` or rendered with `--no-train`); rerun without those options to retrain "
+        "them"
+    ]
+    for head, (runs, commits) in groups.items():
+        which = f" ({'; '.join(runs)})" if runs else ""
+        lines.append(f"  - {head}{which}: stale, from commit {', '.join(f'`{c}`' for c in sorted(commits))}, code changed since")
     return lines
 
 

@@ -1,7 +1,8 @@
 """One runner for every classification config: train each variant for each seed, evaluate, write results.
 
-Results go to ``OUT/NAME.json`` (``{"name", "command", "commit", "device", "seconds", "config", "rows"}``)
-and ``OUT/NAME.md`` (the table rendered from the JSON), plus figures named ``OUT/NAME_<figure>.png``.
+Results go to ``OUT/NAME.json`` (``{"name", "command", "commit", "device", "seconds", "code_hash", "dirty",
+"stale_runs", "config", "rows", ...}``; the code's provenance fields: :mod:`varbnn_lab.provenance`) and
+``OUT/NAME.md`` (the table rendered from the JSON), plus figures named ``OUT/NAME_<figure>.png``.
 """
 
 from __future__ import annotations
@@ -213,10 +214,14 @@ def run_experiment(
     with a per-process batch of ``batch_size // world_size`` (the global batch stays ``batch_size``), gradients are
     averaged by ``DistributedDataParallel``, and only rank 0 writes checkpoints and results."""
     from varbnn import distributed as vdist
+    from varbnn_lab import provenance as prov
 
     start = time.perf_counter()
     commit = git_commit()  # the code that runs is the code at the start, not whatever HEAD is at the end
+    code = prov.code_hash([__name__])
     out_dir = results_dir(config.name, out_dir)
+    dirty = prov.check_tree(out_dir)  # a committed results folder from a dirty tree: refused unless allowed
+    reuse_stale = prov.current_policy().reuse_stale
     if compile is not False and train:
         _check_compile(config, only, compile, distributed)
     dev, world = processes(device, distributed, workers)
@@ -245,6 +250,10 @@ def run_experiment(
         post_hoc = {v.label for v in config.variants if v.family in POST_HOC or v.convert_epochs}
         saved = store.load()
         redo = _refused_figure_data(config, out_dir, saved, pending) if vdist.is_main_process() else set()
+        stale_keys = set() if reuse_stale else {k for k in pending if k in saved and prov.is_stale(saved[k], code)}
+        if stale_keys and vdist.is_main_process():  # retrained from scratch: their checkpoints are older code's
+            _set_aside_checkpoints(config, out_dir, sorted(stale_keys, key=str))
+        redo |= stale_keys
         failed: dict[tuple[Any, ...], str] = {}
         # seed by seed (a partial run still compares every variant), the post-hoc baselines and the converted networks
         # after the plain run whose training they reuse
@@ -253,7 +262,8 @@ def run_experiment(
             alone = len([k for k in batch if k not in saved or k in redo]) == 1 and not distributed
             try:
                 execute(batch, functools.partial(run, workers=workers if alone else 1), store, device=dev,
-                        workers=workers, commit=commit, fail_fast=fail_fast, redo=redo)  # fmt: skip
+                        workers=workers, commit=commit, fail_fast=fail_fast, redo=redo, code_hash=code, dirty=dirty,
+                        reuse_stale=reuse_stale)  # fmt: skip
             except RunsFailed as error:
                 failed.update(error.failed)
                 if _FAIL_FAST.get() if fail_fast is None else fail_fast:  # nothing more starts
@@ -328,6 +338,9 @@ def run_experiment(
         "commit": commit,
         "device": describe_device(dev) + (f" x {world} processes (DistributedDataParallel)" if world > 1 else ""),
         "seconds": round(time.perf_counter() - start, 2),
+        "code_hash": code,
+        "dirty": dirty,
+        "stale_runs": prov.stale_runs(done, runs, code, ("variant", "seed")),
         "config": config.to_dict(),
         "n_train": n_train,
         "steps": total_steps,
@@ -665,6 +678,26 @@ def _run_seed(
         # the mode fit used (True: CUDA graphs on a GPU when the batches have one shape, else the default mode)
         **({"compile": _fit_compile_mode(compile, dev, loader)} if compile is not False else {}),
     }
+
+
+def _set_aside_checkpoints(config: ExperimentConfig, out_dir: str | os.PathLike[str], keys: Sequence[tuple[str, int]]) -> None:
+    """Before the stale runs ``keys`` are trained again: rename their checkpoint files (the run's, its ensemble
+    members', its converted network's: ``<variant>-seed<seed>.*`` and ``<variant>-seed<seed>-*`` in its checkpoint
+    folder) to ``*.stale``, so that the run trains from the start with today's code instead of resuming (or, finished,
+    merely re-evaluating) a network that older code trained. Nothing is deleted; a ``.stale`` file there before is
+    replaced."""
+    for label, seed in keys:
+        variant = next((v for v in config.variants if v.label == label), None)
+        if variant is None:
+            continue
+        checkpoint = _checkpoint_path(config, out_dir, variant, seed)
+        if not checkpoint.parent.is_dir():
+            continue
+        stem = checkpoint.stem
+        for path in sorted(checkpoint.parent.iterdir()):
+            ours = path.name.startswith(f"{stem}.") or path.name.startswith(f"{stem}-")
+            if ours and path.is_file() and path.suffix != ".stale":
+                os.replace(path, path.with_name(path.name + ".stale"))
 
 
 def _batches(
