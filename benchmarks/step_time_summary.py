@@ -11,7 +11,10 @@ estimator, the floor rows, the peers) and, per group, its eager and its compiled
 deterministic eager step. Each ratio is read from its own table, against the deterministic step measured in the same
 process; where a candidate is in several tables of a group, the first file (sorted by name) gives it. Below it, the
 profile summary of ``--profiles``' files (``benchmarks/profile_step.py``): aten operations, kernel launches and host
-synchronisations per step. Nothing is measured here.
+synchronisations per step. A second table puts each compiled and CUDA-graph step over the deterministic network's step
+compiled the same way in the same table (like for like; empty where that table has no such deterministic row), and a
+third the first compiled step's seconds (cold and warm compile cache) of the ``compile_time*.json`` files of
+``--results`` (``benchmarks/compile_time.py``). Nothing is measured here.
 """
 
 from __future__ import annotations
@@ -83,11 +86,18 @@ def group_label(data: dict[str, Any]) -> str:
     return f"{SHORT.get(model, model)} b{config.get('batch', '?')}{optimizer}, {device}"
 
 
-def summarise(files: list[Path]) -> tuple[list[str], list[str], dict[str, dict[str, dict[str, float]]]]:
-    """(group labels, row names in order, {row: {group label + " " + kind: ratio}}) from step-time JSON files."""
+Cells = dict[str, dict[str, float]]
+
+
+def summarise(files: list[Path]) -> tuple[list[str], list[str], Cells, Cells]:
+    """(group labels, row names in order, {row: {group label + " " + kind: ratio}}, {row: {group label + " " + kind:
+    same-mode ratio}}) from step-time JSON files. A same-mode ratio is a compiled or CUDA-graph row's median step over
+    the deterministic network's median step compiled the same way, in the same table (the file that gives the row's
+    ratio); there is none where that table has no such deterministic row."""
     groups: list[str] = []
     rows: dict[str, int] = {}
-    cells: dict[str, dict[str, float]] = {}
+    cells: Cells = {}
+    same: Cells = {}
     for path in files:
         data = json.loads(path.read_text())
         if data.get("name") != "step_time":
@@ -95,14 +105,39 @@ def summarise(files: list[Path]) -> tuple[list[str], list[str], dict[str, dict[s
         label = group_label(data)
         if label not in groups:
             groups.append(label)
-        for row in data.get("rows", []):
-            if ", S=" in row["model"]:  # the several-draws rows: a different step, not a family's default
-                continue
-            name, kind = candidate(row["model"])
+        table = [(candidate(row["model"]), row) for row in data.get("rows", []) if ", S=" not in row["model"]]
+        # the several-draws rows (", S="): a different step, not a family's default
+        plain = {kind: float(row["median_ms"]) for (name, kind), row in table if name == "deterministic"}
+        for (name, kind), row in table:
             rows.setdefault(name, len(rows))
-            cells.setdefault(name, {}).setdefault(f"{label} {kind}", float(row["ratio"]))
+            key = f"{label} {kind}"
+            if key in cells.setdefault(name, {}):
+                continue  # an earlier file of the group gives it
+            cells[name][key] = float(row["ratio"])
+            if kind != "eager" and kind in plain and "median_ms" in row:
+                same.setdefault(name, {})[key] = round(float(row["median_ms"]) / plain[kind], 3)
     ordered = sorted(rows, key=lambda n: _order(n, rows[n]))
-    return groups, ordered, {name: cells[name] for name in ordered}
+    return groups, ordered, {name: cells[name] for name in ordered}, {name: same[name] for name in ordered if name in same}
+
+
+def compile_seconds(files: list[Path]) -> dict[str, dict[str, dict[str, float]]]:
+    """{row name: {group label: {"cold_first_s": s, "warm_first_s": s}}} from ``benchmarks/compile_time.py``'s JSON
+    files (the first compiled step with a cold and a warm compile cache; default compile mode unless the label says)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for path in files:
+        data = json.loads(path.read_text())
+        if data.get("name") != "compile_time":
+            continue
+        # compile_time.py steps with step_time.py's default optimizer (fit's): its config does not name it
+        config = {"optimizer": "Adam, fused", **data.get("config", {})}
+        label = group_label({**data, "config": config})
+        mode = config.get("compile_mode", "default")
+        label += "" if mode == "default" else f" ({mode})"
+        for row in data.get("rows", []):
+            name = str(row["family"]).removeprefix("varbnn ")
+            seconds = {k: float(row[k]) for k in ("cold_first_s", "warm_first_s") if row.get(k) is not None}
+            out.setdefault(name, {}).setdefault(label, seconds)
+    return out
 
 
 def profile_rows(folder: Path) -> list[dict[str, Any]]:
@@ -142,13 +177,44 @@ def main() -> None:
                    if p.stem != "step_time_summary" and "_keep_heap" not in p.stem and "_processes" not in p.stem)  # fmt: skip
     if not files:
         parser.error(f"--results {folder} holds no step_time*.json files")
-    groups, names, cells = summarise(files)
+    groups, names, cells, same = summarise(files)
     columns = [(g, kind) for g in groups for kind in KINDS if any(f"{g} {kind}" in c for c in cells.values())]
     header = "| candidate | " + " | ".join(f"{g}: {kind}" for g, kind in columns) + " |"
     table = [header, "|---|" + "---:|" * len(columns)]
     for name in names:
         values = [cells[name].get(f"{g} {kind}") for g, kind in columns]
         table.append(f"| {name} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in values) + " |")
+    same_columns = [(g, kind) for g in groups for kind in KINDS[1:] if any(f"{g} {kind}" in c for c in same.values())]
+    if same_columns:
+        table += [
+            "",
+            "Like for like: each compiled (CUDA-graph) step over the deterministic network's step compiled the same way "
+            "in the same table (the peers have no compiled rows: `benchmarks/step_time.py` does not compile them); one "
+            "row per network, device and mode",
+            "",
+            "| network, device: mode | " + " | ".join(n for n in names if n in same) + " |",
+            "|---|" + "---:|" * len(same),
+        ]
+        for g, kind in same_columns:
+            values = [same[name].get(f"{g} {kind}") for name in names if name in same]
+            table.append(f"| {g}: {kind} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in values) + " |")
+    compile_files = sorted(folder.glob("compile_time*.json"))
+    seconds = compile_seconds(compile_files)
+    if seconds:
+        labels = list(dict.fromkeys(label for by in seconds.values() for label in by))
+        table += [
+            "",
+            "What compiling costs first (`benchmarks/compile_time.py`: "
+            + ", ".join(f"`{p.name}`" for p in compile_files)
+            + "; other runs than the tables above): the first compiled step in seconds, cold / warm compile cache",
+            "",
+            "| candidate | " + " | ".join(labels) + " |",
+            "|---|" + "---:|" * len(labels),
+        ]
+        for name in seconds:
+            firsts = [seconds[name].get(label, {}) for label in labels]
+            table.append(f"| {name} | " + " | ".join(
+                f"{v['cold_first_s']:.1f} / {v['warm_first_s']:.1f}" if len(v) == 2 else "" for v in firsts) + " |")  # fmt: skip
     profiles = profile_rows(Path(args.profiles))
     if profiles:
 
@@ -173,6 +239,9 @@ def main() -> None:
         "sources": [p.name for p in files],
         "groups": groups,
         "ratios": cells,
+        "same_mode_ratios": same,
+        "compile_sources": [p.name for p in compile_files],
+        "compile_seconds": seconds,
         "profiles": profiles,
     }
     notes = [
