@@ -20,6 +20,7 @@ Writes ``benchmarks/results/ivon/ivon_step.json`` / ``.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import subprocess
@@ -92,6 +93,14 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def _load_average() -> float | None:
+    """The system's 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def _commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -113,6 +122,7 @@ def main(argv: list[str] | None = None) -> Path:
     if min(args.rounds, args.steps) < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("--rounds, --steps and --threads must be >= 1, --warmup >= 0")
     torch.set_num_threads(args.threads)
+    load_before = _load_average()
     began = time.perf_counter()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(128, 784, generator=g), torch.randint(0, 10, (128,), generator=g)
@@ -141,7 +151,8 @@ def main(argv: list[str] | None = None) -> Path:
     result = {
         "command": command.strip(), "commit": _commit(),
         "device": f"cpu: {_cpu_name()}, {args.threads} thread(s)", "rounds": args.rounds, "steps": args.steps,
-        "seconds": time.perf_counter() - began, "rows": rows, "times_ms": times,
+        "seconds": time.perf_counter() - began, "load_average": [load_before, _load_average()], "rows": rows,
+        "times_ms": times,
     }  # fmt: skip
     table = ["| candidate | median step (ms) | to plain + Adam | to MeanField + Adam |", "|---|---:|---:|---:|"]
     table += [f"| {r['candidate']} | {r['median_ms']:.2f} | {r['to_plain_adam']:.2f}x | {r['to_meanfield_adam']:.2f}x |"
@@ -152,6 +163,10 @@ def main(argv: list[str] | None = None) -> Path:
         "MLP 784-400-400-10, batch 128, MeanField reparam (bayesianize's default), n_data 60,000",
         "the target (issue 63): IVON's step within 1.3x of Adam's",
     ]
+    if load_before is not None:
+        notes.append(f"the machine's 1-minute load average: {load_before:.1f} at the start, {result['load_average'][1]:.1f} "
+                     f"at the end ({os.cpu_count()} cores, shared with other processes: the absolute times grow with "
+                     "the load, the interleaved ratios much less)")  # fmt: skip
     return write_result(args.out, "ivon_step", result, "IVON's training step against Adam's (CPU MLP)", notes, table)
 
 

@@ -26,10 +26,16 @@ The prior enters through ``delta``, not through a KL term: train with ``fit(mode
 optimizer=IVON(model, n_data=N))``; ``fit`` then leaves the KL out of the loss (``kl_weight`` is the optimizer's).
 Parameters that are not MeanField tensors (plain layers, batch norm, a likelihood's learned noise) take step 4 with a
 fixed curvature ``h = plain_hess`` and no prior: SGD with momentum at rate ``lr / plain_hess``.
+
+Cost: the update of a MeanField tensor is about 17 elementwise passes over it, written into its states in place and
+into two scratch tensors (of the largest MeanField tensor's size, per device and dtype) that the optimizer keeps, so
+that a step allocates nothing of a weight's size; on the CPU MLP of ``benchmarks/ivon_step.py`` a whole IVON step
+(forward, backward, update) costs about what a MeanField + Adam step does (``benchmarks/results/ivon/ivon_step.md``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -47,10 +53,9 @@ __all__ = ["IVON"]
 _SOFTPLUS_THRESHOLD = 20.0  # F.softplus's default: sigma = rho (slope 1) above it
 
 
-def _sigma_grad(rho: torch.Tensor, grad_rho: torch.Tensor) -> torch.Tensor:
-    """``d loss / d sigma`` from ``d loss / d rho`` (``sigma = softplus(rho)``, slope ``sigmoid(rho)``)."""
-    slope = torch.where(rho > _SOFTPLUS_THRESHOLD, torch.ones_like(rho), torch.sigmoid(rho))
-    return grad_rho / slope
+# sigma below which expm1(sigma) is finite, with a margin (log of the dtype's largest value, less 2)
+_EXPM1_SAFE = {dtype: math.log(torch.finfo(dtype).max) - 2.0 for dtype in (torch.float16, torch.bfloat16, torch.float32,
+                                                                          torch.float64)}
 
 
 class IVON(torch.optim.Optimizer):
@@ -185,44 +190,80 @@ class IVON(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, beta1, beta2, clip = group["lr"], group["beta1"], group["beta2"], group["clip"]
             if group["kind"] == "meanfield":
-                family: MeanField = group["family"]
-                m, rho = family.loc, family.rho
-                if m.grad is None:
+                self._meanfield_step(group)
+                continue
+            lr, beta1, clip = group["lr"], group["beta1"], group["clip"]
+            for p in group["params"]:
+                if p.grad is None:
                     continue
-                state = self.state[m]
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"], state["step"] = torch.zeros_like(p), 0
                 state["step"] += 1
-                h, momentum, delta = state["hess"], state["momentum"], group["delta"]
-                sigma = F.softplus(rho)
-                if rho.grad is not None:  # the curvature of this step's draw: d loss / d sigma over sigma
-                    h_hat = _sigma_grad(rho, rho.grad) / sigma
-                    correction = (h - h_hat).square_().div_(h + delta).mul_(0.5 * (1.0 - beta2) ** 2)
-                    h.mul_(beta2).add_(h_hat, alpha=1.0 - beta2).add_(correction)
-                    h.clamp_(min=-delta + 1e-12)  # h + delta stays positive (the correction guarantees it up to rounding)
-                momentum.mul_(beta1).add_(m.grad, alpha=1.0 - beta1)
-                direction = momentum / (1.0 - beta1 ** state["step"])
-                if delta:
-                    direction.add_(m - group["prior_loc"], alpha=delta)
-                direction.div_(h + delta).mul_(lr)
+                state["momentum"].mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                direction = state["momentum"] / ((1.0 - beta1 ** state["step"]) * group["plain_hess"]) * lr
                 if clip is not None:
                     direction.clamp_(-clip, clip)
-                m.sub_(direction)
-                self._set_sigma(group)
-            else:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    if "momentum" not in state:
-                        state["momentum"], state["step"] = torch.zeros_like(p), 0
-                    state["step"] += 1
-                    state["momentum"].mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
-                    direction = state["momentum"] / ((1.0 - beta1 ** state["step"]) * group["plain_hess"]) * lr
-                    if clip is not None:
-                        direction.clamp_(-clip, clip)
-                    p.sub_(direction)
+                p.sub_(direction)
         return loss
+
+    def _buffers(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two scratch tensors of ``like``'s shape, dtype and device: views into two flat buffers per device and dtype
+        that the optimizer keeps (of its largest tensor's size), so that a step allocates nothing (a fresh tensor of
+        a weight's size costs its page faults on the CPU) and writes every intermediate into memory already mapped."""
+        key = (like.device, like.dtype)
+        scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = self.__dict__.setdefault("_scratch", {})
+        n = like.numel()
+        flat = scratch.get(key)
+        if flat is None or flat.shape[1] < n:
+            flat = scratch[key] = torch.empty((2, n), dtype=like.dtype, device=like.device)
+        return flat[0, :n].view(like.shape), flat[1, :n].view(like.shape)
+
+    def _meanfield_step(self, group: dict[str, Any]) -> None:
+        """Steps 1-4 of the module docstring for one MeanField tensor, then ``rho = inverse_softplus(sigma)``: the
+        paper's operations, regrouped into about 15 elementwise passes over the tensor (fused ``addcdiv`` / ``lerp``
+        forms of the same expressions) that write into the states in place and into the optimizer's scratch tensors,
+        so that a step allocates no tensor of the weight's size."""
+        family: MeanField = group["family"]
+        m, rho = family.loc, family.rho
+        if m.grad is None:
+            return
+        lr, beta1, beta2, clip, delta = group["lr"], group["beta1"], group["beta2"], group["clip"], group["delta"]
+        state = self.state[m]
+        state["step"] += 1
+        h, momentum = state["hess"], state["momentum"]
+        a, b = self._buffers(m)
+        if rho.grad is not None:  # the curvature of this step's draw: h_hat = (d loss / d sigma) / sigma
+            torch.ops.aten.softplus.out(rho, 1.0, _SOFTPLUS_THRESHOLD, out=a)  # sigma = softplus(rho)
+            # d loss / d sigma = (d loss / d rho) / sigmoid(rho); above softplus's threshold (sigma = rho, slope 1)
+            # sigmoid(rho) is within 2.1e-9 of 1 (1 in float32)
+            torch.div(rho.grad, torch.sigmoid(rho, out=b), out=b)
+            torch.addcdiv(h, b, a, value=-1.0, out=a)  # h - h_hat
+            torch.add(h, delta, out=b)  # h + delta before the update
+            # beta2 h + (1 - beta2) h_hat = h - (1 - beta2) (h - h_hat), plus (1 - beta2)^2 (h - h_hat)^2 / (2 (h + delta))
+            h.sub_(a, alpha=1.0 - beta2).addcdiv_(a.square_(), b, value=0.5 * (1.0 - beta2) ** 2)
+            h.clamp_(min=-delta + 1e-12)  # h + delta stays positive (the correction guarantees it up to rounding)
+        momentum.lerp_(m.grad, 1.0 - beta1)  # beta1 momentum + (1 - beta1) g
+        debias, ess = 1.0 - beta1 ** state["step"], self.ess
+        # s = ess (h + delta) = 1 / sigma^2, one pass (a 0-d tensor's broadcast); the mean's step
+        # lr (momentum / debias + delta (m - m0)) / (h + delta) = (lr ess / debias) (momentum + debias delta (m - m0)) / s
+        s = torch.add(torch.tensor(ess * delta, dtype=h.dtype), h, alpha=ess, out=a)
+        if group["prior_loc"]:
+            numerator = torch.add(momentum, torch.sub(m, group["prior_loc"], out=b), alpha=debias * delta, out=b)
+        else:
+            numerator = torch.add(momentum, m, alpha=debias * delta, out=b)
+        if clip is None:
+            m.addcdiv_(numerator, s, value=-lr * ess / debias)
+        else:
+            m.sub_(numerator.div_(s).mul_(lr * ess / debias).clamp_(-clip, clip))
+        sigma = s.pow_(-0.5)  # rsqrt (the same numbers; pow's kernel was the faster on the CPU)
+        # rho = inverse_softplus(sigma): log(expm1(sigma)) (two passes) on the CPU where expm1 cannot overflow (one
+        # reduction checks it), else the stable sigma + log(-expm1(-sigma)) (no host synchronisation on a GPU)
+        if sigma.device.type == "cpu" and sigma.numel() and float(sigma.amax()) < _EXPM1_SAFE.get(sigma.dtype, 0.0):
+            torch.log(torch.expm1(sigma, out=rho), out=rho)
+        else:
+            torch.add(sigma, torch.neg(sigma, out=b).expm1_().neg_().log_(), out=rho)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's optimizer state (the curvature ``hess``, the momentum and the step of every tensor), without the
