@@ -33,19 +33,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -80,9 +77,7 @@ IVON_LRS = (0.03, 0.1, 0.3)
 
 def _net(model: str) -> nn.Module:
     if model == "mlp":
-        return nn.Sequential(
-            nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 10)
-        )
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 10))
     return lenet5()
 
 
@@ -152,9 +147,7 @@ class Run:
         if kind != "plain":
             kwargs = {"validation": (self.data["x_val"], self.data["y_val"]), "early_stopping": PATIENCE}
         t0 = time.perf_counter()
-        history = varbnn.fit(
-            net, self._loader(seed), n_data=n, epochs=epochs, optimizer=optimizer, progress=False, **kwargs
-        )
+        history = varbnn.fit(net, self._loader(seed), n_data=n, epochs=epochs, optimizer=optimizer, progress=False, **kwargs)
         return net, time.perf_counter() - t0, len(history)
 
     def train(self, method: str, seed: int) -> tuple[nn.Module, float, int]:
