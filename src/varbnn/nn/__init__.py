@@ -4,6 +4,7 @@ Every Bayesian layer samples its weights in ``model.eval()`` as well: only ``sam
 decides what a forward pass uses (see :class:`BayesianModule`).
 """
 
+from varbnn.nn.attention import BayesMultiheadAttention
 from varbnn.nn.base import BayesianModule, sample_mode, set_sample_mode
 from varbnn.nn.layers import BayesConv1d, BayesConv2d, BayesConv3d, BayesEmbedding, BayesGRU, BayesLinear, BayesLSTM
 
@@ -16,6 +17,7 @@ __all__ = [
     "BayesEmbedding",
     "BayesLSTM",
     "BayesGRU",
+    "BayesMultiheadAttention",
     "set_sample_mode",
     "sample_mode",
 ]
