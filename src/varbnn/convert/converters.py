@@ -1,5 +1,6 @@
-"""The built-in converters: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d``, ``nn.Embedding``, ``nn.LSTM`` and
-``nn.GRU`` to their Bayesian layers, the plain weights copied into the posterior means when ``pretrained``.
+"""The built-in converters: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d``, ``nn.Embedding``, ``nn.LSTM``,
+``nn.GRU`` and ``nn.MultiheadAttention`` to their Bayesian layers, the plain weights copied into the posterior means
+when ``pretrained``.
 
 An option of these types that has no Bayesian form is refused with :meth:`ConversionContext.refuse`.
 """
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from varbnn.convert.registry import ConversionContext, register_converter
+from varbnn.nn.attention import BayesMultiheadAttention
 from varbnn.nn.layers import BayesConv1d, BayesConv2d, BayesConv3d, BayesEmbedding, BayesGRU, BayesLinear, BayesLSTM, _BayesConvNd
 
 
@@ -78,4 +80,21 @@ def _recurrent(module: nn.Module, ctx: ConversionContext) -> nn.Module:
     return layer_type(
         module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first, module.dropout,
         init=_weights(module, names, ctx.pretrained), **ctx.layer_kwargs(),
+    )  # fmt: skip
+
+
+@register_converter(nn.MultiheadAttention)
+def _attention(module: nn.Module, ctx: ConversionContext) -> nn.Module:
+    """Every projection tensor random (packed or separate q/k/v, biases, ``bias_k``/``bias_v``), with torch's names."""
+    assert isinstance(module, nn.MultiheadAttention)
+    named = dict(module.named_parameters())
+    bias = module.in_proj_bias is not None or module.out_proj.bias is not None
+    init = {n: t.detach().to("cpu", copy=True) for n, t in named.items() if ctx.pretrained and not t.is_meta}
+    if ctx.pretrained and bias:  # one bias without the other: the missing one is zero, as it acts
+        for name, size in (("in_proj_bias", 3 * module.embed_dim), ("out_proj.bias", module.embed_dim)):
+            if name not in named:
+                init[name] = torch.zeros(size)
+    return BayesMultiheadAttention(
+        module.embed_dim, module.num_heads, module.dropout, bias, module.bias_k is not None, module.add_zero_attn,
+        module.kdim, module.vdim, module.batch_first, init=init, **ctx.layer_kwargs(),
     )  # fmt: skip

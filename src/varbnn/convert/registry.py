@@ -2,8 +2,7 @@
 
 Which plain type becomes which Bayesian layer (:func:`register_converter`), which Bayesian type goes back to which
 plain one (:func:`register_deterministic`), and which types are left as they are, with the reason the report shows
-(:func:`register_left_deterministic`; the normalisation layers, ``nn.MultiheadAttention`` and the transformer
-encoders are registered here). :class:`ConversionContext` is what a converter gets besides the module. The built-in
+(:func:`register_left_deterministic`; the normalisation layers are registered here). :class:`ConversionContext` is what a converter gets besides the module. The built-in
 converters are in :mod:`~varbnn.convert.converters`, the built-in deterministic forms in
 :mod:`~varbnn.convert.to_plain`.
 """
@@ -88,8 +87,6 @@ NORMALISATION = "normalisation layer (deterministic by design)"
 EXCLUDED = "excluded by the user"
 NO_BAYESIAN_FORM = "no Bayesian form registered"
 _NOT_CONVERTED = "not converted (a Bayesian form is registered; excluded by the user?)"
-_ATTENTION = "no Bayesian form: F.multi_head_attention_forward reads its packed projections"
-_TRANSFORMER = "contains MultiheadAttention; left whole, as torch's eval fast path reads its Linear weights"
 FROZEN = "frozen, left deterministic (requires_grad=False on all its parameters)"
 _PARTLY_FROZEN = "partly frozen: {names} requires_grad=False; left deterministic as it was (frozen='convert' converts it)"
 _OWN_FORWARD = "subclass of {base} with its own {method}; a Bayes layer would drop it"
@@ -100,11 +97,8 @@ _TIED = "weight tying: {pairs}; left deterministic so the tie holds"
 for _norm in (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None)):
     if _norm is not None:
         register_left_deterministic(_norm, NORMALISATION)
-register_left_deterministic(nn.MultiheadAttention, _ATTENTION, warn=True)
-# torch's encoder layers (and stacks) read linear1.weight etc. on their eval-mode fast path, so converting their Linear
-# layers would break them; the decoder layers call their sub-modules and are walked into like any container.
-for _transformer in (nn.TransformerEncoder, nn.TransformerEncoderLayer):
-    register_left_deterministic(_transformer, _TRANSFORMER, warn=True)
+# nn.MultiheadAttention has a converter (converters.py); the transformer layers and stacks are walked into like any
+# container, and their eval-mode fast paths are switched off where they hold a Bayesian module (fastpath.py).
 
 
 def _lookup(registry: dict[type[nn.Module], Any], module: nn.Module) -> Any:

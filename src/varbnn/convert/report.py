@@ -28,6 +28,10 @@ class ConvertedModule:
     :ivar also_at: the other names at which the same module object sits (a module used twice in the plain model,
         e.g. ``nn.Sequential(lin, nn.ReLU(), lin)``, stays ONE Bayesian module at every place: one posterior and one
         KL term, as the plain network had one weight; each call still draws its own weights). Empty when used once.
+    :ivar num_random_tensors: its random tensors, each with a posterior and a KL term (2 for a ``BayesLinear`` with
+        bias; 4 for a ``BayesMultiheadAttention`` with packed projections and biases: ``in_proj_weight``,
+        ``in_proj_bias``, ``out_proj.weight``, ``out_proj.bias``); 0 for a converted module that is not a
+        :class:`~varbnn.nn.BayesianModule` (a registered converter's container).
     """
 
     name: str
@@ -36,6 +40,7 @@ class ConvertedModule:
     num_weights: int
     num_variational_parameters: int
     also_at: tuple[str, ...] = ()
+    num_random_tensors: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,13 +104,21 @@ class ConversionReport:
         return sum(c.num_weights for c in self.converted)
 
     @property
+    def num_random_tensors(self) -> int:
+        """Random tensors (each with a posterior and a KL term) over every converted module."""
+        return sum(c.num_random_tensors for c in self.converted)
+
+    @property
     def num_deterministic_parameters(self) -> int:
         """Parameters left deterministic, over every :class:`DeterministicModule`."""
         return sum(d.num_parameters for d in self.deterministic)
 
     def summary(self) -> str:
         """One line: how many modules and weights were converted, and what was left deterministic, by type and reason."""
-        text = f"{len(self.converted)} modules Bayesian ({self.num_bayesian_weights:,} weights)"
+        text = (
+            f"{len(self.converted)} modules Bayesian ({self.num_bayesian_weights:,} weights in "
+            f"{self.num_random_tensors} random tensors)"
+        )
         if not self.deterministic:
             text += "; nothing left deterministic"
         else:
@@ -116,13 +129,17 @@ class ConversionReport:
         return text + _shared_text(self.shared)
 
     def __str__(self) -> str:
-        lines = [f"Bayesian ({len(self.converted)} modules, {self.num_bayesian_weights:,} weights):"]
+        lines = [
+            f"Bayesian ({len(self.converted)} modules, {self.num_random_tensors} random tensors, "
+            f"{self.num_bayesian_weights:,} weights):"
+        ]
         rows = [
             (c.name or "(model)", f"{c.source_type} -> {c.bayesian_type}" if c.source_type else c.bayesian_type,
-             f"{c.num_weights:,}", f"{c.num_variational_parameters:,}")
+             str(c.num_random_tensors), f"{c.num_weights:,}", f"{c.num_variational_parameters:,}")
             for c in self.converted
         ]  # fmt: skip
-        lines += _table(("name", "type", "weights", "variational parameters"), rows) if rows else ["  (none)"]
+        header = ("name", "type", "random tensors", "weights", "variational parameters")
+        lines += _table(header, rows) if rows else ["  (none)"]
         lines.append(f"left deterministic ({len(self.deterministic)} modules, {self.num_deterministic_parameters:,} parameters):")
         rows = [
             (d.name or "(model)", d.type_name, f"{d.num_parameters:,}", d.reason + ("" if d.deliberate else "  [warned]"))

@@ -47,6 +47,8 @@ def _structure_problem(module: nn.Module, registered: type[nn.Module]) -> tuple[
             own = getattr(type(module), method, None)
             if own is not None and own is not getattr(registered, method, None):
                 return _OWN_FORWARD.format(base=registered.__name__, method=method), False
+    if registered is nn.MultiheadAttention:
+        return _attention_problem(module)
     if registered in (nn.LSTM, nn.GRU):
         expected: tuple[str, ...] | None = tuple(module._flat_weights_names)  # type: ignore[arg-type]
     else:
@@ -60,6 +62,28 @@ def _structure_problem(module: nn.Module, registered: type[nn.Module]) -> tuple[
         return _OTHER_PARAMETERS.format(base=registered.__name__, names=_quoted(other) or "none", missing=absent), False
     if module._modules:
         return f"{registered.__name__} with submodules {_quoted(module._modules)}; a Bayes layer would drop them", False
+    return None
+
+
+_ATTENTION_PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v")
+
+
+def _attention_problem(module: nn.Module) -> tuple[str, bool] | None:
+    """Why an ``nn.MultiheadAttention`` cannot become a ``BayesMultiheadAttention`` as it is (its ``forward`` reads
+    ``out_proj.weight`` and ``out_proj.bias`` as tensors, so ``out_proj`` must be a plain ``nn.Linear``); ``None``
+    when it can. Such an attention is left whole."""
+    other = [n for n, p in module._parameters.items() if p is not None and n not in _ATTENTION_PARAMETERS]
+    if other:
+        return _OTHER_PARAMETERS.format(base="MultiheadAttention", names=_quoted(other), missing=""), True
+    extra = [n for n in module._modules if n != "out_proj"]
+    out_proj = module._modules.get("out_proj")
+    if extra or not isinstance(out_proj, nn.Linear):
+        return f"MultiheadAttention with submodules {_quoted(module._modules)}; a Bayes attention would drop them", True
+    if parametrize.is_parametrized(out_proj):
+        names = _quoted(getattr(out_proj, "parametrizations").keys())  # noqa: B009  (a ModuleDict torch adds)
+        return _PARAMETRIZED.format(names=f"out_proj {names}"), True
+    if out_proj._modules or [n for n, p in out_proj._parameters.items() if p is not None and n not in ("weight", "bias")]:
+        return "MultiheadAttention whose out_proj has other parameters or submodules; a Bayes attention would drop them", True
     return None
 
 

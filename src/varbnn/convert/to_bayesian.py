@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from varbnn.convert.batchnorm import _warn_batch_norm_after_bayesian
+from varbnn.convert.fastpath import disable_fast_paths
 from varbnn.convert.registry import ConversionContext
 from varbnn.convert.report import ConversionReport, ConversionWarning, DeterministicModule, _by_type
 from varbnn.convert.structure import _Pin, _places, _tied_parameters, _warn_split_by_converters
@@ -230,6 +231,7 @@ def bayesianize(
             ConversionWarning,
             stacklevel=2,
         )
+    disable_fast_paths(new)  # torch's fused transformer fast path reads plain weights a Bayesian layer does not have
     _warn_batch_norm_after_bayesian(new, pretrained)
     return (new, result) if report else new
 

@@ -1,5 +1,5 @@
 """Back to plain modules: the built-in deterministic forms (``BayesLinear`` -> ``nn.Linear``, the convolutions,
-``BayesEmbedding``, ``BayesLSTM``/``BayesGRU``), registered with :func:`register_deterministic`, and
+``BayesEmbedding``, ``BayesLSTM``/``BayesGRU``, ``BayesMultiheadAttention`` -> ``nn.MultiheadAttention``), registered with :func:`register_deterministic`, and
 :func:`to_deterministic`, which exports a Bayesian model's posterior mean or mode as a plain model.
 """
 
@@ -10,8 +10,10 @@ import copy
 import torch
 from torch import nn
 
+from varbnn.convert.fastpath import restore_fast_paths
 from varbnn.convert.placement import _carry_hooks
 from varbnn.convert.registry import _DETERMINIZERS, _lookup, register_deterministic
+from varbnn.nn.attention import BayesMultiheadAttention
 from varbnn.nn.base import BayesianModule
 from varbnn.nn.layers import BayesEmbedding, BayesLinear, BayesLSTM, _BayesConvNd, _BayesRNN
 
@@ -66,6 +68,26 @@ def _det_recurrent(module: nn.Module, mode: str) -> nn.Module:
     return plain
 
 
+@register_deterministic(BayesMultiheadAttention)
+def _det_attention(module: nn.Module, mode: str) -> nn.Module:
+    assert isinstance(module, BayesMultiheadAttention)
+    names = module.tensor_names()
+    bias = "in_proj_bias" in names or "out_proj.bias" in names
+    plain = nn.MultiheadAttention(
+        module.embed_dim, module.num_heads, module.dropout, bias, "bias_k" in names, module.add_zero_attn,
+        module.kdim, module.vdim, module.batch_first,
+    )  # fmt: skip
+    reference = next(module.parameters())
+    plain.to(device=reference.device, dtype=reference.dtype)
+    with torch.no_grad():
+        if bias:  # a bias the Bayesian layer does not have acts as zero
+            for name in ("in_proj_bias", "out_proj.bias"):
+                plain.get_parameter(name).zero_()
+        for name, (_, posterior, _) in zip(names, module.bayesian_tensors()):
+            plain.get_parameter(name).copy_(posterior.mean if mode == "mean" else posterior.mode)
+    return plain
+
+
 def _copy_point(bayes: BayesianModule, plain: nn.Module, mode: str) -> None:
     reference = next(bayes.parameters())
     plain.to(device=reference.device, dtype=reference.dtype)
@@ -114,6 +136,7 @@ def to_deterministic(model: nn.Module, mode: str = "mean") -> nn.Module:
                 setattr(parent, child_name, plain)
 
     convert(new)
+    restore_fast_paths(new)
     leftover = [n for n, m in new.named_modules() if isinstance(m, BayesianModule)]
     if leftover:
         raise NotImplementedError(f"no deterministic form registered for Bayesian modules {leftover}")

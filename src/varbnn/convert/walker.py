@@ -118,7 +118,9 @@ class _Walker:
         else:
             weights = sum(p.numel() for p in (source if source is not None else new).parameters())
         source_type = type(source).__name__ if source is not None else None
-        self._add(self.converted, new, ConvertedModule(name, type(new).__name__, source_type, weights, variational))
+        tensors = len(list(new.bayesian_tensors())) if isinstance(new, BayesianModule) else 0
+        row = ConvertedModule(name, type(new).__name__, source_type, weights, variational, num_random_tensors=tensors)
+        self._add(self.converted, new, row)
         return new
 
     def _also_at(self, placed: nn.Module, name: str) -> None:
@@ -201,8 +203,9 @@ class _Walker:
                 return self._leave(module, name, reason, False)
             self._leave(module, name, reason, False, recurse=False)
             return self._children(module, name)
-        if id(module) in self.ties:
-            return self._leave(module, name, _TIED.format(pairs=self.ties[id(module)]), False)
+        ties = [self.ties[id(sub)] for sub in module.modules() if id(sub) in self.ties]  # (a submodule's: MHA.out_proj)
+        if ties:
+            return self._leave(module, name, _TIED.format(pairs="; ".join(ties)), False)
         if self.context is None:
             return self._leave(module, name, _NOT_CONVERTED, False)
         if self.dry:
