@@ -227,30 +227,31 @@ def test_report_lists_every_module_that_owns_parameters():
         model, report = varbnn.bayesianize(net, MeanField(), report=True)
     assert len(record) == 1, "one warning per call"
     message = str(record[0].message)
-    assert "MultiheadAttention" in message and "Bilinear" in message and "LayerNorm" not in message
+    assert "Bilinear" in message and "LayerNorm" not in message and "MultiheadAttention" not in message
     assert isinstance(report, ConversionReport)
     assert [(c.name, c.source_type, c.bayesian_type) for c in report.converted] == [
         ("embed", "Embedding", "BayesEmbedding"),
+        ("attention", "MultiheadAttention", "BayesMultiheadAttention"),  # converted since issue 65
         ("head", "Linear", "BayesLinear"),
     ]
     left = {d.name: (d.type_name, d.deliberate) for d in report.deterministic}
-    assert left == {"norm": ("LayerNorm", True), "attention": ("MultiheadAttention", False), "bilinear": ("Bilinear", False)}
+    assert left == {"norm": ("LayerNorm", True), "bilinear": ("Bilinear", False)}
     total = sum(p.numel() for p in net.parameters())
     assert report.num_bayesian_weights + report.num_deterministic_parameters == total
-    assert {d.name for d in report.unintended} == {"attention", "bilinear"}
+    assert {d.name for d in report.unintended} == {"bilinear"}
     text = str(report)
     assert "normalisation layer (deterministic by design)" in text and "Embedding -> BayesEmbedding" in text
-    assert "2 modules Bayesian" in report.summary()
+    assert "3 modules Bayesian" in report.summary()
     x = torch.randint(0, 10, (2, 5))
     model.eval()
     assert model(x).shape == (2, 3), "MultiheadAttention's forward works after bayesianize"
     again = varbnn.conversion_report(model)
-    assert [c.name for c in again.converted] == ["embed", "head"] and again.converted[0].source_type is None
+    assert [c.name for c in again.converted] == ["embed", "attention", "head"] and again.converted[0].source_type is None
     assert [(d.name, d.deliberate) for d in again.deterministic] == [(d.name, d.deliberate) for d in report.deterministic]
 
 
 def test_strict_refuses_and_exclusion_acknowledges():
-    with pytest.raises(ValueError, match="strict=True.*MultiheadAttention x1.*'attention'.*Bilinear x1.*'bilinear'"):
+    with pytest.raises(ValueError, match="strict=True.*: Bilinear x1.*'bilinear'"):
         varbnn.bayesianize(Mixed(), strict=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -288,16 +289,22 @@ def test_a_batch_norm_after_a_bayesian_layer_is_warned_about_once():
 
 
 def test_transformer_layers():
+    """Since issue 65 the encoder layer is walked into (its attention and Linear layers converted, its fused eval fast
+    path switched off) and the decoder layer's two attentions are converted; tests/test_attention_conversion.py has
+    the rest."""
     x = torch.randn(2, 5, 8)
-    with pytest.warns(ConversionWarning, match="TransformerEncoderLayer"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         encoder, report = varbnn.bayesianize(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), report=True)
-    assert not report.converted and report.deterministic[0].reason.startswith("contains MultiheadAttention")
+    assert {c.name for c in report.converted} == {"self_attn", "linear1", "linear2"}
     encoder.eval()
     with torch.no_grad():
-        assert encoder(x).shape == x.shape  # the fused fast path runs on the untouched layer
-    with pytest.warns(ConversionWarning, match="MultiheadAttention x2"):
+        assert encoder(x).shape == x.shape  # the regular path, with the Bayesian modules
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         decoder = varbnn.bayesianize(nn.TransformerDecoderLayer(8, 2, 16, batch_first=True))
-    assert isinstance(decoder.linear1, BayesLinear) and isinstance(decoder.self_attn.out_proj, nn.Linear)
+    assert isinstance(decoder.linear1, BayesLinear) and isinstance(decoder.self_attn, varbnn.nn.BayesMultiheadAttention)
+    assert isinstance(decoder.multihead_attn, varbnn.nn.BayesMultiheadAttention)
     decoder.eval()
     with torch.no_grad():
         assert decoder(x, x).shape == x.shape
