@@ -2,9 +2,9 @@
 
 Which plain type becomes which Bayesian layer (:func:`register_converter`), which Bayesian type goes back to which
 plain one (:func:`register_deterministic`), and which types are left as they are, with the reason the report shows
-(:func:`register_left_deterministic`; the normalisation layers are registered here). :class:`ConversionContext` is what a converter gets besides the module. The built-in
-converters are in :mod:`~varbnn.convert.converters`, the built-in deterministic forms in
-:mod:`~varbnn.convert.to_plain`.
+(:func:`register_left_deterministic`; the normalisation layers are registered here). :class:`ConversionContext` is
+what a converter gets besides the module. The built-in converters are in :mod:`~varbnn.convert.converters`, the
+built-in deterministic forms in :mod:`~varbnn.convert.to_plain`.
 """
 
 from __future__ import annotations

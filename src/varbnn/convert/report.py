@@ -141,11 +141,11 @@ class ConversionReport:
         header = ("name", "type", "random tensors", "weights", "variational parameters")
         lines += _table(header, rows) if rows else ["  (none)"]
         lines.append(f"left deterministic ({len(self.deterministic)} modules, {self.num_deterministic_parameters:,} parameters):")
-        rows = [
+        left = [
             (d.name or "(model)", d.type_name, f"{d.num_parameters:,}", d.reason + ("" if d.deliberate else "  [warned]"))
             for d in self.deterministic
         ]
-        lines += _table(("name", "type", "parameters", "reason"), rows) if rows else ["  (none)"]
+        lines += _table(("name", "type", "parameters", "reason"), left) if left else ["  (none)"]
         if self.shared:
             lines.append("shared (one module object at several places; a Bayesian one has one posterior, one KL term):")
             lines += [f"  {row.name or '(model)'} also at {', '.join(row.also_at)}" for row in self.shared]

@@ -115,7 +115,7 @@ def _places(model: nn.Module) -> dict[int, list[str]]:
 
 @dataclass(frozen=True)
 class _Pin:
-    """A module that sits inside a subtree left as it is (excluded, frozen, attention ...) and at another place too:
+    """A module that sits inside a subtree left as it is (excluded, frozen, a module left whole ...) and at another place too:
     it stays as it is at that place as well, so that it remains one object."""
 
     module: nn.Module

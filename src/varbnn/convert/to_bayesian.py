@@ -91,12 +91,16 @@ def bayesianize(
 ) -> nn.Module | tuple[nn.Module, ConversionReport]:
     """A NEW model in which every registered layer is Bayesian; the input model is deep-copied, never modified.
 
-    Converted: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d``, ``nn.Embedding``, ``nn.LSTM``, ``nn.GRU`` (and their
-    subclasses; more with :func:`register_converter`). Left deterministic ON PURPOSE, without a warning: normalisation
+    Converted: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d``, ``nn.Embedding``, ``nn.LSTM``, ``nn.GRU``,
+    ``nn.MultiheadAttention`` (to :class:`~varbnn.nn.BayesMultiheadAttention`, every projection random) and their
+    subclasses; more with :func:`register_converter`. The transformer layers are walked into (their attention and
+    ``Linear`` layers converted); torch's fused eval-mode fast path of ``nn.TransformerEncoderLayer`` and
+    ``nn.TransformerEncoder``, which reads plain weights, is switched off where they hold a Bayesian module, so that
+    every pass draws (their regular path computes the same function; padded positions of a key padding mask then get
+    outputs, where the nested-tensor path gave zeros). Left deterministic ON PURPOSE, without a warning: normalisation
     layers (``BatchNorm*``, ``SyncBatchNorm``, ``InstanceNorm*``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm``) and what
     ``exclude`` names. Left
-    deterministic and REPORTED: every other module that owns parameters (``nn.MultiheadAttention``, and
-    ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder`` as a whole, ``nn.Bilinear``, ``nn.EmbeddingBag``,
+    deterministic and REPORTED: every other module that owns parameters (``nn.Bilinear``, ``nn.EmbeddingBag``,
     transposed convolutions, custom modules with their own ``nn.Parameter`` ...), and the convertible modules that a
     Bayesian layer would not reproduce (a subclass with its own ``forward``, a parametrized or weight-normed module, a
     module with a parameter tied to another module's, a partly frozen module): one :class:`ConversionWarning` lists
@@ -110,7 +114,7 @@ def bayesianize(
     ``model.decoder.weight = nn.Parameter(model.decoder.weight.detach().clone())``). A module OBJECT used at several
     places is different: it becomes one Bayesian module at all of them (one posterior, one KL term; the report's
     ``also_at``), or stays one plain module at all of them when one of its places lies inside a subtree left as it is
-    (an excluded parent, a frozen or attention module; its row says so). Frozen modules (all parameters
+    (an excluded parent, a frozen module; its row says so). Frozen modules (all parameters
     ``requires_grad=False``) stay deterministic and frozen (``frozen``).
     A batch norm with running statistics after a Bayesian layer is warned about (once): in eval mode every sampled
     network is normalised with one set of statistics, estimated for other weights; a Bayesian bias right before it

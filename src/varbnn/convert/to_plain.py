@@ -1,6 +1,7 @@
 """Back to plain modules: the built-in deterministic forms (``BayesLinear`` -> ``nn.Linear``, the convolutions,
-``BayesEmbedding``, ``BayesLSTM``/``BayesGRU``, ``BayesMultiheadAttention`` -> ``nn.MultiheadAttention``), registered with :func:`register_deterministic`, and
-:func:`to_deterministic`, which exports a Bayesian model's posterior mean or mode as a plain model.
+``BayesEmbedding``, ``BayesLSTM``/``BayesGRU``, ``BayesMultiheadAttention`` -> ``nn.MultiheadAttention``), registered
+with :func:`register_deterministic`, and :func:`to_deterministic`, which exports a Bayesian model's posterior mean or
+mode as a plain model (and gives torch's transformer encoders back the fused fast path ``bayesianize`` switched off).
 """
 
 from __future__ import annotations

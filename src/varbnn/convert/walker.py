@@ -2,7 +2,7 @@
 registered converter and recording everything else that owns parameters as a report row.
 
 It applies the rules of the package docstring (:mod:`varbnn.convert`): a module used at several places gets one
-replacement at all of them; a module inside a subtree left as it is (excluded, frozen, attention ...) stays as it is at
+replacement at all of them; a module inside a subtree left as it is (excluded, frozen, a module left whole ...) stays as it is at
 its other places too; frozen, partly frozen, tied and structurally unfaithful modules are left deterministic with
 their reason.
 """

@@ -132,9 +132,7 @@ class BayesMultiheadAttention(BayesianModule):
             self._add_tensor(_key(name), tuple(start.shape), spec, resolve_prior(tensor_prior, name), start)
 
     @staticmethod
-    def _plain_names(
-        embed_dim: int, kdim: int | None, vdim: int | None, bias: bool, add_bias_kv: bool
-    ) -> list[str]:
+    def _plain_names(embed_dim: int, kdim: int | None, vdim: int | None, bias: bool, add_bias_kv: bool) -> list[str]:
         same = (kdim is None or kdim == embed_dim) and (vdim is None or vdim == embed_dim)
         names = ["in_proj_weight"] if same else ["q_proj_weight", "k_proj_weight", "v_proj_weight"]
         if bias:
@@ -250,6 +248,5 @@ class BayesMultiheadAttention(BayesianModule):
     def extra_repr(self) -> str:
         kv = "" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}"
         return (
-            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, batch_first={self.batch_first}, "
-            f"{super().extra_repr()}"
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, batch_first={self.batch_first}, {super().extra_repr()}"
         )
