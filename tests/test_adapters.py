@@ -163,8 +163,13 @@ def test_predict_draws_vary_for_meanfield_and_not_for_delta() -> None:
     _perturb(point)
     draws = varbnn.predict(point, x, samples=4)
     assert all(torch.equal(draws[0], d) for d in draws[1:])
-    summary = varbnn.evaluate(gaussian, x, torch.zeros(5, dtype=torch.long), samples=4)
+    labels = torch.tensor([0, 1, 2, 3, 0])
+    summary = varbnn.evaluate(gaussian, x, labels, samples=4)
     assert "nll" in summary
+    with warnings.catch_warnings():  # five random labels: T runs to its bound, which TemperatureScaled warns about
+        warnings.simplefilter("ignore", UserWarning)
+        scaled = varbnn.calibration.TemperatureScaled(gaussian).fit(x, labels, samples=4)
+    assert varbnn.predict(scaled, x, samples=2).shape == (2, 5, 4)
 
 
 @pytest.mark.parametrize("bayesian", ["A", "both"])

@@ -254,9 +254,11 @@ def adapter_parameters(model: nn.Module) -> Iterator[nn.Parameter]:
 def merge_adapters(model: nn.Module, mode: str = "mean") -> nn.Module:
     """A NEW plain model: every adapted layer replaced by its base layer with the posterior ``"mean"`` (or ``"mode"``)
     update merged in, ``W + (alpha / rank) E[B] E[A]``; the deployment path (no adapter left, the speed of the
-    pretrained network). Other modules (a Bayesian head included) are copied as they are; the copy's parameters keep
-    the ``requires_grad`` they had, the merged layers are trainable. :func:`varbnn.to_deterministic` does the same
-    for the adapters and also makes every other Bayesian layer plain.
+    pretrained network). Other modules (a Bayesian head included) are copied as they are, and every parameter keeps the
+    ``requires_grad`` it had (the merged layers are frozen like their base layers: ``requires_grad_(True)`` to train
+    the result further). The user's forward hooks on an adapted layer move to its merged form. ``"mode"`` uses each
+    matrix's posterior mode (the layer's ``sample_mode="mode"``). :func:`varbnn.to_deterministic` merges the adapters
+    the same way and also makes every other Bayesian layer plain.
     """
     if mode not in ("mean", "mode"):
         raise ValueError(f"merge_adapters: mode must be 'mean' or 'mode', got {mode!r}")
