@@ -38,6 +38,7 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.calibration", "calibration", "Temperature scaling."),
     ("varbnn.baselines", "baselines", "MC dropout and deep ensembles on the same predict path."),
     ("varbnn.laplace", "laplace", "Last-layer Laplace approximation (KFAC)."),
+    ("varbnn.adapters", "adapters", "Variational LoRA adapters: Bayesian fine-tuning of a pretrained network."),
     ("varbnn.continual", "continual", "Variational continual learning."),
     ("varbnn.prune", "prune", "Density pruning, structured pruning, thresholds, export, retraining."),
     ("varbnn.distributions", "distributions", "torch.distributions subclasses: von Mises-Fisher, Radial, ..."),

@@ -51,7 +51,7 @@ MODULES = sorted(
 PUBLIC = [
     "varbnn", "varbnn.convert", "varbnn.families", "varbnn.nn", "varbnn.priors", "varbnn.divergence",
     "varbnn.objectives", "varbnn.likelihoods", "varbnn.training", "varbnn.optim", "varbnn.predict", "varbnn.metrics",
-    "varbnn.calibration", "varbnn.baselines", "varbnn.laplace", "varbnn.continual", "varbnn.prune",
+    "varbnn.calibration", "varbnn.baselines", "varbnn.laplace", "varbnn.adapters", "varbnn.continual", "varbnn.prune",
     "varbnn.prune.density", "varbnn.prune.scores", "varbnn.prune.thresholds", "varbnn.prune.export",
     "varbnn.prune.retrain", "varbnn.distributions", "varbnn.special", "varbnn.data", "varbnn.models", "varbnn.plots",
     "varbnn.analysis", "varbnn.distributed", "varbnn.ops",

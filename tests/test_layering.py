@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                    "varbnn.convert")),
     ("methods and training", ("varbnn.calibration", "varbnn.baselines", "varbnn.laplace", "varbnn.training",
                               "varbnn.train", "varbnn.analysis", "varbnn.prune", "varbnn.continual", "varbnn.models",
-                              "varbnn.distributed", "varbnn.plots", "varbnn.optim")),
+                              "varbnn.distributed", "varbnn.plots", "varbnn.optim", "varbnn.adapters")),
     ("package", (ROOT_NAME,)),
     ("applications", APPLICATIONS),
 ]  # fmt: skip

@@ -8,11 +8,11 @@ The loss convention (see :mod:`varbnn.divergence`): ``loss = mean NLL over the b
 After ``import varbnn`` every public module is an attribute: ``varbnn.families``, ``varbnn.priors``, ``varbnn.nn``,
 ``varbnn.convert``, ``varbnn.divergence``, ``varbnn.objectives``, ``varbnn.likelihoods``, ``varbnn.training``
 (also under its first name ``varbnn.train``),
-``varbnn.metrics``, ``varbnn.calibration``, ``varbnn.baselines``, ``varbnn.laplace``, ``varbnn.continual``,
+``varbnn.metrics``, ``varbnn.calibration``, ``varbnn.baselines``, ``varbnn.laplace``, ``varbnn.adapters``, ``varbnn.continual``,
 ``varbnn.prune``, ``varbnn.distributions``, ``varbnn.special``, ``varbnn.data``, ``varbnn.models``,
 ``varbnn.analysis``, ``varbnn.distributed``, ``varbnn.ops``, ``varbnn.plots`` (matplotlib) and ``varbnn.cli`` (the
-``varbnn`` command); those the training path does not need (``analysis``, ``continual``, ``data``, ``distributed``,
-``laplace``, ``models``, ``prune``, ``plots``, ``cli``) are imported on first access, so ``import varbnn`` stays
+``varbnn`` command); those the training path does not need (``adapters``, ``analysis``, ``continual``, ``data``,
+``distributed``, ``laplace``, ``models``, ``prune``, ``plots``, ``cli``) are imported on first access, so ``import varbnn`` stays
 cheap. ``__version__`` is the package version. The experiments are not part of the package: they are the lab,
 ``varbnn_lab`` (``lab/`` of a clone, ``pip install -e lab/``), which imports varbnn and is never imported by it.
 """
@@ -71,6 +71,7 @@ from varbnn.training import evaluate, fit
 __version__ = "0.2.0"
 
 __all__ = [
+    "adapters",
     "analysis",
     "baselines",
     "calibration",
@@ -137,7 +138,7 @@ __all__ = [
 
 # Imported on first use (PEP 562), so that ``import varbnn`` costs no more than the modules above: the figures
 # (matplotlib), the command line, and the modules the training path does not need.
-_LAZY_MODULES = ("analysis", "continual", "data", "distributed", "laplace", "models", "prune", "plots", "cli")
+_LAZY_MODULES = ("adapters", "analysis", "continual", "data", "distributed", "laplace", "models", "prune", "plots", "cli")
 
 
 def __getattr__(name: str) -> _Any:

@@ -1,0 +1,232 @@
+"""The adapted layers: :class:`LoRALayer` and its two forms, :class:`LoRALinear` and :class:`LoRAConv2d`, registered
+with :func:`varbnn.convert.register_deterministic` so that :func:`varbnn.to_deterministic` merges them."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from varbnn._checks import as_float_in, as_int
+from varbnn.convert import register_deterministic
+from varbnn.families.base import VariationalFamily
+from varbnn.families.meanfield import MeanField
+from varbnn.nn.base import BayesianModule
+from varbnn.ops import ConvOp, LinearOp, WeightOp
+from varbnn.priors import PriorSpec
+
+__all__ = ["LoRALayer", "LoRALinear", "LoRAConv2d", "BAYESIAN_CHOICES", "INIT_CHOICES"]
+
+BAYESIAN_CHOICES: tuple[str, ...] = ("A", "B", "both")
+"""The values of ``bayesian``: which adapter matrices carry the variational family (the others are point estimates)."""
+INIT_CHOICES: tuple[str, ...] = ("lora", "gaussian")
+"""The values of ``init``: ``"lora"`` draws A from torch's ``nn.Linear`` default (Kaiming-uniform with ``a = sqrt(5)``,
+i.e. ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, as PEFT), ``"gaussian"`` from ``N(0, 1 / fan_in)``; B is zero for both."""
+_MATRICES = ("lora_A", "lora_B")
+
+
+def _transformer_fast_path_off(module: nn.Module, args: Any) -> None:
+    """A forward pre-hook that does nothing: its presence makes ``nn.TransformerEncoderLayer`` take its slow path
+    (the fused eval-mode kernel reads ``linear1.weight`` directly and would skip the adapter)."""
+    return None
+
+
+class LoRALayer(BayesianModule):
+    """A frozen pretrained layer plus a low-rank update, ``base(x) + (alpha / rank) * B (A x)``, with a variational
+    posterior over ``A`` (default), ``B`` or both; :class:`LoRALinear` and :class:`LoRAConv2d` are its two forms.
+
+    The matrices with a posterior are the layer's ``bayesian_tensors()`` (names ``"lora_A"``, ``"lora_B"``; their KL is
+    the layer's :meth:`~varbnn.nn.BayesianModule.kl`); the others are plain ``nn.Parameter`` s of the same names, with
+    no prior and no KL term. ``sample_mode`` works as in every Bayesian layer. ``weight`` and ``bias`` read the base
+    layer's (frozen) tensors, as PEFT's adapted layers do, for code that reads ``layer.weight``; they do NOT include the
+    update (that is :func:`merge_adapters`).
+    """
+
+    base: nn.Module
+    rank: int
+    alpha: float
+    scaling: float
+    bayesian: str
+
+    def _setup(
+        self,
+        base: nn.Module,
+        rank: int,
+        alpha: float | None,
+        family: VariationalFamily | None,
+        prior: PriorSpec | None,
+        bayesian: str,
+        init: str,
+        shapes: tuple[tuple[int, ...], tuple[int, ...]],
+        ops: tuple[WeightOp, WeightOp],
+    ) -> None:
+        owner = type(self).__name__
+        self.rank = rank
+        self.alpha = float(self.rank) if alpha is None else as_float_in(alpha, "alpha", 0.0, None, low_open=True, owner=owner)
+        self.scaling = self.alpha / self.rank
+        if bayesian not in BAYESIAN_CHOICES:
+            raise ValueError(f"{owner}: bayesian must be one of {BAYESIAN_CHOICES}, got {bayesian!r}")
+        if init not in INIT_CHOICES:
+            raise ValueError(f"{owner}: init must be one of {INIT_CHOICES}, got {init!r}")
+        family = family if family is not None else MeanField()
+        if not isinstance(family, VariationalFamily):
+            raise TypeError(f"{owner}: family must be a varbnn VariationalFamily (e.g. MeanField()), got {type(family).__name__}")
+        self.bayesian = bayesian
+        self.base = base
+        self._ops = dict(zip(_MATRICES, ops))
+        reference: torch.Tensor = base.weight  # type: ignore[assignment]
+        dtype = reference.dtype if reference.is_floating_point() else torch.get_default_dtype()
+        fan_in = math.prod(shapes[0][1:])
+        initial_a = torch.empty(shapes[0], dtype=dtype)
+        if init == "lora":
+            bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)): nn.Linear's default, PEFT's LoRA default
+            nn.init.uniform_(initial_a, -bound, bound)
+        else:
+            nn.init.normal_(initial_a, 0.0, 1.0 / math.sqrt(fan_in))
+        initial = {"lora_A": initial_a, "lora_B": torch.zeros(shapes[1], dtype=dtype)}
+        for name in _MATRICES:
+            if bayesian == "both" or name.endswith(bayesian):
+                self._add_tensor(name, tuple(initial[name].shape), family, prior, initial[name])
+            else:
+                setattr(self, name, nn.Parameter(initial[name].to(reference.device)))
+        self.posteriors.to(device=reference.device)
+        self.priors.to(device=reference.device)
+        base.requires_grad_(False)
+
+    def _matrix_op(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name in self.posteriors:
+            return self.posteriors[name].forward_op(self._ops[name], x, None, self.sample_mode)  # type: ignore[operator]
+        return self._ops[name](x, getattr(self, name), None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``base(x) + (alpha / rank) * B (A x)``, A and B drawn from their posteriors (or at their mean / mode)."""
+        update = self._matrix_op("lora_B", self._matrix_op("lora_A", x))
+        return self.base(x) + self.scaling * update
+
+    def matrix(self, name: str, mode: str = "mean") -> torch.Tensor:
+        """Adapter matrix ``"lora_A"`` or ``"lora_B"`` at its posterior ``"mean"`` or ``"mode"`` (the point estimate
+        itself for a matrix without a posterior)."""
+        if name not in _MATRICES:
+            raise ValueError(f"name must be one of {_MATRICES}, got {name!r}")
+        if mode not in ("mean", "mode"):
+            raise ValueError(f"mode must be 'mean' or 'mode', got {mode!r}")
+        if name in self.posteriors:
+            posterior = self.posteriors[name]
+            return posterior.mean if mode == "mean" else posterior.mode  # type: ignore[return-value]
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    def delta_weight(self, mode: str = "mean") -> torch.Tensor:
+        """``(alpha / rank) * B A`` at the posterior ``mode`` (``"mean"`` or ``"mode"``), in the base weight's shape."""
+        b, a = self.matrix("lora_B", mode), self.matrix("lora_A", mode)
+        product = b.reshape(b.shape[0], -1) @ a.reshape(a.shape[0], -1)
+        return (self.scaling * product).reshape(self.weight.shape)
+
+    def merged(self, mode: str = "mean") -> nn.Module:
+        """A plain copy of the base layer with ``delta_weight(mode)`` added to its weight (its parameters frozen like
+        the base's: ``requires_grad_(True)`` to train it further)."""
+        plain = copy.deepcopy(self.base)
+        weight: torch.Tensor = plain.weight  # type: ignore[assignment]
+        with torch.no_grad():
+            weight.add_(self.delta_weight(mode).to(weight.dtype))
+        return plain
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The base layer's (frozen, pretrained) weight, without the update."""
+        return self.base.weight  # type: ignore[return-value]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The base layer's (frozen, pretrained) bias, or None."""
+        return self.base.bias  # type: ignore[return-value]
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha:g}, bayesian={self.bayesian!r}, {super().extra_repr()}"
+
+
+class LoRALinear(LoRALayer):
+    """A LoRA-adapted ``nn.Linear``: ``base(x) + (alpha / rank) * x A^T B^T`` with ``A`` of shape ``(rank, in)`` and
+    ``B`` of shape ``(out, rank)`` (see :class:`LoRALayer`).
+
+    :param base: the pretrained ``nn.Linear`` (frozen: ``requires_grad=False`` on its parameters).
+    :param rank: the rank r, an int in ``[1, min(in_features, out_features)]`` (default 8).
+    :param alpha: the scale numerator, a number > 0; the update is multiplied by ``alpha / rank`` (default None:
+        ``alpha = rank``, a scale of 1).
+    :param family: the posterior spec of the Bayesian matrices (default ``MeanField()``; ``Delta()`` gives plain LoRA).
+    :param prior: their prior (default ``Normal(0, 1)``; a ``Prior``, or a callable ``"lora_A"`` / ``"lora_B"`` ->
+        Prior, :data:`~varbnn.priors.PriorSpec`).
+    :param bayesian: ``"A"`` (default, BLoB), ``"B"`` or ``"both"``: which matrices get the posterior.
+    :param init: ``"lora"`` (default) or ``"gaussian"`` (:data:`INIT_CHOICES`).
+    """
+
+    layer_kind = "linear"
+
+    def __init__(
+        self,
+        base: nn.Linear,
+        rank: int = 8,
+        alpha: float | None = None,
+        *,
+        family: VariationalFamily | None = None,
+        prior: PriorSpec | None = None,
+        bayesian: str = "A",
+        init: str = "lora",
+    ) -> None:
+        super().__init__()
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"LoRALinear: base must be an nn.Linear, got {type(base).__name__}")
+        self.in_features, self.out_features = base.in_features, base.out_features
+        rank = as_int(rank, "rank", 1, min(base.in_features, base.out_features), owner="LoRALinear")
+        shapes = ((rank, base.in_features), (base.out_features, rank))
+        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()))
+
+
+class LoRAConv2d(LoRALayer):
+    """A LoRA-adapted ``nn.Conv2d``: ``A`` is a ``rank``-channel convolution with the base's kernel, stride, padding and
+    dilation, ``B`` a 1x1 convolution to the output channels (PEFT's convolutional LoRA); merged, ``B A`` is the
+    flattened kernel's low-rank update. Only ``groups=1`` and zero padding (``padding_mode="zeros"``) are adapted.
+    Arguments as :class:`LoRALinear`; ``rank`` at most ``min(in_channels * kh * kw, out_channels)``.
+    """
+
+    layer_kind = "conv2d"
+
+    def __init__(
+        self,
+        base: nn.Conv2d,
+        rank: int = 8,
+        alpha: float | None = None,
+        *,
+        family: VariationalFamily | None = None,
+        prior: PriorSpec | None = None,
+        bayesian: str = "A",
+        init: str = "lora",
+    ) -> None:
+        super().__init__()
+        if not isinstance(base, nn.Conv2d):
+            raise TypeError(f"LoRAConv2d: base must be an nn.Conv2d, got {type(base).__name__}")
+        if base.groups != 1 or base.padding_mode != "zeros":
+            raise ValueError(
+                f"LoRAConv2d adapts convolutions with groups=1 and padding_mode='zeros', got groups={base.groups}, "
+                f"padding_mode={base.padding_mode!r}"
+            )
+        self.in_channels, self.out_channels = base.in_channels, base.out_channels
+        kh, kw = base.kernel_size
+        rank = as_int(rank, "rank", 1, min(base.in_channels * kh * kw, base.out_channels), owner="LoRAConv2d")
+        shapes = ((rank, base.in_channels, kh, kw), (base.out_channels, rank, 1, 1))
+        padding = base.padding if isinstance(base.padding, str) else tuple(base.padding)
+        first = ConvOp(2, tuple(base.stride), padding, tuple(base.dilation), 1)
+        second = ConvOp(2, (1, 1), (0, 0), (1, 1), 1)
+        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (first, second))
+
+
+@register_deterministic(LoRALayer)
+def _det_lora(module: nn.Module, mode: str) -> nn.Module:
+    """:func:`varbnn.to_deterministic`'s form of an adapted layer: the base layer with the merged update."""
+    assert isinstance(module, LoRALayer)
+    return module.merged(mode)
+
+
+_ADAPTERS: dict[type[nn.Module], type[LoRALayer]] = {nn.Linear: LoRALinear, nn.Conv2d: LoRAConv2d}
