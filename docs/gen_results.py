@@ -680,11 +680,15 @@ CLAIMS: tuple[Claim, ...] = (
         "0.85% (0.69%). Seed 2's architectures: 2-7-64-60, 3-12-140-63, 3-20-198-80, 6-21-264-62, 16-26-382-228. "
         "Unpruned predictive accuracy 0.9932 / 0.9928 / 0.9934.",
         verdict="no",
-        why="Neither goal is met (1.39% at 160K, 1.56% at 120K). No row of Table 2 is matched: the 310K point's 0.98% "
+        why="Neither goal is met (1.39% at 160K, 1.56% at 120K), on any seed (at 160K 1.54%, 1.30%, 1.33%; at 120K "
+        "1.83%, 1.42%, 1.44%). No row of Table 2 is matched: the 310K point's 0.98% "
         "is at 294,925 mean FLOPs, above BC-GNJ's size as recomputed by the paper's formulas (lenet5-front.md; with two "
-        "seeds it was matched). At 60K-160K the "
-        "random-initialisation control at the staged rule's architecture does better than the posterior's retrained "
-        "weights: the posterior chooses the architecture, its weights do not help the retraining. A pipeline that "
+        "seeds it was matched). The verdict rule does not decide it: the goals are fixed thresholds and Table 2's "
+        "published rows, not two variants compared over seeds (each seed's record holds the staged rule's front and "
+        "its control side by side, which the rule's comparisons, one row against another, do not pair). At 60K-160K "
+        "the random-initialisation control at the staged rule's architecture does better than the posterior's "
+        "retrained weights on each of the three seeds: the posterior chooses the architecture, its weights do not help "
+        "the retraining. A pipeline that "
         "takes the control as a second candidate and keeps the lower validation error reaches 1.06% at 120K (the "
         "1.1% goal) but 1.16% at 160K. At the paper's own RDP widths (4-7-112-66) random init gives 1.15% +- 0.04% "
         "over 5 seeds (prune-capacity).",
@@ -700,7 +704,9 @@ CLAIMS: tuple[Claim, ...] = (
         "distilled: 1.09% ± 0.05% over 5 seeds (the validation-chosen seed 1.04%); the paper's widths 4-7-112-66: "
         "1.15% ± 0.04%.",
         verdict="n/a",
-        why="Neither reaches 1.0% under validation selection: at this budget the architecture itself sits at the goal's edge.",
+        why="Neither reaches 1.0% under validation selection: at this budget the architecture itself sits at the goal's "
+        "edge. No per-seed rule applies: a diagnostic with no verdict, whose posterior initialisation ran on one seed "
+        "(the random ones on 5), so the two are not paired over seeds.",
         sources=(J,),
     ),
     Claim(
@@ -961,7 +967,9 @@ CLAIMS: tuple[Claim, ...] = (
         "0.982, local 0.973, flipout 0.982.",
         verdict="n/a",
         why="No paper number to match. Local reparameterization reaches a much lower training loss (-ELBO/N 2.27 vs "
-        "5.75 nats): it moves further toward the ELBO optimum, trading accuracy for a smaller KL.",
+        "5.75 nats): it moves further toward the ELBO optimum, trading accuracy for a smaller KL. No per-seed rule "
+        "applies: the run committed only the seeds' means and standard errors (no runs file), and a side-by-side "
+        "measurement has no claim to decide.",
         sources=(J,),
     ),
     Claim(
@@ -1217,15 +1225,42 @@ CLAIMS: tuple[Claim, ...] = (
         "5 epochs, 3 seeds. NLL / ECE: plain 0.2878 / 0.0094; Delta 0.2892, Radial 0.2923 / 0.0096, MeanField "
         "0.2932 / 0.0118, RDP 0.2959, KTied 0.2962 / 0.0081; temperature scaling 0.2871, MC dropout 0.2771, Laplace "
         "0.2864, ensemble 0.2555. OOD AUROC (entropy): KTied 0.7727, Laplace 0.7722, MC dropout 0.7634, plain 0.6990.",
-        verdict="no",
-        why="At 20 epochs, as on MNIST, goal (a) holds (every family below the overfit plain network on NLL and ECE), "
-        "(b) does not (KTied is below temperature scaling on NLL and above it and MC dropout on OOD AUROC, but its NLL "
-        "is above MC dropout's) and (c) does not (KTied 1.14 x the ensemble's NLL; the times come from two devices and "
-        "are not compared). "
-        "At 5 epochs, with the third seed (whose plain network is the best of the three, NLL 0.2710) no family is below "
-        "the plain network's NLL; the best family (Delta) is above temperature scaling and MC dropout on NLL, and 1.13 x "
-        "the ensemble's NLL at 0.20 x its training time. KTied's OOD AUROC matches Laplace's.",
+        verdict="partly",
+        why="At 20 epochs, by the verdict rule on the 3 seeds: goal (a) holds, every family below the overfit plain "
+        "network on NLL and ECE on 3 of 3 seeds; (b) holds but for MC dropout's NLL: KTied (the best family on every "
+        "seed) is below temperature scaling on NLL on 3 of 3 seeds and above it and MC dropout on OOD AUROC (3 of 3 and "
+        "2 of 3 seeds, each beyond one standard error), but above MC dropout's NLL on 3 of 3 seeds. (c) does not hold, "
+        "judged on the means (a ratio, which the rule's per-seed differences do not express): KTied's NLL 0.2516 is "
+        "more than a tenth above the ensemble's 0.2205; the times come from two devices and are not compared. "
+        "At 5 epochs (shown, not judged by the rule), with the third seed (whose plain network is the best of the "
+        "three, NLL 0.2710) no family is below the plain network's NLL on the means; the best family (Delta, 0.2892) "
+        "is above temperature scaling and MC dropout on NLL and more than a tenth above the ensemble's 0.2555, at 102 s "
+        "of training against the ensemble's 512 s. KTied's OOD AUROC matches Laplace's.",
         sources=(J, R + "uncertainty-fmnist/uncertainty-fmnist.md", R + "uncertainty-fmnist/20-epochs/uncertainty-fmnist.md"),
+        comparisons=tuple(
+            Comparison(
+                f"{family} vs plain, {name} (goal a)",
+                R + "uncertainty-fmnist/20-epochs/uncertainty-fmnist_runs.jsonl",
+                (("variant", family),),
+                (("variant", "plain"),),
+                f"scores/0/1/{metric}",
+                better="lower",
+            )
+            for family in ("KTied", "RDP", "MeanField", "Radial", "Delta (MAP)")
+            for name, metric in (("NLL", "nll"), ("ECE", "ece"))
+        )
+        + tuple(
+            Comparison(
+                f"KTied (the best family on every seed) vs {other}, {name} (goal b)",
+                R + "uncertainty-fmnist/20-epochs/uncertainty-fmnist_runs.jsonl",
+                (("variant", "KTied"),),
+                (("variant", other),),
+                f"scores/0/1/{metric}",
+                better=better,
+            )
+            for name, metric, better in (("NLL", "nll", "lower"), ("OOD AUROC (entropy)", "ood_auroc_entropy", "higher"))
+            for other in ("MC dropout (p = 0.1)", "plain + temperature scaling")
+        ),
     ),
     Claim(
         folder="uncertainty-fmnist-converted",
@@ -1234,20 +1269,73 @@ CLAIMS: tuple[Claim, ...] = (
         claim="Issue 26's goals (a)-(c) on Fashion-MNIST when each family starts from the trained plain network "
         "(bayesianize(pretrained=True), 2 more epochs at the family's defaults).",
         result="5 + 2 epochs, 3 seeds. NLL / ECE: plain 0.2878 / 0.0094; KTied 0.2685 / 0.0067, MeanField 0.2726 / "
-        "0.0131, Delta 0.2781, Radial 0.2798, RDP 0.2904 / 0.0096 (0.3170 before its converted directions started at "
-        "init_resultant 0.999 instead of 0.95); temperature scaling 0.2871, MC dropout 0.2771, Laplace 0.2864. "
+        "0.0131, Delta 0.2781, Radial 0.2798, RDP 0.2904 / 0.0096 (below its first run's NLL on 3 of 3 seeds, by 0.0266 "
+        "on average: that run's converted directions started at the from-scratch concentration, history/); "
+        "temperature scaling 0.2871, MC dropout 0.2771, Laplace 0.2864. "
         "OOD AUROC (entropy): KTied 0.7155, MC dropout 0.7634, Laplace 0.7722, plain 0.6990.",
         verdict="partly",
-        why="Converted, KTied beats the plain network on NLL and ECE and temperature scaling and MC dropout on NLL; its "
-        "NLL is 1.05 x the 5-member ensemble's on uncertainty-fmnist (0.2555) at 1.28 x the plain network's training "
-        "time (the ensemble: 4.99 x), so goal (c) holds across the two pages. Not met: (a) for MeanField, Radial, Delta "
-        "(ECE above plain's) and RDP (level with plain within the seeds' spread), and (b) on OOD AUROC (MC dropout's is "
-        "higher). The control, the plain network "
-        "trained the same 2 epochs more without converting it, reaches NLL 0.2796 and ECE 0.0197 with a lower OOD AUROC "
-        "(0.6486): KTied's and MeanField's gains are not the extra training's.",
+        why="By the verdict rule on the 3 seeds: converted, KTied is below the plain network on NLL and ECE and below "
+        "temperature scaling and MC dropout on NLL, each on 3 of 3 seeds. Not met: (a) for MeanField, Radial and Delta, "
+        "whose ECE is above plain's (on 3, 2 and 3 of 3 seeds; their NLL is below it), and RDP, below plain on 2 of 3 "
+        "seeds on NLL and on ECE, within one standard error; (b) on OOD AUROC: MC dropout's is above KTied's on 3 of 3 "
+        "seeds, and temperature scaling's below it on 2 of 3, within one standard error. Goal (c), judged on the means "
+        "across the two pages (a ratio, which the rule's per-seed differences do not express), holds: KTied's NLL "
+        "0.2685 is within a tenth of the 5-member ensemble's on uncertainty-fmnist (0.2555), and its training, the "
+        "plain network's 5 epochs included, took 210 s against the ensemble's 512 s there (the same CPU, one thread). "
+        "The control, the plain network trained the same 2 epochs more without converting it, reaches NLL 0.2796 and "
+        "ECE 0.0197 with a lower OOD AUROC (0.6486); KTied and MeanField are below it on NLL and ECE on 3 of 3 seeds: "
+        "their gains are not the extra training's.",
         sources=(J, R + "uncertainty-fmnist-converted/uncertainty-fmnist-converted.md",
                  R + "uncertainty-fmnist-converted/history/uncertainty-fmnist-converted_rdp-init-0.95.md",
-                 R + "uncertainty-fmnist/uncertainty-fmnist.md"),
+                 R + "uncertainty-fmnist/uncertainty-fmnist.md", R + "uncertainty-fmnist/uncertainty-fmnist.json"),
+        comparisons=tuple(
+            Comparison(
+                f"{family}, converted vs plain, {name} (goal a)",
+                R + "uncertainty-fmnist-converted/uncertainty-fmnist-converted_runs.jsonl",
+                (("variant", f"{family}, converted"),),
+                (("variant", "plain"),),
+                f"scores/0/1/{metric}",
+                better="lower",
+            )
+            for family in ("KTied", "MeanField", "Delta (MAP)", "Radial", "RDP")
+            for name, metric in (("NLL", "nll"), ("ECE", "ece"))
+        )
+        + tuple(
+            Comparison(
+                f"KTied, converted (the best family on the means) vs {other}, {name} (goal b)",
+                R + "uncertainty-fmnist-converted/uncertainty-fmnist-converted_runs.jsonl",
+                (("variant", "KTied, converted"),),
+                (("variant", other),),
+                f"scores/0/1/{metric}",
+                better=better,
+            )
+            for name, metric, better in (("NLL", "nll", "lower"), ("OOD AUROC (entropy)", "ood_auroc_entropy", "higher"))
+            for other in ("MC dropout (p = 0.1)", "plain + temperature scaling")
+        )
+        + tuple(
+            Comparison(
+                f"{family}, converted vs the plain network trained 2 more epochs, {name} (the control)",
+                R + "uncertainty-fmnist-converted/uncertainty-fmnist-converted_runs.jsonl",
+                (("variant", f"{family}, converted"),),
+                (("variant", "plain, 2 more epochs"),),
+                f"scores/0/1/{metric}",
+                better="lower",
+                decides=False,
+            )
+            for family in ("KTied", "MeanField")
+            for name, metric in (("NLL", "nll"), ("ECE", "ece"))
+        )
+        + (
+            Comparison(
+                "RDP, converted at init_resultant 0.999 (this page) vs at 0.95 (history/), NLL",
+                R + "uncertainty-fmnist-converted/**/uncertainty-fmnist-converted*_runs.jsonl",
+                (("variant", "RDP, converted"), ("commit", "0da35f517184368baa9bacfd47b1d1875a0f7fba")),
+                (("variant", "RDP, converted"), ("commit", "4a5b32a8235e61fb9056c391bff0890039a1c41e+dirty")),
+                "scores/0/1/nll",
+                better="lower",
+                decides=False,
+            ),
+        ),
     ),
     Claim(
         folder="uncertainty-mnist-converted",
@@ -1259,13 +1347,53 @@ CLAIMS: tuple[Claim, ...] = (
         "0.0024; MeanField 0.0255 / 0.0024, RDP 0.0259 / 0.0023, Delta 0.0277, Radial 0.0292, KTied 0.0295; temperature "
         "scaling 0.0297, MC dropout 0.0256, Laplace 0.0298; the 5-member ensemble 0.0214 (uncertainty-mnist). OOD AUROC "
         "(entropy): RDP 0.9919, temperature scaling 0.9899, MC dropout 0.9897, plain 0.9878.",
-        verdict="no",
-        why="None of the three goals is met. MeanField and RDP, converted, beat the plain network (and the plain network "
-        "trained as long) on NLL and ECE and temperature scaling on NLL, and RDP has the highest OOD AUROC of all but the "
-        "ensemble; but (a) fails for Radial and KTied (NLL above plain's) and Delta (ECE), (b) fails because MC dropout's "
-        "NLL is level with the best family's, and (c) because the best family's NLL is 1.19 x the ensemble's.",
+        verdict="partly",
+        why="By the verdict rule on the 3 seeds almost nothing is settled either way: of goal (a)'s ten comparisons only "
+        "RDP's NLL below plain's holds (2 of 3 seeds, beyond one standard error); every other family's NLL and ECE goes "
+        "either way against plain's over the seeds, within one standard error (on seed 0 all five families' NLL is above "
+        "plain's 0.0258, on seed 1, whose plain network is the worst at 0.0343, all five are below it). On the means "
+        "MeanField and RDP, converted, are below the plain network on NLL and ECE and below temperature scaling on NLL, "
+        "and RDP has the highest OOD AUROC of all but the ensemble (above MC dropout's on 3 of 3 seeds); Radial and KTied "
+        "are above plain's NLL and Delta above its ECE. (b): MeanField, the best family on the means, is below MC "
+        "dropout and temperature scaling on NLL on 2 of 3 seeds and above them on OOD AUROC on 1 of 3, each within one "
+        "standard error. (c) does not hold, judged on the means (a ratio, which the rule's per-seed differences do not "
+        "express): MeanField's NLL 0.0255 is more than a tenth above the ensemble's 0.0214.",
         sources=(J, R + "uncertainty-mnist-converted/uncertainty-mnist-converted.md",
-                 R + "uncertainty-mnist/uncertainty-mnist.md"),
+                 R + "uncertainty-mnist/uncertainty-mnist.md", R + "uncertainty-mnist/uncertainty-mnist.json"),
+        comparisons=tuple(
+            Comparison(
+                f"{family}, converted vs plain, {name} (goal a)",
+                R + "uncertainty-mnist-converted/uncertainty-mnist-converted_runs.jsonl",
+                (("variant", f"{family}, converted"),),
+                (("variant", "plain"),),
+                f"scores/0/1/{metric}",
+                better="lower",
+            )
+            for family in ("MeanField", "RDP", "Delta (MAP)", "Radial", "KTied")
+            for name, metric in (("NLL", "nll"), ("ECE", "ece"))
+        )
+        + tuple(
+            Comparison(
+                f"MeanField, converted (the best family on the means) vs {other}, {name} (goal b)",
+                R + "uncertainty-mnist-converted/uncertainty-mnist-converted_runs.jsonl",
+                (("variant", "MeanField, converted"),),
+                (("variant", other),),
+                f"scores/0/1/{metric}",
+                better=better,
+            )
+            for name, metric, better in (("NLL", "nll", "lower"), ("OOD AUROC (entropy)", "ood_auroc_entropy", "higher"))
+            for other in ("MC dropout (p = 0.1)", "plain + temperature scaling")
+        )
+        + (
+            Comparison(
+                "RDP, converted vs MC dropout, OOD AUROC (entropy)",
+                R + "uncertainty-mnist-converted/uncertainty-mnist-converted_runs.jsonl",
+                (("variant", "RDP, converted"),),
+                (("variant", "MC dropout (p = 0.1)"),),
+                "scores/0/1/ood_auroc_entropy",
+                decides=False,
+            ),
+        ),
     ),
 )
 

@@ -243,13 +243,10 @@ def test_every_generated_page_shows_the_command_commit_and_device_of_its_json() 
 UNBACKED: dict[str, frozenset[str]] = {
     # Numbers of result / why texts that no data file backs yet (only a Markdown page or a figure holds them, or a
     # ratio computed by hand): to be restated or backed by a committed command's output. The test fails when one is
-    # fixed (remove it here) and when a new one appears. ivon's and the uncertainty folders' claims belong to other
+    # fixed (remove it here) and when a new one appears. ivon's and uncertainty-mnist's claims belong to other
     # changes.
-    "uncertainty-fmnist-converted": frozenset({"0.2555", "0.3170", "0.999", "1.05", "1.28", "4.99"}),
-    "uncertainty-mnist-converted": frozenset({"0.0214", "1.19"}),
     "uncertainty-mnist": frozenset({"0.28", "1.36"}),
     "ivon": frozenset({"128", "400", "784"}),
-    "uncertainty-fmnist": frozenset({"1.13", "1.14"}),
 }
 
 
