@@ -868,7 +868,7 @@ CLAIMS: tuple[Claim, ...] = (
         "NLL, ECE and out-of-distribution detection.",
         result="BNN vs plain: accuracy 0.978 vs 0.973, NLL 0.095 vs 0.105, ECE 0.016 vs 0.019, rotated-digit AUROC 0.91 vs 0.34.",
         verdict="yes",
-        why="One seed, 15.0 s on 2 CPU threads.",
+        why="One seed, 8.75 s on 2 CPU threads (rerun at b55bec6: the same scores as the first run at db83d3d).",
         sources=(J, R + "demo/demo.md"),
     ),
     Claim(
