@@ -182,7 +182,13 @@ def summarize(args: argparse.Namespace) -> None:
     seconds = sum(r["seconds"] for r in runs)
     write_result(
         out / "summary.json",
-        {"rows": rows, "runs_commits": commits, "devices": devices, "seconds": seconds, "draws": runs[0]["draws"] if runs else None},
+        {
+            "rows": rows,
+            "runs_commits": commits,
+            "devices": devices,
+            "seconds": seconds,
+            "draws": runs[0]["draws"] if runs else None,
+        },
     )
     (out / "summary.md").write_text(
         "# Moment predictive vs Monte Carlo (CPU form)\n\n"

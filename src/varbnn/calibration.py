@@ -183,6 +183,7 @@ class TemperatureScaled(nn.Module):
         batch_size: int = 1000,
         samples: int | None = None,
         bounds: tuple[float, float] = (0.05, 20.0),
+        predictive: str = "sample",
     ) -> TemperatureScaled:
         """Fit ``T`` on validation data ``(x, y)`` (never the test set); returns ``self``.
 
@@ -199,6 +200,8 @@ class TemperatureScaled(nn.Module):
         :param batch_size: examples per pass (default 1000; memory only).
         :param samples: draws of the predictive (default ``None``: see above).
         :param bounds: the search interval of ``T`` (default 0.05 to 20; a ``UserWarning`` when ``T`` ends at one).
+        :param predictive: the predictive ``T`` is fitted to, as :func:`varbnn.predict`'s ``predictive`` (default
+            ``"sample"``); predict the scaled model with the same one.
         """
         for name, value in (("x", x), ("y", y)):
             if not isinstance(value, (torch.Tensor, np.ndarray)):
@@ -229,7 +232,7 @@ class TemperatureScaled(nn.Module):
         self.temperature.data = self.temperature.data.to(device)
         if isinstance(x, torch.Tensor):
             x = x.to(device)  # a NumPy array is converted by predict, onto the model's device
-        chunks = [predict(self.model, x[i : i + batch_size], samples=samples)
+        chunks = [predict(self.model, x[i : i + batch_size], samples=samples, predictive=predictive)
                   for i in range(0, x.shape[0], batch_size)]  # fmt: skip
         logits = torch.cat(chunks, dim=1)
         temperature, bound = _fit_temperature(logits if logits.shape[0] > 1 else logits[0], y.to(logits.device), bounds, 60)

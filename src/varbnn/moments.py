@@ -42,7 +42,7 @@ from torch import nn
 from varbnn.families import Delta, MeanField, VariationalFamily
 from varbnn.nn.layers import BayesConv1d, BayesConv2d, BayesConv3d, BayesLinear, _WeightOpLayer
 
-__all__ = ["propagate_moments", "MomentPredictive", "gaussian_max_moments", "relu_moments", "SUPPORTED_MODULES"]
+__all__ = ["propagate_moments", "moment_support", "MomentPredictive", "gaussian_max_moments", "relu_moments", "SUPPORTED_MODULES"]
 
 _Moments = tuple[torch.Tensor, "torch.Tensor | None"]  # (mean, variance); variance None: deterministic
 
@@ -141,8 +141,7 @@ def _plain_weight_layer(layer: nn.Module, mean: torch.Tensor, var: torch.Tensor 
     conv = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}[type(layer)]  # type: ignore[index]
     if layer.padding_mode != "zeros":  # type: ignore[union-attr]
         raise TypeError(
-            f"propagate_moments: {type(layer).__name__} with padding_mode={layer.padding_mode!r} is not supported "
-            "(zeros only)"
+            f"propagate_moments: {type(layer).__name__} with padding_mode={layer.padding_mode!r} is not supported (zeros only)"
         )
     return out, conv(var, weight, None, layer.stride, layer.padding, layer.dilation, layer.groups)  # type: ignore[arg-type]
 
@@ -195,8 +194,7 @@ def _avg_pool(layer: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) ->
 def _batch_norm(layer: nn.modules.batchnorm._BatchNorm, mean: torch.Tensor, var: torch.Tensor | None) -> _Moments:
     if layer.running_var is None:
         raise TypeError(
-            f"propagate_moments: {type(layer).__name__} without running statistics (track_running_stats=False) is not "
-            "supported"
+            f"propagate_moments: {type(layer).__name__} without running statistics (track_running_stats=False) is not supported"
         )
     out = F.batch_norm(mean, layer.running_mean, layer.running_var, layer.weight, layer.bias, False, 0.0, layer.eps)
     if var is None:
@@ -240,6 +238,57 @@ def _propagate(module: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) 
         f"propagate_moments: {kind.__name__} is not supported (a custom module's forward cannot be followed); "
         f"supported modules: {SUPPORTED_MODULES}"
     )
+
+
+def moment_support(model: nn.Module) -> str | None:
+    """Why :func:`propagate_moments` cannot follow ``model`` (the first unsupported module or family, as its error
+    would say), or ``None`` when it can. A structural check: nothing runs."""
+    from varbnn.calibration import TemperatureScaled
+
+    if isinstance(model, nn.Sequential):
+        for child in model:
+            reason = moment_support(child)
+            if reason is not None:
+                return reason
+        return None
+    if isinstance(model, TemperatureScaled):
+        return moment_support(model.model)
+    if isinstance(model, _WeightOpLayer):
+        if not isinstance(model, (BayesLinear, BayesConv1d, BayesConv2d, BayesConv3d)):
+            return f"{type(model).__name__} is not supported"
+        for name, family in model.posteriors.items():
+            if not isinstance(family, (MeanField, Delta)):
+                return (
+                    f"{type(model).__name__}'s {name} has a {type(family).__name__} posterior, whose elements are not independent"
+                )
+        return None
+    kind = type(model)
+    if kind in (nn.Conv1d, nn.Conv2d, nn.Conv3d) and model.padding_mode != "zeros":  # type: ignore[union-attr]
+        return f"{kind.__name__} with padding_mode={model.padding_mode!r} is not supported"
+    if kind in (nn.MaxPool1d, nn.MaxPool2d):
+        if any(nn.modules.utils._ntuple(1)(model.padding)) or model.ceil_mode or model.return_indices:  # type: ignore[attr-defined]
+            return f"{kind.__name__} with padding, ceil_mode or return_indices is not supported"
+        if any(d != 1 for d in nn.modules.utils._ntuple(1)(model.dilation)):  # type: ignore[attr-defined]
+            return f"{kind.__name__} with dilation is not supported"
+        return None
+    if kind in (nn.AvgPool1d, nn.AvgPool2d):
+        if any(nn.modules.utils._ntuple(1)(model.padding)) or model.ceil_mode or getattr(model, "divisor_override", None):  # type: ignore[attr-defined]
+            return f"{kind.__name__} with padding, ceil_mode or divisor_override is not supported"
+        return None
+    if kind is nn.AdaptiveAvgPool2d and nn.modules.utils._pair(model.output_size) != (1, 1):  # type: ignore[attr-defined]
+        return "AdaptiveAvgPool2d with an output size other than 1 is not supported"
+    if kind in (nn.BatchNorm1d, nn.BatchNorm2d) and model.running_var is None:
+        return f"{kind.__name__} without running statistics is not supported"
+    if kind in _FOLLOWED:
+        return None
+    return f"{kind.__name__} is not supported"
+
+
+_FOLLOWED = (
+    nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ReLU, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d,
+    nn.AdaptiveAvgPool2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.Flatten, nn.Identity, nn.Dropout, nn.Dropout1d,
+    nn.Dropout2d, nn.Dropout3d,
+)  # fmt: skip
 
 
 @torch.no_grad()

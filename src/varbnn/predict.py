@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
+from varbnn.moments import MomentPredictive, moment_support
 from varbnn.nn.base import BayesianModule
 from varbnn.nn.layers import _BayesConvNd
 
@@ -42,6 +43,7 @@ def predict(
     batch_size: int | None = None,
     seed: int | None = None,
     vectorize: bool | None = None,
+    predictive: str = "sample",
 ) -> torch.Tensor:
     """Outputs of ``samples`` weight draws, stacked: ``[samples, *model(x).shape]``.
 
@@ -78,6 +80,11 @@ def predict(
     :param model: the network; a Bayesian layer draws fresh weights on every call (:mod:`varbnn.nn.base`).
     :param x: inputs ``[N, ...]`` (finite), a tensor or a NumPy array.
     :param samples: the number of draws S, an int >= 1 (default 16).
+    :param predictive: ``"sample"`` (default): S passes of the network, each with its own weights, as above;
+        ``"moments"``: one moment-propagation pass (:class:`varbnn.moments.MomentPredictive`), then S draws of the
+        outputs from the propagated Gaussian (independent per output unit): a ``TypeError`` for a network it cannot
+        follow (:func:`varbnn.moments.moment_support`); ``"auto"``: ``"moments"`` where it can follow the network,
+        ``"sample"`` elsewhere. ``chunk_size`` and ``vectorize`` do not apply to ``"moments"``.
     :param chunk_size: draws batched at once (default ``None``: all).
     :param batch_size: examples per pass (default ``None``: all).
     :param seed: seed of a forked random stream (default ``None``: the global one).
@@ -100,6 +107,12 @@ def predict(
             "vectorize must be True, False or None (batched unless the model has Bayesian convolutions and x is on "
             f"the CPU), got {vectorize!r}"
         )
+    if predictive not in PREDICTIVES:
+        raise ValueError(f"predictive must be one of {PREDICTIVES}, got {predictive!r}")
+    if predictive == "auto":
+        predictive = "moments" if _moments_apply(model) else "sample"
+    if predictive == "moments":
+        model = MomentPredictive(model)
     if vectorize is None:
         vectorize = vectorized_by_default(model, x)
     step = batch_size or max(int(x.shape[0]), 1)
@@ -115,6 +128,18 @@ def predict(
                 torch.manual_seed(seed)
                 outputs.append(_checked_draws(model, xb, samples, chunk_size, vectorize))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+PREDICTIVES = ("sample", "moments", "auto")
+"""The values of :func:`predict`'s ``predictive``."""
+
+
+def _moments_apply(model: nn.Module) -> bool:
+    """``predictive="auto"``'s choice: moments for a stochastic network :func:`~varbnn.moments.moment_support` can
+    follow, without a ``predictive_draws`` hook of its own (an ensemble or a Laplace model keeps its draws)."""
+    if callable(getattr(model, "predictive_draws", None)) or not _is_stochastic(model):
+        return False
+    return moment_support(model) is None
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ def evaluate(
     batch_size: int = 1000,
     seed: int | None = 0,
     device: str | torch.device | None = "model",
+    predictive: str = "sample",
 ) -> dict[str, float]:
     """The likelihood's metrics of the Monte Carlo predictive of ``samples`` draws on ``(x, y)``: accuracy, NLL, ECE and
     Brier for ``"categorical"``; RMSE, NLL (``-mean_n log (1/S) sum_s p(y_n | f_s)``) and the mean predictive std for
@@ -46,6 +47,7 @@ def evaluate(
     :param batch_size: examples per vectorised pass (default 1000; memory only).
     :param seed: seed of the draws (default 0), or ``None`` for the global random state.
     :param device: where to evaluate (default ``"model"``: the model's device; as in :func:`fit`).
+    :param predictive: ``"sample"``, ``"moments"`` or ``"auto"``, as :func:`varbnn.predict` (default ``"sample"``).
     :returns: ``{metric name: value}`` as Python floats (:meth:`varbnn.likelihoods.Likelihood.metrics`).
     """
     lik = as_likelihood(likelihood)
@@ -62,7 +64,10 @@ def evaluate(
     model.to(dev).eval()
     lik.to(dev)
     outputs = torch.cat(
-        [predict(model, x[i : i + batch_size].to(dev), samples=samples, seed=seed) for i in range(0, x.shape[0], batch_size)],
+        [
+            predict(model, x[i : i + batch_size].to(dev), samples=samples, seed=seed, predictive=predictive)
+            for i in range(0, x.shape[0], batch_size)
+        ],
         dim=1,
     )
     return lik.metrics(outputs, y.to(dev))
