@@ -137,6 +137,71 @@ def run(args: argparse.Namespace) -> None:
             )  # fmt: skip
 
 
+def timing(args: argparse.Namespace) -> None:
+    """Predict seconds of the test + OOD sets (20,000 images) as multiples of one plain forward pass, measured in
+    ``--rounds`` interleaved rounds (the median of the per-round ratios: robust to a shared machine's drifting
+    load). The cost does not depend on the trained values, so untrained networks of each architecture are timed."""
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    x = torch.rand(20_000, 1, 28, 28, device=device)
+    rows = []
+    for model_name in ("mlp", "lenet5"):
+        plain = ucpu._net(model_name).to(device).eval()
+        bayes = varbnn.bayesianize(ucpu._net(model_name)).to(device).eval()
+        cases = _cases(plain, bayes, x)
+        for case in cases.values():  # warm-up
+            case()
+        ratios: dict[str, list[float]] = {name: [] for name in cases if name != "plain"}
+        seconds: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(args.rounds):
+            measured = {}
+            for name, case in cases.items():
+                t0 = time.perf_counter()
+                case()
+                measured[name] = time.perf_counter() - t0
+                seconds[name].append(measured[name])
+            for name in ratios:
+                ratios[name].append(measured[name] / measured["plain"])
+        row = {
+            "model": model_name,
+            "plain_seconds": statistics.median(seconds["plain"]),
+            **{f"{name}_ratio": statistics.median(values) for name, values in ratios.items()},
+            **{f"{name}_seconds": statistics.median(values) for name, values in seconds.items()},
+        }
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(
+        out / "timing.json",
+        {"rows": rows, "rounds": args.rounds, "images": 20_000, "commit": ucpu._commit(), "device": ucpu._device_name(device),
+         "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads(),
+         "command": "benchmarks/moment_predictive.py --timing"},
+    )  # fmt: skip
+
+
+def _cases(plain: nn.Module, bayes: nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    """The timed predictions: one plain pass, Monte Carlo at 8, 16 and 32 draws, moments with 16 and 32 output draws."""
+
+    def sampled(s: int) -> Any:
+        return lambda: varbnn.predict(bayes, x, samples=s, batch_size=2000, predictive="sample")
+
+    def moments(s: int) -> Any:
+        return lambda: varbnn.predict(bayes, x, samples=s, batch_size=2000, predictive="moments")
+
+    return {
+        "plain": lambda: _plain_pass(plain, x),
+        **{f"mc-{s}": sampled(s) for s in (8, 16, 32)},
+        **{f"moments-{s}": moments(s) for s in (16, 32)},
+    }
+
+
+def _plain_pass(net: nn.Module, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        for chunk in x.split(2000):
+            net(chunk)
+
+
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values)
 
@@ -212,10 +277,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--quick", action="store_true", help="2 epochs, 1,000 training images, 500 test images")
     parser.add_argument("--summarize", action="store_true")
+    parser.add_argument("--timing", action="store_true", help="interleaved predict-cost rounds, untrained networks")
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
     if args.quick:
         args.max_epochs, args.train_size, args.val_size = 2, 1000, 500
-    summarize(args) if args.summarize else run(args)
+    if args.timing:
+        timing(args)
+    elif args.summarize:
+        summarize(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

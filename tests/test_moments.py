@@ -128,25 +128,25 @@ def test_batch_norm_and_a_plain_layer_after_a_bayesian_one_are_exact() -> None:
 def test_pooling_of_independent_inputs() -> None:
     # a Bayesian 1x1 "convolution" would share its kernel across positions; independent inputs come from a linear
     # layer's outputs reshaped, so the pools are checked against Monte Carlo on independent Gaussians directly
-    from varbnn.moments import _propagate
+    from varbnn.moments import propagate
 
     torch.manual_seed(3)
     mean, var = torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.rand(2, 3, 4, 4, dtype=torch.float64) + 0.1
     draws = mean + var.sqrt() * torch.randn(40_000, *mean.shape, dtype=torch.float64)
     avg = nn.AvgPool2d(2)
-    m, v = _propagate(avg, mean, var)
+    m, v = propagate(avg, mean, var)
     torch.testing.assert_close(m, avg(mean))
     torch.testing.assert_close(v, avg(var) / 4)
-    g_m, g_v = _propagate(nn.AdaptiveAvgPool2d(1), mean, var)
+    g_m, g_v = propagate(nn.AdaptiveAvgPool2d(1), mean, var)
     torch.testing.assert_close(g_v, var.sum(dim=(-2, -1), keepdim=True) / 16**2)
     # max of 2 (MaxPool1d(2)): Clark's formula is exact for two independent Gaussians
-    m1, v1 = _propagate(nn.MaxPool1d(2), mean.flatten(2), var.flatten(2))
+    m1, v1 = propagate(nn.MaxPool1d(2), mean.flatten(2), var.flatten(2))
     mc = nn.functional.max_pool1d(draws.flatten(0, 1).flatten(2), 2).view(40_000, 2, 3, 8)
     assert ((m1 - mc.mean(0)).abs() <= 5 * (mc.var(0) / 40_000).sqrt()).all()
     assert ((v1 / mc.var(0)) - 1).abs().max() < 0.05
     # max of 4 (MaxPool2d(2)): pairwise Clark, each running max treated as Gaussian: an approximation, within 1% of
     # the mean's scale and 15% of the variance here
-    m2, v2 = _propagate(nn.MaxPool2d(2), mean, var)
+    m2, v2 = propagate(nn.MaxPool2d(2), mean, var)
     mc2 = nn.functional.max_pool2d(draws.flatten(0, 1), 2).view(40_000, 2, 3, 2, 2)
     assert ((m2 - mc2.mean(0)).abs() <= 0.03 * mc2.std(0) + 5 * (mc2.var(0) / 40_000).sqrt()).all()
     assert ((v2 / mc2.var(0)) - 1).abs().max() < 0.15
@@ -273,3 +273,15 @@ def test_moment_support_names_the_first_unsupported_part() -> None:
     assert "Radial posterior" in moment_support(varbnn.bayesianize(nn.Sequential(nn.Linear(2, 2)), varbnn.Radial()))
     assert "padding" in moment_support(nn.Sequential(nn.MaxPool2d(2, padding=1)))
     assert moment_support(TemperatureScaled(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))) is None
+    radial = TemperatureScaled(varbnn.bayesianize(nn.Sequential(nn.Linear(2, 2)), varbnn.Radial()))
+    assert "Radial posterior" in moment_support(radial)  # a wrapper's own rule reports what it wraps
+    with pytest.raises(TypeError, match="Radial posterior"):
+        propagate_moments(nn.Sequential(radial), torch.randn(3, 2))
+    # plain convolutions with another padding mode: the variance is padded as the mean (reflection copies values)
+    conv = nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect")
+    net = nn.Sequential(varbnn.BayesConv2d(1, 1, 1, family=varbnn.MeanField(init_std=0.3)), conv)
+    assert moment_support(net) is None
+    x = torch.randn(2, 1, 5, 5)
+    mean, var = propagate_moments(net, x)
+    mc_mean, mc_var = _monte_carlo(net, x, 20_000)
+    assert ((mean.double() - mc_mean).abs() <= 5 * (mc_var / 20_000).sqrt() + 1e-6).all()

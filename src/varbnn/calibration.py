@@ -19,6 +19,7 @@ from torch import nn
 
 from varbnn._checks import as_float_in, as_positive_int, check_class_labels
 from varbnn.baselines import DeepEnsemble
+from varbnn.moments import moment_support, propagate
 from varbnn.predict import _is_stochastic, predict
 
 __all__ = ["fit_temperature", "TemperatureScaled"]
@@ -173,6 +174,16 @@ class TemperatureScaled(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x) / self.temperature
+
+    def moment_forward(self, mean: torch.Tensor, var: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The moment-propagation rule (:mod:`varbnn.moments`): the wrapped model's output moments, the mean divided by
+        ``T`` and the variance by ``T^2``."""
+        mean, var = propagate(self.model, mean, var)
+        return mean / self.temperature, (None if var is None else var / self.temperature.square())
+
+    def moment_support(self) -> str | None:
+        """Why the moment propagation cannot follow the wrapped model, or ``None`` (:func:`varbnn.moments.moment_support`)."""
+        return moment_support(self.model)
 
     @torch.no_grad()
     def fit(

@@ -34,6 +34,7 @@ elements are dependent; a custom ``forward``; another activation) is a ``TypeErr
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,15 @@ from torch import nn
 from varbnn.families import Delta, MeanField, VariationalFamily
 from varbnn.nn.layers import BayesConv1d, BayesConv2d, BayesConv3d, BayesLinear, _WeightOpLayer
 
-__all__ = ["propagate_moments", "moment_support", "MomentPredictive", "gaussian_max_moments", "relu_moments", "SUPPORTED_MODULES"]
+__all__ = [
+    "propagate_moments",
+    "propagate",
+    "moment_support",
+    "MomentPredictive",
+    "gaussian_max_moments",
+    "relu_moments",
+    "SUPPORTED_MODULES",
+]
 
 _Moments = tuple[torch.Tensor, "torch.Tensor | None"]  # (mean, variance); variance None: deterministic
 
@@ -102,18 +111,22 @@ def _independent_moments(family: VariationalFamily, owner: str) -> tuple[torch.T
     )
 
 
+def _family(layer: _WeightOpLayer, name: str) -> VariationalFamily:
+    return cast(VariationalFamily, layer.posteriors[name])
+
+
 def _weight_layer(layer: _WeightOpLayer, mean: torch.Tensor, var: torch.Tensor | None) -> _Moments:
     name = type(layer).__name__
     if not isinstance(layer, (BayesLinear, BayesConv1d, BayesConv2d, BayesConv3d)):
         raise TypeError(f"propagate_moments: {name} is not supported; supported modules: {SUPPORTED_MODULES}")
     if layer.sample_mode != "sample":  # sample_mode(model, "mean" / "mode"): the layer runs with point estimates
-        weight = layer.posteriors["weight"].weight(layer.sample_mode)
+        weight = _family(layer, "weight").weight(layer.sample_mode)
         return layer(mean), (None if var is None else layer._op(var, weight.square(), None))
     op = layer._op
-    w_mean, w_var = _independent_moments(layer.posteriors["weight"], name)
+    w_mean, w_var = _independent_moments(_family(layer, "weight"), name)
     b_mean = b_var = None
     if "bias" in layer.posteriors:
-        b_mean, b_var = _independent_moments(layer.posteriors["bias"], f"{name}'s bias")
+        b_mean, b_var = _independent_moments(_family(layer, "bias"), f"{name}'s bias")
     out_mean = op(mean, w_mean, b_mean)
     terms = []
     if var is not None:
@@ -131,19 +144,16 @@ def _weight_layer(layer: _WeightOpLayer, mean: torch.Tensor, var: torch.Tensor |
     return out_mean, out_var
 
 
-def _plain_weight_layer(layer: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) -> _Moments:
+def _plain_weight_layer(
+    layer: nn.Linear | nn.Conv1d | nn.Conv2d | nn.Conv3d, mean: torch.Tensor, var: torch.Tensor | None
+) -> _Moments:
     out = layer(mean)
     if var is None:
         return out, None
-    weight = layer.weight.square()  # type: ignore[union-attr]
+    weight = layer.weight.square()
     if isinstance(layer, nn.Linear):
         return out, F.linear(var, weight)
-    conv = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}[type(layer)]  # type: ignore[index]
-    if layer.padding_mode != "zeros":  # type: ignore[union-attr]
-        raise TypeError(
-            f"propagate_moments: {type(layer).__name__} with padding_mode={layer.padding_mode!r} is not supported (zeros only)"
-        )
-    return out, conv(var, weight, None, layer.stride, layer.padding, layer.dilation, layer.groups)  # type: ignore[arg-type]
+    return out, layer._conv_forward(var, weight, None)  # padding of the variance as of the mean (any padding_mode)
 
 
 def _max_pool(layer: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) -> _Moments:
@@ -206,22 +216,27 @@ def _batch_norm(layer: nn.modules.batchnorm._BatchNorm, mean: torch.Tensor, var:
     return out, var * scale.square().view(shape)
 
 
-def _propagate(module: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) -> _Moments:
-    from varbnn.calibration import TemperatureScaled  # calibration imports predict, which imports nn: no cycle here
-
+def propagate(module: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One module's output moments from its input's: ``(mean, variance)``, the variance ``None`` for a deterministic
+    value (the building block of :func:`propagate_moments`, for a module's own ``moment_forward``). A module that
+    defines ``moment_forward(mean, var)`` (and optionally ``moment_support()``, returning ``None`` or the reason it
+    cannot be followed) is followed by its own rule: :class:`varbnn.calibration.TemperatureScaled` divides by ``T``."""
     if isinstance(module, nn.Sequential):
         for child in module:
-            mean, var = _propagate(child, mean, var)
+            mean, var = propagate(child, mean, var)
         return mean, var
-    if isinstance(module, TemperatureScaled):
-        mean, var = _propagate(module.model, mean, var)
-        t = module.temperature
-        return mean / t, (None if var is None else var / t.square())
+    own = getattr(module, "moment_forward", None)
+    if callable(own):
+        reason = moment_support(module)
+        if reason is not None:
+            raise TypeError(f"propagate_moments: {reason}; supported modules: {SUPPORTED_MODULES}")
+        result: tuple[torch.Tensor, torch.Tensor | None] = own(mean, var)
+        return result
     if isinstance(module, _WeightOpLayer):
         return _weight_layer(module, mean, var)
     kind = type(module)
     if kind in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d):
-        return _plain_weight_layer(module, mean, var)
+        return _plain_weight_layer(module, mean, var)  # type: ignore[arg-type]
     if kind is nn.ReLU:
         return (F.relu(mean), None) if var is None else relu_moments(mean, var)
     if kind in (nn.MaxPool1d, nn.MaxPool2d):
@@ -243,16 +258,15 @@ def _propagate(module: nn.Module, mean: torch.Tensor, var: torch.Tensor | None) 
 def moment_support(model: nn.Module) -> str | None:
     """Why :func:`propagate_moments` cannot follow ``model`` (the first unsupported module or family, as its error
     would say), or ``None`` when it can. A structural check: nothing runs."""
-    from varbnn.calibration import TemperatureScaled
-
     if isinstance(model, nn.Sequential):
         for child in model:
             reason = moment_support(child)
             if reason is not None:
                 return reason
         return None
-    if isinstance(model, TemperatureScaled):
-        return moment_support(model.model)
+    if callable(getattr(model, "moment_forward", None)):  # the module's own rule (e.g. TemperatureScaled)
+        own = getattr(model, "moment_support", None)
+        return own() if callable(own) else None
     if isinstance(model, _WeightOpLayer):
         if not isinstance(model, (BayesLinear, BayesConv1d, BayesConv2d, BayesConv3d)):
             return f"{type(model).__name__} is not supported"
@@ -263,8 +277,6 @@ def moment_support(model: nn.Module) -> str | None:
                 )
         return None
     kind = type(model)
-    if kind in (nn.Conv1d, nn.Conv2d, nn.Conv3d) and model.padding_mode != "zeros":  # type: ignore[union-attr]
-        return f"{kind.__name__} with padding_mode={model.padding_mode!r} is not supported"
     if kind in (nn.MaxPool1d, nn.MaxPool2d):
         if any(nn.modules.utils._ntuple(1)(model.padding)) or model.ceil_mode or model.return_indices:  # type: ignore[attr-defined]
             return f"{kind.__name__} with padding, ceil_mode or return_indices is not supported"
@@ -306,7 +318,7 @@ def propagate_moments(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
         raise TypeError(f"propagate_moments: x must be a torch.Tensor, got {type(x).__name__}")
     if x.is_floating_point() and not torch.isfinite(x).all():
         raise ValueError("propagate_moments: x contains NaN or infinite values")
-    mean, var = _propagate(model, x, None)
+    mean, var = propagate(model, x, None)
     return mean, (torch.zeros_like(mean) if var is None else var)
 
 

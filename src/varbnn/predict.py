@@ -82,9 +82,13 @@ def predict(
     :param samples: the number of draws S, an int >= 1 (default 16).
     :param predictive: ``"sample"`` (default): S passes of the network, each with its own weights, as above;
         ``"moments"``: one moment-propagation pass (:class:`varbnn.moments.MomentPredictive`), then S draws of the
-        outputs from the propagated Gaussian (independent per output unit): a ``TypeError`` for a network it cannot
-        follow (:func:`varbnn.moments.moment_support`); ``"auto"``: ``"moments"`` where it can follow the network,
-        ``"sample"`` elsewhere. ``chunk_size`` and ``vectorize`` do not apply to ``"moments"``.
+        outputs from the propagated Gaussian (independent per output unit), a ``TypeError`` for a network it cannot
+        follow (:func:`varbnn.moments.moment_support`); ``"auto"``: ``"moments"`` where it can follow a stochastic
+        network without draws of its own and neither ``chunk_size`` nor ``vectorize`` is passed, ``"sample"``
+        elsewhere. The moment predictive costs about 5-10 plain passes against 45-50 for 32 weight draws of an MLP,
+        and is an approximation: its validation NLL was within 1% of 64 weight draws' for every posterior on the
+        Fashion-MNIST MLP but 0.4-6% above it on MNIST, and within 2% with a temperature fitted to each predictive
+        (``benchmarks/results/moment-predictive/``); hence the default stays ``"sample"``.
     :param chunk_size: draws batched at once (default ``None``: all).
     :param batch_size: examples per pass (default ``None``: all).
     :param seed: seed of a forked random stream (default ``None``: the global one).
@@ -109,8 +113,9 @@ def predict(
         )
     if predictive not in PREDICTIVES:
         raise ValueError(f"predictive must be one of {PREDICTIVES}, got {predictive!r}")
-    if predictive == "auto":
-        predictive = "moments" if _moments_apply(model) else "sample"
+    if predictive == "auto":  # the Monte Carlo knobs, passed, ask for weight draws
+        asked_for_draws = chunk_size is not None or vectorize is not None
+        predictive = "moments" if not asked_for_draws and _moments_apply(model) else "sample"
     if predictive == "moments":
         model = MomentPredictive(model)
     if vectorize is None:
