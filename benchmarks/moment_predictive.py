@@ -242,6 +242,19 @@ def summarize(args: argparse.Namespace) -> None:
             f"{r['mc_ood_auroc_entropy']:.4f} / {r['moments_ood_auroc_entropy']:.4f} | {r['mc_cost']:.0f}x / "
             f"{r['moments_cost']:.1f}x |"
         )
+    lines += [
+        "",
+        "Per seed (validation NLL: 64 weight draws / moments; test NLL with a temperature fitted to each predictive):",
+        "",
+        "| dataset | model | method | seed | val NLL MC 64 | val NLL moments | gap | test NLL + TS: MC | moments |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["dataset"], r["model"], r["method"], r["seed"])):
+        gap = r["moments"]["val_nll"] / r["mc"]["val_nll_64"] - 1.0
+        lines.append(
+            f"| {r['dataset']} | {r['model']} | {r['method']} | {r['seed']} | {r['mc']['val_nll_64']:.4f} | "
+            f"{r['moments']['val_nll']:.4f} | {100 * gap:+.1f}% | {r['mc']['ts']['nll']:.4f} | {r['moments']['ts']['nll']:.4f} |"
+        )
     commits = sorted({r["commit"] for r in runs})
     devices = sorted({r["device"] for r in runs})
     seconds = sum(r["seconds"] for r in runs)

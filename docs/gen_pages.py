@@ -34,6 +34,7 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("varbnn.optim", "optim", "Variational optimizers: IVON trains MeanField posteriors at about Adam's cost."),
     ("varbnn.training", "training", "fit, evaluate, checkpoints (also importable as varbnn.train, its first name)."),
     ("varbnn.predict", "predict", "Vectorised Monte Carlo prediction and its summaries."),
+    ("varbnn.moments", "moments", "A single-pass predictive: means and variances propagated layer by layer."),
     ("varbnn.metrics", "metrics", "Accuracy, NLL, ECE, Brier, AUROC, referral, regression metrics."),
     ("varbnn.calibration", "calibration", "Temperature scaling."),
     ("varbnn.baselines", "baselines", "MC dropout and deep ensembles on the same predict path."),

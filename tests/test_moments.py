@@ -285,3 +285,14 @@ def test_moment_support_names_the_first_unsupported_part() -> None:
     mean, var = propagate_moments(net, x)
     mc_mean, mc_var = _monte_carlo(net, x, 20_000)
     assert ((mean.double() - mc_mean).abs() <= 5 * (mc_var / 20_000).sqrt() + 1e-6).all()
+
+
+def test_half_precision_keeps_small_variances() -> None:
+    # float16's smallest normal number is 6e-5: the max's theta must not be floored at its square root
+    m = torch.tensor([1.0, 0.0, -1.0])
+    v = torch.full((3,), 1e-4)
+    mean16, var16 = relu_moments(m.half(), v.half())
+    mean32, var32 = relu_moments(m, v)
+    assert mean16.dtype == torch.float16
+    torch.testing.assert_close(mean16.float(), mean32, rtol=2e-3, atol=1e-4)
+    torch.testing.assert_close(var16.float(), var32, rtol=5e-3, atol=1e-6)

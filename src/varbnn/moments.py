@@ -75,8 +75,12 @@ def gaussian_max_moments(
     With ``theta = sqrt(v1 + v2)``, ``a = (m1 - m2) / theta``: ``E = m1 Phi(a) + m2 Phi(-a) + theta phi(a)`` and
     ``Var = v1 Phi(a) + v2 Phi(-a) + theta^2 [a^2 Phi(a) Phi(-a) + a phi(a) (Phi(-a) - Phi(a)) - phi(a)^2]``, the
     variance written without the ``E[max^2] - E^2`` difference, which cancels catastrophically in float32 when
-    ``|m1 - m2| >> theta``. Exact (``max`` of the means, variance of the larger) where both variances are 0.
+    ``|m1 - m2| >> theta``. Exact (``max`` of the means, variance 0) where both variances are 0. Half-precision inputs
+    are computed in float32 and the results cast back.
     """
+    if m1.dtype in (torch.float16, torch.bfloat16):  # half's tiny (6e-5) would floor theta at 0.008: work in float32
+        mean, var = gaussian_max_moments(m1.float(), v1.float(), m2.float(), v2.float())
+        return mean.to(m1.dtype), var.to(m1.dtype)
     theta2 = v1 + v2
     theta = theta2.clamp_min(torch.finfo(theta2.dtype).tiny).sqrt()
     a = (m1 - m2) / theta
