@@ -212,6 +212,7 @@ def train_and_score(data: dict[str, Any], family: str, kl_weight: float, split: 
 def linear_reference(data: dict[str, Any]) -> dict[str, Any]:
     """Least squares on the training part (the validation part held out, as for the networks), its noise std the
     training residuals' (``/ (n - p - 1)``); the predictive ``N(x b, sigma^2)`` scored like a one-draw mixture."""
+
     def design(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x.double(), torch.ones(len(x), 1, dtype=torch.float64)], 1)
 
