@@ -364,6 +364,29 @@ def summarize(args: argparse.Namespace) -> None:
         return float(np.corrcoef(rx, ry)[0, 1])
 
     n_dependence = {f: spearman([n_train[t] for t in tasks], [choice_per_task[f][t] for t in tasks]) for f in families}
+
+    # the choice against each other kl_weight, paired on (task, split): mean validation NLL difference, its standard
+    # error over the pairs, and the pairs where the choice is lower
+    paired: dict[str, dict[str, dict[str, float]]] = {}
+    for f in families:
+        paired[f] = {}
+        for b in betas:
+            if b == choice[f]:
+                continue
+            diffs = [cell[(t, s, f, choice[f])]["val_nll"] - cell[(t, s, f, b)]["val_nll"] for t in tasks for s in splits[t]]
+            mean, se = metrics.mean_and_standard_error(diffs)
+            paired[f][str(b)] = {"mean": mean, "se": se, "lower": sum(d < 0 for d in diffs), "pairs": len(diffs)}
+
+    # a data-size rule, beta = min(1, n_train / c), read at the log-nearest grid value: its mean validation regret
+    def nearest(x: float) -> float:
+        return min(betas, key=lambda b: abs(math.log(b) - math.log(x)))
+
+    n_rules = {
+        f: {str(c): _mean([_mean([cell[(t, s, f, nearest(min(1.0, cell[(t, s, f, betas[0])]["n_train"] / c)))]["val_nll"]
+                                  - min(cell[(t, s, f, b)]["val_nll"] for b in betas) for s in splits[t]]) for t in tasks])
+            for c in (1_000, 3_000, 10_000, 30_000)}
+        for f in families
+    }  # fmt: skip
     runs = [r for r in records if r["family"] != "linear"]
     stopped = sum(bool(r["stopped_early"]) for r in runs)
     commits = sorted({r["commit"] for r in records})
@@ -385,7 +408,7 @@ def summarize(args: argparse.Namespace) -> None:
         "choice": choice, "choice_per_task": choice_per_task, "n_train": n_train,
         "spearman_n_train_vs_choice": n_dependence,
         "early_stopped_runs": stopped, "runs": len(runs),
-        "rows": rows, "per_task": per_task,
+        "rows": rows, "per_task": per_task, "paired_validation": paired, "n_rule_validation_regret": n_rules,
     }  # fmt: skip
     table = [
         "## Selection (validation only) and what it gives on the test splits (means over tasks)",
@@ -408,6 +431,27 @@ def summarize(args: argparse.Namespace) -> None:
         table.append(f"| {t} | {n_train[t]:.0f} | " + " | ".join(f"{choice_per_task[f][t]:g}" for f in families) + " |")
     table += ["", "Spearman correlation of n_train and the chosen kl_weight: "
               + ", ".join(f"{f} {v:.2f}" for f, v in n_dependence.items()), ""]  # fmt: skip
+    table += ["Validation NLL regret (nats) per task, mean over splits:", "",
+              "| task | n_train | family | " + " | ".join(f"{b:g}" for b in betas) + " |",
+              "|---|---|---|" + "---|" * len(betas)]  # fmt: skip
+    for t in sorted(tasks, key=lambda t: n_train[t]):
+        for f in families:
+            table.append(
+                f"| {t} | {n_train[t]:.0f} | {f} | " + " | ".join(f"{_mean(regret[(t, f, b)]):.3f}" for b in betas) + " |"
+            )
+    table += ["", "A data-size rule beta = min(1, n_train / c) at the log-nearest grid value, its mean validation regret "
+              "(the constant choice's is in the first table): "
+              + "; ".join(f"{f}: " + ", ".join(f"c={int(c):,} {v:.3f}" for c, v in n_rules[f].items())
+                          for f in families), ""]  # fmt: skip
+    table += [
+        "The choice against each other kl_weight, paired on (task, split): validation NLL of the choice minus the "
+        "other's (nats per point, mean ± standard error) and the pairs where the choice is lower:",
+        "",
+    ]
+    for f in families:
+        table.append(f"- {f} {choice[f]:g} vs " + ", ".join(
+            f"{b}: {v['mean']:+.4f} ± {v['se']:.4f} ({v['lower']}/{v['pairs']})" for b, v in paired[f].items()))  # fmt: skip
+    table.append("")
     table += ["## Per task: the classification default against the validation choice (test split, original units)", ""]
     table += ["| task | family | kl_weight | test RMSE | test NLL | 95% coverage | interval width | noise std |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
