@@ -175,8 +175,11 @@ def _family(name: str) -> varbnn.families.VariationalFamily:
     return {"meanfield": varbnn.MeanField, "ktied": varbnn.KTied}[name]()
 
 
-def train_and_score(data: dict[str, Any], family: str, kl_weight: float, split: int, max_epochs: int) -> dict[str, Any]:
-    """One early-stopped fit of ``family`` at ``kl_weight``; its validation and test scores (original units)."""
+def train_and_score(
+    data: dict[str, Any], family: str, kl_weight: float, split: int, max_epochs: int, patience: int | None = PATIENCE
+) -> dict[str, Any]:
+    """One fit of ``family`` at ``kl_weight`` (early-stopped with ``patience``; ``None``: all ``max_epochs``, the
+    validation NLL still recorded every epoch); its validation and test scores (original units)."""
     torch.manual_seed(1000 + split)  # the same initial network for every kl_weight of a split (common random numbers)
     d_in = data["x_train"].shape[1]
     model = varbnn.bayesianize(nn.Sequential(nn.Linear(d_in, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)), _family(family))
@@ -185,7 +188,7 @@ def train_and_score(data: dict[str, Any], family: str, kl_weight: float, split: 
                         generator=torch.Generator().manual_seed(split))  # fmt: skip
     t0 = time.perf_counter()
     history = varbnn.fit(model, loader, n_data=len(data["x_train"]), epochs=max_epochs, likelihood=likelihood,
-                         kl_weight=kl_weight, validation=(data["x_val"], data["y_val"]), early_stopping=PATIENCE,
+                         kl_weight=kl_weight, validation=(data["x_val"], data["y_val"]), early_stopping=patience,
                          progress=False)  # fmt: skip
     fit_seconds = time.perf_counter() - t0
     best_epoch = int(history[-1].get("best_epoch", len(history)))
@@ -234,13 +237,13 @@ def run(args: argparse.Namespace) -> None:
     if runs_path.exists():
         for line in runs_path.read_text().splitlines():
             r = json.loads(line)
-            done.add((r["task"], r["split"], r["family"], r["kl_weight"], r["quick"]))
+            done.add((r["task"], r["split"], r["family"], r["kl_weight"], r["quick"], r.get("patience", PATIENCE)))
     device = _device_name()
     for split in args.splits:  # splits outermost: a cut-short study still has whole splits of every task
         for task in args.tasks:
             data = None
             for family, kl_weight in [("linear", None)] + [(f, b) for f in args.families for b in args.kl_weights]:
-                key = (task, split, family, kl_weight, bool(args.quick))
+                key = (task, split, family, kl_weight, bool(args.quick), args.patience)
                 if key in done:
                     continue
                 if data is None:
@@ -249,11 +252,11 @@ def run(args: argparse.Namespace) -> None:
                 if family == "linear":
                     scores = linear_reference(data)
                 else:
-                    scores = train_and_score(data, family, kl_weight, split, args.max_epochs)
+                    scores = train_and_score(data, family, kl_weight, split, args.max_epochs, args.patience)
                 record = {
                     "task": task, "split": split, "family": family, "kl_weight": kl_weight,
                     "n_train": len(data["x_train"]), "n_val": len(data["x_val"]), "n_test": len(data["x_test"]),
-                    "max_epochs": args.max_epochs, **scores,
+                    "max_epochs": args.max_epochs, "patience": args.patience, **scores,
                     "load_average": os.getloadavg()[0], "commit": _commit(), "device": device,
                     "seconds": time.perf_counter() - t0, "quick": bool(args.quick),
                 }  # fmt: skip
@@ -289,7 +292,7 @@ def _rank(values: list[float]) -> list[float]:
 def summarize(args: argparse.Namespace) -> None:
     out = Path(args.out)
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    records = [r for r in records if r["quick"] == bool(args.quick)]
+    records = [r for r in records if r["quick"] == bool(args.quick) and r.get("patience", PATIENCE) == args.patience]
     if not records:
         raise SystemExit(f"no runs in {out / 'runs.jsonl'}")
     tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
@@ -395,7 +398,8 @@ def summarize(args: argparse.Namespace) -> None:
     max_epochs = sorted({r["max_epochs"] for r in records})
     result = {
         "command": f"python benchmarks/regression_defaults.py --splits {' '.join(map(str, all_splits))}"
-        + (" --quick" if args.quick else ""),
+        + (" --quick" if args.quick else "")
+        + ("" if args.patience else " --no-early-stopping"),
         "commit": ", ".join(commits),
         "summary_commit": _commit(),
         "device": ", ".join(devices),
@@ -480,7 +484,8 @@ def summarize(args: argparse.Namespace) -> None:
                              f"{s['epochs']:.0f} | {s['best_epoch']:.0f} | {s['stopped_early']:.2f} |")  # fmt: skip
     notes = [
         f"tasks {', '.join(f'{t} (splits {splits[t]})' for t in tasks)}; {len(runs)} network runs, "
-        f"max epochs {max_epochs}, early stopping (patience {PATIENCE}) ended {stopped} of them",
+        f"max epochs {max_epochs}, "
+        + (f"early stopping (patience {args.patience}) ended {stopped} of them" if args.patience else "no early stopping"),
         f"selection rule: {result['selection_rule']}",
         "choice: " + ", ".join(f"{f} kl_weight {choice[f]:g}" for f in families),
         f"intervals: the central {LEVEL:.0%} interval of the {DRAWS}-draw predictive mixture mean_s N(f_s, sigma^2), "
@@ -488,10 +493,11 @@ def summarize(args: argparse.Namespace) -> None:
         f"1-minute load average at the end of each run: at most {result['load_average_max']:.1f} (2 shared cores)",
         f"seconds (all runs): {result['seconds']:.0f}",
     ]
-    stem = "summary-quick" if args.quick else "summary"
+    suffix = ("-quick" if args.quick else "") + ("" if args.patience else "-no-early-stopping")
+    stem = f"summary{suffix}"
     write_result(out, stem, result, "Regression defaults: the KL weight chosen on regression validation data",
                  notes, table)  # fmt: skip
-    _figure(out / f"{'coverage-quick' if args.quick else 'coverage'}.png", tasks, families, betas, per_task)
+    _figure(out / f"coverage{suffix}.png", tasks, families, betas, per_task)
 
 
 def _figure(path: Path, tasks: list[str], families: list[str], betas: list[float], per_task: dict[str, Any]) -> None:
@@ -525,6 +531,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-epochs", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument(
+        "--no-early-stopping",
+        dest="patience",
+        action="store_const",
+        const=None,
+        default=PATIENCE,
+        help="train all --max-epochs epochs (the validation NLL is still recorded; results 'patience None')",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: split 0, 3 epochs (records marked quick)")
     parser.add_argument("--summarize", action="store_true")
     args = parser.parse_args(argv)
