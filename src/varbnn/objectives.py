@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from varbnn._checks import as_float_in
+from varbnn._checks import ArgumentTypeError, as_float_in
 from varbnn.divergence import kl as model_kl
 from varbnn.families.base import VariationalFamily
 from varbnn.families.delta import Delta
 from varbnn.families.meanfield import MeanField, normal_kl_elementwise
+from varbnn.likelihoods import Categorical, GammaPrecisionGaussian, Gaussian, HeteroscedasticGaussian, Likelihood
 from varbnn.nn.base import BayesianModule
 from varbnn.predict import predict
 from varbnn.priors import Normal, Uniform
@@ -48,6 +49,12 @@ __all__ = [
     "complexity_is_finite",
     "transmitted_weights",
 ]
+
+_LIKELIHOOD_NAMES: dict[str, type[Likelihood]] = {
+    "categorical": Categorical, "gaussian": Gaussian, "heteroscedastic": HeteroscedasticGaussian,
+    "gamma-precision": GammaPrecisionGaussian,
+}  # fmt: skip
+"""The likelihood names :func:`default_kl_weight` reads (those of :func:`varbnn.likelihoods.as_likelihood`)."""
 
 NATS_PER_BIT = math.log(2.0)
 """``ln 2``: nats per bit (divide a length in nats by it for bits)."""
@@ -196,12 +203,46 @@ def score_correction(model: nn.Module) -> torch.Tensor | None:
     return total
 
 
-def default_kl_weight(model: nn.Module) -> float:
-    """The KL weight :func:`varbnn.train.fit` uses when given ``beta=None``: the ``default_kl_weight`` of the model's
-    families (:class:`varbnn.families.VariationalFamily`), the smallest one if the model mixes families with different
-    defaults; 1 for a model without Bayesian tensors. The values and the evidence for them are on the defaults results
-    page (``benchmarks/results/defaults/``)."""
-    weights = [type(m).default_kl_weight for m in model.modules() if isinstance(m, VariationalFamily)]
+def default_kl_weight(
+    model: nn.Module, likelihood: Likelihood | str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+) -> float:
+    """The KL weight :func:`varbnn.train.fit` uses when given ``kl_weight=None``.
+
+    For a regression likelihood -- a :class:`varbnn.likelihoods.Likelihood` whose ``task`` is ``"regression"``
+    (:class:`~varbnn.likelihoods.Gaussian`, :class:`~varbnn.likelihoods.HeteroscedasticGaussian`,
+    :class:`~varbnn.likelihoods.GammaPrecisionGaussian`), or one of their names -- each family's
+    ``default_regression_kl_weight`` (chosen on regression validation data, ``benchmarks/results/regression-defaults/``;
+    a family without one uses its ``default_kl_weight``). Otherwise (``None``, a classification likelihood, or any other
+    loss function) each family's ``default_kl_weight`` (chosen on classification validation data,
+    ``benchmarks/results/defaults/``). The smallest of the model's families' values if it mixes families
+    (:class:`varbnn.families.VariationalFamily`); 1 for a model without Bayesian tensors.
+
+    :param model: the network whose families set the weight.
+    :param likelihood: fit's data term: a :class:`~varbnn.likelihoods.Likelihood`, a likelihood name (as
+        :func:`varbnn.likelihoods.as_likelihood` takes), a loss function, or ``None`` (default: none given, the
+        classification default). Another name is a ``ValueError``, another type an ``ArgumentTypeError`` (a ``TypeError``).
+    """
+    if isinstance(likelihood, str):
+        if likelihood not in _LIKELIHOOD_NAMES:
+            raise ValueError(f"default_kl_weight: likelihood must be a Likelihood, one of {sorted(_LIKELIHOOD_NAMES)}, a "
+                             f"loss function or None, got {likelihood!r}")  # fmt: skip
+        task = _LIKELIHOOD_NAMES[likelihood].task
+    elif isinstance(likelihood, Likelihood):
+        task = likelihood.task
+    elif likelihood is None or callable(likelihood):
+        task = ""
+    else:
+        raise ArgumentTypeError(
+            f"default_kl_weight: likelihood must be a varbnn.likelihoods.Likelihood, one of {sorted(_LIKELIHOOD_NAMES)}, "
+            f"a loss function or None, got {type(likelihood).__name__}"
+        )
+    regression = task == "regression"
+    weights = []
+    for module in model.modules():
+        if isinstance(module, VariationalFamily):
+            family = type(module)
+            weight = family.default_regression_kl_weight if regression else None
+            weights.append(family.default_kl_weight if weight is None else weight)
     return float(min(weights)) if weights else 1.0
 
 

@@ -81,6 +81,14 @@ class VariationalFamily(nn.Module):
     default_kl_weight: ClassVar[float] = 1.0
     """The KL weight beta that :func:`varbnn.train.fit` uses when given none (``beta=None``): chosen on validation
     data by ``benchmarks/defaults_study.py`` (see its results page); 1 is the true ELBO."""
+    default_regression_kl_weight: ClassVar[float | None] = None
+    """The KL weight :func:`varbnn.train.fit` uses when given none with a regression likelihood (a
+    :class:`~varbnn.likelihoods.Likelihood` whose ``task`` is ``"regression"``, e.g.
+    :class:`~varbnn.likelihoods.Gaussian`): chosen on regression validation data by
+    ``benchmarks/regression_defaults.py`` (``benchmarks/results/regression-defaults/``); ``None`` (the default):
+    :attr:`default_kl_weight`. No family sets one yet: on that study's validation data MeanField's best weight is
+    0.01 with early stopping but 0.3 without (and KTied's 0.01 with it), so no single value beats the classification
+    default on both paths."""
 
     compile_unsupported: ClassVar[str | None] = None
     """Why ``fit(compile=True)`` refuses models holding this family (``None``: its compiled step is tested to equal

@@ -110,7 +110,11 @@ def fit(
     KL after the epoch's last step.
 
     ``kl_weight`` (beta in the papers' notation): ``None`` (default) is the library's default for the model's families
-    (:func:`varbnn.objectives.default_kl_weight`; the value and its evidence are on the defaults results page);
+    and the task (:func:`varbnn.objectives.default_kl_weight`): with a regression likelihood (``likelihood`` or a
+    :class:`~varbnn.likelihoods.Likelihood` passed as ``nll`` whose ``task`` is ``"regression"``, e.g.
+    :class:`~varbnn.likelihoods.Gaussian`) each family's ``default_regression_kl_weight`` where it sets one (chosen
+    on regression validation data, ``benchmarks/results/regression-defaults/``; none does yet), otherwise its
+    ``default_kl_weight`` (MeanField 0.1, chosen on classification validation data: the defaults results page);
     ``1.0`` is the true ELBO, as the papers train.
 
     ``diagnose`` (default True): after training, one :class:`TrainingWarning` if the run shows a problem the library
@@ -247,7 +251,8 @@ def fit(
     :param lr: the learning rate of the default optimizer (default 1e-3; not used with ``optimizer``).
     :param nll: the data term ``nll(output, target)``, the batch-mean NLL (default ``F.cross_entropy``).
     :param likelihood: a likelihood object or name, used instead of ``nll`` (see above).
-    :param kl_weight: the KL weight: a number >= 0, a function of the global step, or ``None`` for the family default.
+    :param kl_weight: the KL weight: a number >= 0, a function of the global step, or ``None`` for the family default
+        (its regression default with a regression likelihood).
     :param device: where to train (default ``"model"``: where the model's parameters already are, so a model moved
         to a GPU trains there; ``None`` or ``"auto"``: CUDA when available; or a device such as ``"cpu"`` or ``"cuda"``,
         to which the model is moved).
@@ -309,7 +314,7 @@ def fit(
             raise ValueError(f"fit: the optimizer {type(optimizer).__name__} includes the prior in its update (its "
                              "kl_weight is set when it is built): leave fit's kl_weight unset")  # fmt: skip
         kl_weight = 0.0
-    schedule = _kl_weight_schedule(kl_weight, model)
+    schedule = _kl_weight_schedule(kl_weight, model, lik if lik is not None else nll)
     per_epoch = _distinct_examples_per_epoch(loader)
     if per_epoch is not None and per_epoch > n_data:
         raise ValueError(

@@ -30,10 +30,13 @@ def _data_term(nll: NLLFunction, likelihood: Likelihood | str | None, n_data: in
     return None, _default_cross_entropy if nll is F.cross_entropy else nll
 
 
-def _kl_weight_schedule(beta: float | BetaSchedule | None, model: nn.Module) -> BetaSchedule:
-    """fit's ``kl_weight`` as a function of the global step (``None``: the model's families' default KL weight)."""
+def _kl_weight_schedule(
+    beta: float | BetaSchedule | None, model: nn.Module, data_term: Likelihood | NLLFunction | None = None
+) -> BetaSchedule:
+    """fit's ``kl_weight`` as a function of the global step (``None``: the model's families' default KL weight for
+    ``data_term``, fit's likelihood or nll: :func:`varbnn.objectives.default_kl_weight`)."""
     if beta is None:
-        beta = default_kl_weight(model)
+        beta = default_kl_weight(model, data_term)
     elif not callable(beta):
         try:
             beta = check_kl_weight(beta, "fit")
