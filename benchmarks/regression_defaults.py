@@ -1,7 +1,9 @@
 """Regression defaults (issue 63): which KL weight should ``fit(kl_weight=None)`` use with a Gaussian likelihood?
 
 The classification defaults (``default_kl_weight``: MeanField 0.1, KTied 0.03, ...) were chosen on classification
-validation data only (``benchmarks/results/defaults/``). This study chooses them on regression validation data, along
+validation data only (``benchmarks/results/defaults/``); an outside user found MeanField's 0.1 covering 78% of the
+test points with nominal 95% intervals on diabetes (RMSE 68.4), against 98% and 56.5 at kl_weight 1 (issue 63). This
+study chooses them on regression validation data, along
 the user's path, and reports the test scores (interval coverage included) of every candidate beside the choice. Nothing
 is tuned on the test split.
 
