@@ -85,10 +85,11 @@ def predict(
         outputs from the propagated Gaussian (independent per output unit), a ``TypeError`` for a network it cannot
         follow (:func:`varbnn.moments.moment_support`); ``"auto"``: ``"moments"`` where it can follow a stochastic
         network without draws of its own and neither ``chunk_size`` nor ``vectorize`` is passed, ``"sample"``
-        elsewhere. The moment predictive costs about 5-10 plain passes against 45-50 for 32 weight draws of an MLP,
+        elsewhere. The moment predictive costs about 5 plain passes against about 50 for 32 weight draws of an MLP,
         and is an approximation: its validation NLL was within 1% of 64 weight draws' for every posterior on the
-        Fashion-MNIST MLP but 0.4-6% above it on MNIST, and within 2% with a temperature fitted to each predictive
-        (``benchmarks/results/moment-predictive/``); hence the default stays ``"sample"``.
+        Fashion-MNIST MLP but 0.4-9.5% above it on MNIST, and its test NLL -3.2% to +2.1% from theirs with a
+        temperature fitted to each predictive (``benchmarks/results/moment-predictive/``); hence the default stays
+        ``"sample"``.
     :param chunk_size: draws batched at once (default ``None``: all).
     :param batch_size: examples per pass (default ``None``: all).
     :param seed: seed of a forked random stream (default ``None``: the global one).
