@@ -146,7 +146,7 @@ def timing(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     x = torch.rand(20_000, 1, 28, 28, device=device)
     rows = []
-    for model_name in ("mlp", "lenet5"):
+    for model_name in args.timing_models:
         plain = ucpu._net(model_name).to(device).eval()
         bayes = varbnn.bayesianize(ucpu._net(model_name)).to(device).eval()
         cases = _cases(plain, bayes, x)
@@ -175,7 +175,8 @@ def timing(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     result = {"rows": rows, "rounds": args.rounds, "images": 20_000, "commit": ucpu._commit(),
               "device": ucpu._device_name(device), "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads(),
-              "command": f"benchmarks/moment_predictive.py --timing --rounds {args.rounds}",
+              "command": f"benchmarks/moment_predictive.py --timing --rounds {args.rounds} --timing-models "
+                         f"{' '.join(args.timing_models)}",
               "seconds": time.perf_counter() - started}  # fmt: skip
     table = [
         "| model | plain pass (s) | MC 8 | MC 16 | MC 32 | moments, 16 output draws | moments, 32 |",
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--summarize", action="store_true")
     parser.add_argument("--timing", action="store_true", help="interleaved predict-cost rounds, untrained networks")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--timing-models", nargs="+", choices=("mlp", "lenet5"), default=["mlp"])
     args = parser.parse_args(argv)
     if args.quick:
         args.max_epochs, args.train_size, args.val_size = 2, 1000, 500
