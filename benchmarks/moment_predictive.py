@@ -269,10 +269,25 @@ def summarize(args: argparse.Namespace) -> None:
             f"| {r['dataset']} | {r['model']} | {r['method']} | {r['seed']} | {r['mc']['val_nll_64']:.4f} | "
             f"{r['moments']['val_nll']:.4f} | {100 * gap:+.1f}% | {r['mc']['ts']['nll']:.4f} | {r['moments']['ts']['nll']:.4f} |"
         )
+    by_dataset = {}
+    for dataset, model in sorted({(r["dataset"], r["model"]) for r in runs}):
+        rs = [r for r in runs if (r["dataset"], r["model"]) == (dataset, model)]
+        val_gaps = [100 * (r["moments"]["val_nll"] / r["mc"]["val_nll_64"] - 1.0) for r in rs]
+        ts_gaps = [100 * (r["moments"]["ts"]["nll"] / r["mc"]["ts"]["nll"] - 1.0) for r in rs]
+        auroc = [100 * (r["moments"]["ood_auroc_entropy"] - r["mc"]["ood_auroc_entropy"]) for r in rs]
+        by_dataset[f"{dataset}-{model}"] = {
+            "runs": len(rs),
+            "val_gap_percent_min": min(val_gaps), "val_gap_percent_max": max(val_gaps),
+            "within_1pct_runs": sum(g <= 1.0 for g in val_gaps),
+            "ts_test_gap_percent_min": min(ts_gaps), "ts_test_gap_percent_max": max(ts_gaps),
+            "ts_moments_lower_runs": sum(g < 0 for g in ts_gaps),
+            "auroc_points_min": min(auroc), "auroc_points_max": max(auroc),
+        }  # fmt: skip
     commits = sorted({r["commit"] for r in runs})
     devices = sorted({r["device"] for r in runs})
     seconds = sum(r["seconds"] for r in runs)
     result = {
+        "by_dataset": by_dataset,
         "command": "benchmarks/moment_predictive.py --dataset D --model M (runs); --summarize (this file)",
         "commit": ", ".join(commits),
         "summary_commit": ucpu._commit(),
