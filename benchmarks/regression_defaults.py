@@ -39,9 +39,7 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import write_result  # noqa: E402
+from report import commit_of, device_name, write_result  # noqa: E402
 
 import varbnn  # noqa: E402
 from varbnn import metrics  # noqa: E402
@@ -77,22 +75,11 @@ LEVEL = 0.95
 
 
 def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    return commit_of(ROOT)
 
 
 def _device_name() -> str:
-    """The lab's device description when the lab is installed (``cpu: <processor>, N threads``), else a short one."""
-    try:
-        from varbnn_lab.engine import describe_device
-    except ImportError:
-        return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    return describe_device(torch.device("cpu"))
+    return device_name(torch.device("cpu"))
 
 
 # -- data ------------------------------------------------------------------------------------------------------------
@@ -545,7 +532,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--summarize", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("VARBNN_DATA", "/work/shared/data")
     if args.quick:
         args.splits, args.max_epochs = [0], 3
     if args.summarize:

@@ -35,9 +35,7 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import write_result  # noqa: E402
+from report import commit_of, device_name, write_result  # noqa: E402
 
 import varbnn  # noqa: E402
 from varbnn import metrics  # noqa: E402
@@ -84,23 +82,11 @@ def _net(model: str) -> nn.Module:
 
 
 def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    return commit_of(ROOT)
 
 
 def _device_name(device: torch.device) -> str:
-    """The lab's device description when the lab is installed (``cpu: <processor>, N threads``), else a short one."""
-    try:
-        from varbnn_lab.engine import describe_device
-    except ImportError:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-        return f"{device.type}: {name}"
-    return describe_device(device)
+    return device_name(device)
 
 
 def load(dataset: str, train_size: int, val_size: int, test_limit: int | None) -> dict[str, torch.Tensor]:
