@@ -17,6 +17,9 @@ from types import ModuleType
 import pytest
 import torch
 
+import varbnn
+from varbnn.adapters import merge_adapters
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 PAGES = ROOT / "docs" / "tutorials"
@@ -27,6 +30,7 @@ TUTORIALS = {
     "pretrained_cnn": "pretrained-cnn",
     "continual": "continual",
     "pruning": "pruning",
+    "calibrated_finetuning": "calibrated-finetuning",
 }
 
 
@@ -146,6 +150,43 @@ def test_pruning(tmp_path, capsys):
     assert fractions[0] == 1.0 and all(a >= b for a, b in zip(fractions, fractions[1:])) and fractions[-1] < 1.0
     sparse = result["sparse"]
     assert sparse["nonzero"] < sparse["total"] == dense["parameters"]
+
+
+def test_calibrated_finetuning(tmp_path, capsys):
+    result = run_quick("calibrated_finetuning", tmp_path, capsys)
+    assert_figure(result["figure"])
+    assert result["pretrained_accuracy"] > 0.9  # digits 0-4, 10 epochs
+    models = result["models"]
+    assert list(models) == ["LoRA", "LoRA + temperature", "variational adapters", "variational adapters + temperature"]
+    # both train the same parts: rank-4 adapters on the two hidden layers (A 4 x in, B 128 x 4) and the new 5-way head;
+    # the variational adapters have a mean and a scale for each entry of A
+    adapters = 4 * 64 + 128 * 4 + 4 * 128 + 128 * 4
+    trainable = {
+        name: sum(p.numel() for p in models[name].parameters() if p.requires_grad) for name in ("LoRA", "variational adapters")
+    }
+    assert trainable == {"LoRA": adapters + 128 * 5 + 5, "variational adapters": adapters + 4 * 64 + 4 * 128 + 128 * 5 + 5}
+    # the pretrained network is untouched (the adapters' base layers are frozen copies of it)
+    example = load_example("calibrated_finetuning")
+    for name in ("LoRA", "variational adapters"):
+        assert torch.equal(models[name][2].base.weight, result["pretrained"][2].weight)
+        assert all(not p.requires_grad for p in models[name][2].base.parameters())
+    # plain LoRA is a point estimate: no draws to average; the variational adapters' draws disagree
+    x = torch.rand(20, 64)
+    assert torch.equal(varbnn.predict(models["LoRA"], x, samples=3)[0], varbnn.predict(models["LoRA"], x, samples=3)[2])
+    draws = varbnn.predict(models["variational adapters"], x, samples=3, seed=0)
+    assert not torch.equal(draws[0], draws[1])
+    # temperature scaling never changes the predicted class, and lowers (never raises) LoRA's validation NLL
+    metrics = result["metrics"]
+    for name in ("LoRA", "variational adapters"):
+        assert metrics[f"{name} + temperature"]["accuracy"] == metrics[name]["accuracy"]
+        assert result["temperatures"][f"{name} + temperature"] > 0
+    assert result["validation_nll"]["LoRA + temperature"] <= result["validation_nll"]["LoRA"] + 1e-6
+    assert set(result["auroc"]) == set(models) and all(0.0 <= v <= 1.0 for v in result["auroc"].values())
+    # merge_adapters gives a plain MLP of the pretrained size that computes the adapters' posterior mean
+    merged = merge_adapters(models["variational adapters"])
+    assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in example.make_mlp().parameters())
+    with varbnn.sample_mode(models["variational adapters"], "mean"):
+        assert torch.allclose(merged(x), models["variational adapters"](x), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(TUTORIALS))
