@@ -121,3 +121,27 @@ def test_default_loops_only_for_bayesian_convolutions_on_the_cpu(monkeypatch):
     assert predict_module.vectorized_by_default(nn.Sequential(nn.Conv1d(2, 3, 3)), seqs)  # plain convolutions: batched
     with pytest.raises(ValueError, match="vectorize must be True, False or None"):
         varbnn.predict(dense, x, samples=3, vectorize="yes")
+
+
+def test_point_mass_layers_are_deterministic_and_attention_loops_on_the_cpu() -> None:
+    import importlib
+
+    from varbnn.baselines import DeepEnsemble
+    from varbnn.families import Delta
+
+    predict_module = importlib.import_module("varbnn.predict")
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    delta = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2)), Delta())
+    assert not predict_module._is_stochastic(delta)  # a plain LoRA (Delta adapters) passes once, as a plain net
+    mixed = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2)), MeanField(init_std=0.3), bias_family=Delta())
+    assert predict_module._is_stochastic(mixed)
+    with varbnn.sample_mode(mixed, "mean"):
+        assert not predict_module._is_stochastic(mixed)
+    ensemble = DeepEnsemble([delta, varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2)), Delta())])
+    assert varbnn.predict(ensemble, x, samples=8).shape == (2, 4, 2)  # one draw per deterministic member
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0)
+    tokens = torch.randn(2, 3, 8)
+    for model in (varbnn.bayesianize(layer), nn.Sequential(nn.MultiheadAttention(8, 2))):
+        assert not predict_module.vectorized_by_default(model, tokens)  # vmap's fallback for fused attention is slow
+        assert predict_module.vectorized_by_default(model, torch.empty(2, 3, 8, device="meta"))

@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.func import vmap
 
+from varbnn.families import Delta
 from varbnn.moments import MomentPredictive, moment_support
+from varbnn.nn.attention import BayesMultiheadAttention
 from varbnn.nn.base import BayesianModule
 from varbnn.nn.layers import _BayesConvNd
 
@@ -212,14 +214,16 @@ def _checked_draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: 
 
 def _is_stochastic(model: nn.Module) -> bool:
     """Whether two prediction passes of ``model`` can differ: it holds a Bayesian layer in ``sample_mode="sample"``
-    (:class:`varbnn.nn.base.BayesianModule`), a :class:`varbnn.baselines.MCDropout`, or a module with a
+    (:class:`varbnn.nn.base.BayesianModule`) with a posterior that is not a point mass (a layer whose tensors are all
+    :class:`~varbnn.families.Delta`, e.g. a plain LoRA adapter, is deterministic), a
+    :class:`varbnn.baselines.MCDropout`, or a module with a
     ``predictive_draws`` hook of its own (e.g. :class:`varbnn.laplace.LastLayerLaplace`; wrappers that only pass
     their inner model's draws on, :class:`~varbnn.baselines.DeepEnsemble` and
     :class:`~varbnn.calibration.TemperatureScaled`, count by what they wrap). Randomness a custom module draws in
     its own ``forward`` is not seen."""
     for module in model.modules():
         if isinstance(module, BayesianModule):
-            if module.sample_mode == "sample":
+            if module.sample_mode == "sample" and any(not isinstance(q, Delta) for q in module.posteriors.values()):
                 return True
         elif getattr(module, "_varbnn_samples_at_prediction", False):
             return True
@@ -231,8 +235,12 @@ def _is_stochastic(model: nn.Module) -> bool:
 def vectorized_by_default(model: nn.Module, x: torch.Tensor) -> bool:
     """:func:`predict`'s choice when ``vectorize=None``: False (a loop over draws) for inputs on the CPU to a model
     with a Bayesian convolution (:class:`~varbnn.BayesConv1d`, 2d, 3d), whose batched pass convolves with a kernel
-    per draw and measured slower than the loop there; True (vmap) otherwise."""
-    return x.device.type != "cpu" or not any(isinstance(m, _BayesConvNd) for m in model.modules())
+    per draw and measured slower than the loop there, or with attention (``nn.MultiheadAttention``,
+    :class:`~varbnn.nn.BayesMultiheadAttention`), whose fused kernel vmap has no batching rule for (its fallback took
+    about 2.3x the loop's time for the fine-tuned ViT of ``benchmarks/finetune_cpu.py``); True (vmap) otherwise."""
+    if x.device.type != "cpu":
+        return True
+    return not any(isinstance(m, (_BayesConvNd, nn.MultiheadAttention, BayesMultiheadAttention)) for m in model.modules())
 
 
 def _draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: int | None, vectorize: bool) -> torch.Tensor:
