@@ -183,11 +183,13 @@ def test_cli_lenet5_prune_distributed_selects_its_best_epoch_on_every_rank(data_
 
 
 @pytest.mark.parametrize("name", ["graves-mnist", "soap-bubble", "uci", "uci-learned", "mnist-mlp"])
-def test_cli_distributed_outside_torchrun_is_a_clear_error(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_distributed_outside_torchrun_is_a_clear_error(
+    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from varbnn.cli import main
 
-    with pytest.raises(SystemExit):
-        main(["reproduce", name, "--quick", "--distributed", "--no-progress"])
+    with pytest.raises(SystemExit):  # --out: a tree with uncommitted changes would be refused first for results/
+        main(["reproduce", name, "--quick", "--distributed", "--no-progress", "--out", str(tmp_path)])
     assert "launch with torchrun" in capsys.readouterr().err
 
 
