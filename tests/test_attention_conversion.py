@@ -253,9 +253,49 @@ def test_decoder_layer_attentions_are_converted():
         assert torch.allclose(back(target, memory), decoder(target, memory), atol=ATOL)
 
 
+def test_huggingface_conv1d_is_converted_once_transformers_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2's ``Conv1D`` (``y = x W + b``, ``W`` of shape (in, out)) becomes a BayesLinear with ``W^T`` as its mean;
+    registered from ``sys.modules`` (no class-name matching, nothing imported by varbnn). A stand-in module with the
+    class's contract checks the mechanism here, where ``transformers`` is not installed."""
+    import sys
+    import types
+
+    from varbnn.convert import registry
+    from varbnn.convert.report import ConversionWarning
+
+    class Conv1D(nn.Module):  # transformers.pytorch_utils.Conv1D's contract
+        def __init__(self, nf: int, nx: int) -> None:
+            super().__init__()
+            self.nf = nf
+            self.weight = nn.Parameter(torch.randn(nx, nf))
+            self.bias = nn.Parameter(torch.randn(nf))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.nf)
+
+    fake = types.ModuleType("transformers.pytorch_utils")
+    fake.Conv1D = Conv1D  # type: ignore[attr-defined]
+    model = nn.Sequential(Conv1D(6, 4), nn.ReLU(), Conv1D(2, 6))
+    with pytest.warns(ConversionWarning, match="Conv1D x2 \\(no Bayesian form registered\\)"):
+        _, report = varbnn.bayesianize(model, report=True)
+    assert not report.converted  # before transformers is imported: not registered
+    monkeypatch.setitem(sys.modules, "transformers.pytorch_utils", fake)
+    try:
+        bayes, report = varbnn.bayesianize(model, report=True)
+        assert [c.name for c in report.converted] == ["0", "2"]
+        assert isinstance(bayes[0], varbnn.BayesLinear) and (bayes[0].in_features, bayes[0].out_features) == (4, 6)
+        x = torch.randn(3, 5, 4)
+        with torch.no_grad(), varbnn.sample_mode(bayes, "mean"):
+            assert torch.allclose(bayes(x), model(x), atol=ATOL)
+        with torch.no_grad():
+            assert torch.allclose(varbnn.to_deterministic(bayes)(x), model(x), atol=ATOL)
+    finally:
+        registry._CONVERTERS.pop(Conv1D, None)
+
+
 def test_huggingface_models_are_optional():
-    """``transformers`` is an optional extra: its GPT-2 ``Conv1D`` has no registered converter (no class-name matching,
-    DESIGN.md); its ``nn.Linear`` projections (BERT-style models) are converted like any other."""
+    """``transformers`` is an optional extra; its ``nn.Linear`` projections (BERT-style models) are converted like any
+    other, and GPT-2's ``Conv1D`` once ``transformers`` is imported."""
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(
         vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
@@ -263,3 +303,6 @@ def test_huggingface_models_are_optional():
     model = transformers.BertModel(config)
     bayes, report = varbnn.bayesianize(model, report=True)
     assert any(c.name.endswith("attention.self.query") for c in report.converted)
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    _, report = varbnn.bayesianize(gpt2, report=True)
+    assert any(c.name.endswith("attn.c_attn") for c in report.converted)  # a Conv1D

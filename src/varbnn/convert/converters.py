@@ -1,18 +1,21 @@
 """The built-in converters: ``nn.Linear``, ``nn.Conv1d``/``Conv2d``/``Conv3d``, ``nn.Embedding``, ``nn.LSTM``,
 ``nn.GRU`` and ``nn.MultiheadAttention`` to their Bayesian layers, the plain weights copied into the posterior means
-when ``pretrained``.
+when ``pretrained``; and HuggingFace ``transformers``' ``Conv1D`` (GPT-2's projections, ``y = x W + b`` with ``W`` of
+shape ``(in, out)``) to :class:`~varbnn.BayesLinear`, registered by :func:`register_optional_converters` once
+``transformers`` is imported (an optional extra: varbnn never imports it).
 
 An option of these types that has no Bayesian form is refused with :meth:`ConversionContext.refuse`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from varbnn.convert.registry import ConversionContext, register_converter
+from varbnn.convert.registry import _CONVERTERS, ConversionContext, register_converter
 from varbnn.nn.attention import BayesMultiheadAttention
 from varbnn.nn.layers import BayesConv1d, BayesConv2d, BayesConv3d, BayesEmbedding, BayesGRU, BayesLinear, BayesLSTM, _BayesConvNd
 
@@ -98,3 +101,28 @@ def _attention(module: nn.Module, ctx: ConversionContext) -> nn.Module:
         module.embed_dim, module.num_heads, module.dropout, bias, module.bias_k is not None, module.add_zero_attn,
         module.kdim, module.vdim, module.batch_first, init=init, **ctx.layer_kwargs(),
     )  # fmt: skip
+
+
+def _huggingface_conv1d(module: nn.Module, ctx: ConversionContext) -> nn.Module:
+    """``transformers``' ``Conv1D(nf, nx)``: ``y = x W + b``, ``W`` of shape ``(nx, nf)``: a BayesLinear with ``W^T`` as
+    its weight mean (``to_deterministic`` gives an ``nn.Linear``, which computes the same)."""
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ctx.refuse(f"a Conv1D whose weight is not a matrix ({type(weight).__name__}) has no Bayesian form")
+    in_features, out_features = weight.shape
+    bias = getattr(module, "bias", None)
+    init = _weights(module, ("weight", "bias"), ctx.pretrained)
+    return BayesLinear(
+        int(in_features), int(out_features), bias is not None,
+        init_weight=init["weight"].T.contiguous() if "weight" in init else None, init_bias=init.get("bias"),
+        **ctx.layer_kwargs(),
+    )  # fmt: skip
+
+
+def register_optional_converters() -> None:
+    """Register the converters of optional libraries that the process has imported: ``transformers``' ``Conv1D``
+    (looked up in ``sys.modules``; nothing is imported here). :func:`~varbnn.convert.bayesianize` calls it first."""
+    utils = sys.modules.get("transformers.pytorch_utils")
+    conv1d = getattr(utils, "Conv1D", None) if utils is not None else None
+    if isinstance(conv1d, type) and issubclass(conv1d, nn.Module) and conv1d not in _CONVERTERS:
+        register_converter(conv1d)(_huggingface_conv1d)

@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from varbnn.convert.batchnorm import _warn_batch_norm_after_bayesian
+from varbnn.convert.converters import register_optional_converters
 from varbnn.convert.fastpath import disable_fast_paths
 from varbnn.convert.registry import ConversionContext
 from varbnn.convert.report import ConversionReport, ConversionWarning, DeterministicModule, _by_type
@@ -158,6 +159,7 @@ def bayesianize(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    register_optional_converters()  # e.g. transformers' Conv1D, once the user has imported transformers
     for flag, value in (("pretrained", pretrained), ("report", report), ("strict", strict)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be True or False, got {value!r}")
