@@ -45,9 +45,7 @@ import copy
 import hashlib
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -62,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import write_result  # noqa: E402
+from report import commit_of, device_name, write_result  # noqa: E402
 
 import varbnn  # noqa: E402
 from varbnn import metrics  # noqa: E402
@@ -141,22 +139,11 @@ def new_head(net: ViT, seed: int) -> ViT:
 
 
 def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    return commit_of(ROOT)
 
 
 def _device_name(device: torch.device) -> str:
-    try:
-        from varbnn_lab.engine import describe_device
-    except ImportError:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-        return f"{device.type}: {name}, {torch.get_num_threads()} thread(s)"
-    return describe_device(device)
+    return device_name(device)
 
 
 # -- pretraining -----------------------------------------------------------------------------------------------------
