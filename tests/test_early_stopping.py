@@ -196,3 +196,15 @@ CASES = [
 @pytest.mark.parametrize("case", params(CASES))
 def test_bad_validation_and_early_stopping_arguments_are_named(case):
     check(case)
+
+
+def test_the_validation_predictive_can_be_the_moment_predictive():
+    seed_everything(0)
+    model = varbnn.bayesianize(_mlp(), varbnn.MeanField(init_std=0.1))
+    history = _fit(model, epochs=2, validation=VALID, validation_predictive="moments")
+    moments = varbnn.evaluate(model, *VALID, samples=8, seed=VALIDATION_SEED, predictive="moments")["nll"]
+    sampled = varbnn.evaluate(model, *VALID, samples=8, seed=VALIDATION_SEED, predictive="sample")["nll"]
+    assert history[-1]["val_nll"] == pytest.approx(moments, rel=1e-6)
+    assert moments != pytest.approx(sampled, rel=1e-6)  # the option reaches the validation pass
+    with pytest.raises(ValueError, match=r"validation_predictive must be one of \('sample', 'moments', 'auto'\)"):
+        _fit(model, epochs=1, validation=VALID, validation_predictive="mean")

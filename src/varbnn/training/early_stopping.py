@@ -14,7 +14,7 @@ from torch import nn
 
 from varbnn._checks import ArgumentTypeError, as_positive_int
 from varbnn.likelihoods import Likelihood
-from varbnn.predict import _is_stochastic, _prediction_mode, predict
+from varbnn.predict import PREDICTIVES, _is_stochastic, _prediction_mode, predict
 from varbnn.training.checkpoint import CheckpointError, read_checkpoint
 from varbnn.training.evaluation import evaluate
 from varbnn.training.prepare import _default_cross_entropy
@@ -39,9 +39,9 @@ class ValidationWatch:
 
     def __init__(
         self, x: torch.Tensor, y: torch.Tensor, samples: int, patience: int | None, nll: NLLFunction,
-        likelihood: Likelihood | None,
+        likelihood: Likelihood | None, predictive: str = "sample",
     ) -> None:  # fmt: skip
-        self.x, self.y, self.samples, self.patience = x, y, samples, patience
+        self.x, self.y, self.samples, self.patience, self.predictive = x, y, samples, patience, predictive
         # the predictive's likelihood when fit knows it: fit's likelihood, a Likelihood passed as nll, or the default
         # cross-entropy with class labels; None: a custom nll (or soft labels), averaged over the draws
         self.likelihood: Likelihood | str | None = likelihood
@@ -65,12 +65,13 @@ class ValidationWatch:
             with _prediction_mode(model), torch.no_grad():
                 if self.likelihood is not None:
                     metrics = evaluate(model, self.x, self.y, likelihood=self.likelihood, samples=samples,
-                                       batch_size=VALIDATION_BATCH_SIZE, seed=VALIDATION_SEED)  # fmt: skip
+                                       batch_size=VALIDATION_BATCH_SIZE, seed=VALIDATION_SEED,
+                                       predictive=self.predictive)  # fmt: skip
                     out = {"val_nll": metrics["nll"]}
                     if "accuracy" in metrics:
                         out["val_accuracy"] = metrics["accuracy"]
                     return out
-                return {"val_nll": _mean_draw_nll(model, self.x, self.y, self.nll, samples)}
+                return {"val_nll": _mean_draw_nll(model, self.x, self.y, self.nll, samples, self.predictive)}
         except (ValueError, TypeError) as error:
             kind = TypeError if isinstance(error, TypeError) and not isinstance(error, ValueError) else ValueError
             raise kind(f"fit(validation=(x, y)): the validation set does not fit the model: {error}") from error
@@ -150,10 +151,13 @@ def validation_watch(
     nll: NLLFunction,
     likelihood: Likelihood | None,
     distributed: bool,
+    predictive: Any = "sample",
 ) -> ValidationWatch | None:
     """fit's ``validation``, ``validation_samples`` and ``early_stopping`` checked (a ``ValueError`` or ``TypeError``
     naming the argument and what is allowed); ``None`` without ``validation``."""
     samples = as_positive_int(samples, "validation_samples", owner="fit")
+    if predictive not in PREDICTIVES:
+        raise ValueError(f"fit: validation_predictive must be one of {PREDICTIVES}, got {predictive!r}")
     patience = None if early_stopping is None else as_positive_int(early_stopping, "early_stopping (or None)", owner="fit")
     if validation is None:
         if patience is not None:
@@ -179,7 +183,7 @@ def validation_watch(
     if distributed:
         raise ValueError("fit: validation= is not available with distributed training yet: evaluate on one process "
                          "after fit (varbnn.evaluate), or train without distributed")  # fmt: skip
-    return ValidationWatch(x.detach(), y.detach(), samples, patience, nll, likelihood)
+    return ValidationWatch(x.detach(), y.detach(), samples, patience, nll, likelihood, predictive)
 
 
 def _require_fits(require: Any, name: str, state: Any, module: nn.Module) -> None:
@@ -202,13 +206,15 @@ def _copy(state: dict[str, Any]) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def _mean_draw_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, nll: NLLFunction, samples: int) -> float:
+def _mean_draw_nll(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, nll: NLLFunction, samples: int, predictive: str = "sample"
+) -> float:
     """``mean_s nll(f_s(x), y)`` over ``samples`` seeded draws (per example, for a batch-mean ``nll``): the expected
     NLL of a custom loss, whose predictive fit does not know how to form."""
     dev = resolve_device("model", model)
     total, count = 0.0, int(x.shape[0])
     for start in range(0, count, VALIDATION_BATCH_SIZE):
         xb, yb = x[start : start + VALIDATION_BATCH_SIZE].to(dev), y[start : start + VALIDATION_BATCH_SIZE].to(dev)
-        draws = predict(model, xb, samples=samples, seed=VALIDATION_SEED)
+        draws = predict(model, xb, samples=samples, seed=VALIDATION_SEED, predictive=predictive)
         total += sum(float(nll(draw, yb)) for draw in draws) * xb.shape[0]
     return total / (count * samples)

@@ -88,6 +88,7 @@ def fit(
     validation_samples: int = 8,
     early_stopping: int | None = None,
     beta: float | BetaSchedule | None = None,
+    validation_predictive: str = "sample",
 ) -> list[dict[str, float]]:
     """Minimise ``nll(model(x), y) + kl_weight * kl(model) / n_data`` with Adam (:func:`default_optimizer`) or ``optimizer``.
 
@@ -220,8 +221,10 @@ def fit(
     is exactly as without ``validation``), run in eval mode (every module's training flag is restored afterwards),
     without gradients, ``1000`` examples at a time, on the model's device. A model that does not sample (no Bayesian
     layer in ``sample_mode="sample"``, no :class:`~varbnn.baselines.MCDropout`) takes one pass. Cost per epoch:
-    ``validation_samples`` forward passes over ``x`` (one for a deterministic model). Not available with distributed
-    training yet (a ``ValueError``): evaluate after ``fit`` instead.
+    ``validation_samples`` forward passes over ``x`` (one for a deterministic model). ``validation_predictive=
+    "moments"`` (or ``"auto"``) takes :func:`varbnn.predict`'s single-pass moment predictive instead, one pass of
+    about three plain passes' arithmetic (it approximates: see ``predict``). Not available with distributed training
+    yet (a ``ValueError``): evaluate after ``fit`` instead.
 
     ``early_stopping=patience`` (an int >= 1; needs ``validation``): training stops after ``patience`` consecutive
     epochs without a new lowest ``val_nll`` (strictly lower; a NaN never improves), and before returning, the model
@@ -281,6 +284,8 @@ def fit(
     :param early_stopping: the patience in epochs, an int >= 1, or ``None`` (default: no early stopping); needs
         ``validation``; the best epoch's state is restored (see above).
     :param beta: the earlier name of ``kl_weight`` (a ``FutureWarning``; an error together with ``kl_weight``).
+    :param validation_predictive: the validation predictive, as :func:`varbnn.predict`'s ``predictive``:
+        ``"sample"`` (default: ``validation_samples`` weight draws), ``"moments"`` or ``"auto"``.
 
     On return the model is in ``eval()`` mode (dropout off, batch normalisation using its running statistics), so that
     predicting right after training does not update batch-norm statistics from the test inputs; Bayesian layers still
@@ -323,7 +328,8 @@ def fit(
         )
     check_batch_size = not _draws_with_replacement(loader)
     distributed = _distributed(distributed)
-    watch = validation_watch(validation, validation_samples, early_stopping, nll=nll, likelihood=lik, distributed=distributed)
+    watch = validation_watch(validation, validation_samples, early_stopping, nll=nll, likelihood=lik, distributed=distributed,
+                             predictive=validation_predictive)  # fmt: skip
     dev = resolve_device(device, model)
     model.to(dev)
     extra_parameters: list[nn.Parameter] = []
