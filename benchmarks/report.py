@@ -12,11 +12,13 @@ import torch
 
 
 def commit_of(root: Path) -> str:
-    """The short hash of ``root``'s checkout, ``+dirty`` if tracked files have uncommitted changes (run from a clean
-    worktree at a commit so the records name the code); ``unknown`` without git."""
+    """The short hash of ``root``'s checkout, ``+dirty`` if tracked files outside ``benchmarks/results/`` have
+    uncommitted changes (results that a run in progress appends to are not code; run from a clean worktree at a
+    commit so the records name the code); ``unknown`` without git."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results"], cwd=root, capture_output=True,
                                text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
