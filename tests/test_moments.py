@@ -296,3 +296,21 @@ def test_half_precision_keeps_small_variances() -> None:
     assert mean16.dtype == torch.float16
     torch.testing.assert_close(mean16.float(), mean32, rtol=2e-3, atol=1e-4)
     torch.testing.assert_close(var16.float(), var32, rtol=5e-3, atol=1e-6)
+
+
+def test_a_family_that_draws_its_own_way_is_not_followed() -> None:
+    # the capability VariationalFamily.independent_elements is reset for a subclass that overrides rsample: its draws
+    # may be dependent, so the propagation refuses it rather than trust MeanField's moments
+    from varbnn.moments import moment_support
+
+    class Correlated(varbnn.MeanField):
+        def rsample(self, sample_shape=torch.Size()):  # one shared noise for every element
+            eps = torch.randn(sample_shape + (1,) * self.loc.dim())
+            return self.loc + self.scale * eps
+
+    assert varbnn.KTied.independent_elements and varbnn.Delta.independent_elements
+    assert not Correlated.independent_elements and not varbnn.Radial.independent_elements
+    net = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 2)), Correlated())
+    assert "Correlated posterior, whose elements are not independent" in moment_support(net)
+    with pytest.raises(TypeError, match="Correlated posterior"):
+        propagate_moments(net, torch.randn(2, 3))

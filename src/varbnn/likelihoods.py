@@ -35,7 +35,10 @@ from varbnn._checks import as_float_in, as_positive_int, check_class_labels
 from varbnn.families.meanfield import inverse_softplus
 from varbnn.predict import ClassificationSummary, RegressionSummary, classification_summary
 
-__all__ = ["Likelihood", "Categorical", "Gaussian", "HeteroscedasticGaussian", "GammaPrecisionGaussian", "as_likelihood"]
+__all__ = [
+    "Likelihood", "Categorical", "Gaussian", "HeteroscedasticGaussian", "GammaPrecisionGaussian", "as_likelihood",
+    "LIKELIHOOD_NAMES",
+]  # fmt: skip
 
 
 def _wide(values: torch.Tensor) -> torch.Tensor:
@@ -406,8 +409,7 @@ class GammaPrecisionGaussian(Likelihood):
         batch = (_wide(y) - _wide(f)).square().mean().to(self.mean_square.dtype)
         if not torch.isfinite(batch):
             raise ValueError(
-                "observe: the batch's squared residual is not finite (NaN or inf in y or f); the running mean "
-                "is left as it was"
+                "observe: the batch's squared residual is not finite (NaN or inf in y or f); the running mean is left as it was"
             )
         if torch.isnan(self.mean_square):
             self.mean_square.copy_(batch)
@@ -432,14 +434,20 @@ class GammaPrecisionGaussian(Likelihood):
         return f"prior=Gamma({shape:g}, {rate:g})"
 
 
+LIKELIHOOD_NAMES: dict[str, type[Likelihood]] = {
+    "categorical": Categorical, "gaussian": Gaussian, "heteroscedastic": HeteroscedasticGaussian,
+    "gamma-precision": GammaPrecisionGaussian,
+}  # fmt: skip
+"""The likelihoods by the names :func:`as_likelihood` (and :func:`varbnn.objectives.default_kl_weight`) read."""
+
+
 def as_likelihood(value: Likelihood | str) -> Likelihood:
     """A :class:`Likelihood` from itself or a name: ``"categorical"``, ``"heteroscedastic"``. Names of likelihoods
     with learned parameters (``"gaussian"``, ``"gamma-precision"``) are refused: the learned noise lives in the object,
     so create it and pass the same object to training and evaluation."""
     if isinstance(value, Likelihood):
         return value
-    names = {"categorical": Categorical, "gaussian": Gaussian, "heteroscedastic": HeteroscedasticGaussian,
-             "gamma-precision": GammaPrecisionGaussian}  # fmt: skip
+    names = LIKELIHOOD_NAMES
     if isinstance(value, str) and value in names:
         made = names[value]()
         if any(p.requires_grad for p in made.parameters()):

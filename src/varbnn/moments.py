@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from varbnn.families import Delta, MeanField, VariationalFamily
+from varbnn.families import VariationalFamily
 from varbnn.nn.layers import BayesConv1d, BayesConv2d, BayesConv3d, BayesLinear, _WeightOpLayer
 
 __all__ = [
@@ -104,9 +104,9 @@ def relu_moments(mean: torch.Tensor, variance: torch.Tensor) -> tuple[torch.Tens
 
 def _independent_moments(family: VariationalFamily, owner: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(mean, variance) of a tensor whose elements are independent; variance None for a point mass (Delta)."""
-    if isinstance(family, Delta):
+    if family.point_mass and family.independent_elements:  # Delta: no variance to carry
         return family.moments()[0], None
-    if isinstance(family, MeanField):  # KTied included: its std matrix is low rank, its elements independent
+    if family.independent_elements:  # MeanField, KTied (VariationalFamily.independent_elements)
         return family.moments()
     raise TypeError(
         f"propagate_moments: {owner} has a {type(family).__name__} posterior, whose elements are not independent "
@@ -275,7 +275,7 @@ def moment_support(model: nn.Module) -> str | None:
         if not isinstance(model, (BayesLinear, BayesConv1d, BayesConv2d, BayesConv3d)):
             return f"{type(model).__name__} is not supported"
         for name, family in model.posteriors.items():
-            if not isinstance(family, (MeanField, Delta)):
+            if not getattr(family, "independent_elements", False):
                 return (
                     f"{type(model).__name__}'s {name} has a {type(family).__name__} posterior, whose elements are not independent"
                 )

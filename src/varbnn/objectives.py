@@ -27,7 +27,8 @@ from varbnn.divergence import kl as model_kl
 from varbnn.families.base import VariationalFamily
 from varbnn.families.delta import Delta
 from varbnn.families.meanfield import MeanField, normal_kl_elementwise
-from varbnn.likelihoods import Categorical, GammaPrecisionGaussian, Gaussian, HeteroscedasticGaussian, Likelihood
+from varbnn.likelihoods import LIKELIHOOD_NAMES as _LIKELIHOOD_NAMES
+from varbnn.likelihoods import Likelihood
 from varbnn.nn.base import BayesianModule
 from varbnn.predict import predict
 from varbnn.priors import Normal, Uniform
@@ -49,12 +50,6 @@ __all__ = [
     "complexity_is_finite",
     "transmitted_weights",
 ]
-
-_LIKELIHOOD_NAMES: dict[str, type[Likelihood]] = {
-    "categorical": Categorical, "gaussian": Gaussian, "heteroscedastic": HeteroscedasticGaussian,
-    "gamma-precision": GammaPrecisionGaussian,
-}  # fmt: skip
-"""The likelihood names :func:`default_kl_weight` reads (those of :func:`varbnn.likelihoods.as_likelihood`)."""
 
 NATS_PER_BIT = math.log(2.0)
 """``ln 2``: nats per bit (divide a length in nats by it for bits)."""

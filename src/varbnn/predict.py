@@ -19,7 +19,6 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from varbnn.families import Delta
 from varbnn.moments import MomentPredictive, moment_support
 from varbnn.nn.attention import BayesMultiheadAttention
 from varbnn.nn.base import BayesianModule
@@ -215,7 +214,7 @@ def _checked_draws(model: nn.Module, x: torch.Tensor, samples: int, chunk_size: 
 def _is_stochastic(model: nn.Module) -> bool:
     """Whether two prediction passes of ``model`` can differ: it holds a Bayesian layer in ``sample_mode="sample"``
     (:class:`varbnn.nn.base.BayesianModule`) with a posterior that is not a point mass (a layer whose tensors are all
-    :class:`~varbnn.families.Delta`, e.g. a plain LoRA adapter, is deterministic), a
+    :attr:`~varbnn.families.VariationalFamily.point_mass`, e.g. Delta: a plain LoRA adapter, is deterministic), a
     :class:`varbnn.baselines.MCDropout`, or a module with a
     ``predictive_draws`` hook of its own (e.g. :class:`varbnn.laplace.LastLayerLaplace`; wrappers that only pass
     their inner model's draws on, :class:`~varbnn.baselines.DeepEnsemble` and
@@ -223,7 +222,7 @@ def _is_stochastic(model: nn.Module) -> bool:
     its own ``forward`` is not seen."""
     for module in model.modules():
         if isinstance(module, BayesianModule):
-            if module.sample_mode == "sample" and any(not isinstance(q, Delta) for q in module.posteriors.values()):
+            if module.sample_mode == "sample" and any(not getattr(q, "point_mass", False) for q in module.posteriors.values()):
                 return True
         elif getattr(module, "_varbnn_samples_at_prediction", False):
             return True

@@ -36,6 +36,7 @@ CAPABILITY_METHODS: dict[str, tuple[str, ...]] = {
     "softplus_group": ("scale", "rsample", "_scale_stats", "_fused_sample"),
     "has_fused_sample": ("scale", "_scale_stats"),
     "has_plain_scale": ("_scale_stats",),
+    "independent_elements": ("moments", "rsample", "weight", "forward_op"),
 }
 """For each boolean capability of :class:`VariationalFamily`, the members whose behaviour it vouches for. A subclass
 that defines one of them in its own class body without also setting the capability there gets the capability
@@ -100,6 +101,11 @@ class VariationalFamily(nn.Module):
 
     # -- capabilities: the fast paths a family declares, as torch.distributions' ``has_rsample`` --------------------
     # (each is reset to False for a subclass that overrides what it vouches for without setting it: CAPABILITY_METHODS)
+    independent_elements: ClassVar[bool] = False
+    """Whether the tensor's elements are independent under q with the mean and variance :meth:`moments` returns, so
+    that :mod:`varbnn.moments` may propagate them layer by layer: declared by MeanField (KTied too: its std matrix is
+    low rank, its elements independent) and Delta; not Radial or RDP, whose draws share one radius or direction.
+    ``False`` for a subclass that overrides ``moments``, ``rsample``, ``weight`` or ``forward_op`` without setting it."""
     has_normal_kl_parts: ClassVar[bool] = True
     """Whether :func:`varbnn.kl` of a model may take this tensor's KL from the
     :class:`~varbnn.divergence.NormalKLParts` registered with its closed form

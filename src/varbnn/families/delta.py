@@ -32,6 +32,7 @@ class Delta(VariationalFamily):
 
     value: nn.Parameter
     point_mass: ClassVar[bool] = True
+    independent_elements: ClassVar[bool] = True
     """A point mass at ``value`` (:attr:`VariationalFamily.point_mass`)."""
 
     def __init__(self) -> None:

@@ -104,6 +104,7 @@ class MeanField(VariationalFamily):
 
     # the fast paths of its sigma = softplus(rho) (varbnn._fast.softplus), declared for this class's own members
     softplus_group = True
+    independent_elements = True
     has_fused_sample = True
     has_plain_scale = True
 
