@@ -192,15 +192,25 @@ def _nonfinite_data(x: torch.Tensor, y: torch.Tensor) -> str | None:
     return None
 
 
+def _all_finite(norms: Sequence[torch.Tensor]) -> bool:
+    peaks = list(norms)
+    if len({peak.dtype for peak in peaks}) > 1:  # stack needs one dtype; a norm is representable in its own
+        peaks = [peak.to(torch.float64) for peak in peaks]
+    return bool(torch.stack(peaks).isfinite().all())
+
+
 def _gradients_finite(parameters: Sequence[torch.Tensor]) -> bool:
     grads = [p.grad for p in parameters if p.grad is not None and p.grad.numel() > 0]
     if not grads:
         return True
-    try:  # max |g| per tensor, NaN-propagating: one fused kernel instead of one isfinite per tensor
-        peaks = list(torch._foreach_norm(grads, float("inf")))
-        if len({peak.dtype for peak in peaks}) > 1:  # stack needs one dtype; a max |g| is representable in its own
-            peaks = [peak.to(torch.float64) for peak in peaks]
-        return bool(torch.stack(peaks).isfinite().all())
+    try:
+        # a finite 2-norm per tensor proves every element finite (NaN and inf propagate into it); one fused kernel,
+        # ~25x faster on the CPU than the max |g| (0.02 vs 0.5 ms for the 199k gradients of the MLP 784-200-200-10: 15%
+        # of its plain training step). Only where a 2-norm is not finite (a bad element, or finite gradients whose
+        # squares overflow the dtype) does the exact max |g| decide.
+        if _all_finite(torch._foreach_norm(grads)):
+            return True
+        return _all_finite(torch._foreach_norm(grads, float("inf")))
     except (RuntimeError, TypeError, NotImplementedError):  # sparse gradients, mixed devices, ...
         return all(bool(torch.isfinite(g.coalesce().values() if g.is_sparse else g).all()) for g in grads)
 
