@@ -116,6 +116,56 @@ def test_plain_parameters_take_the_momentum_step():
     assert not torch.equal(before, model[2].weight.detach())
 
 
+def test_the_held_sigma_draw_is_the_softplus_draw_with_the_same_gradients():
+    """IVON's families draw from the sigma it holds (one addcmul, d loss / d sigma into the held tensor): the same
+    outputs, mean gradients and d loss / d sigma as the draw through softplus(rho) from the same noise, in float64."""
+    torch.manual_seed(0)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2))).double()
+    IVON(model, n_data=100, lr=0.05)
+    families = [f for m in model.modules() for _, f, _ in getattr(m, "bayesian_tensors", lambda: ())()]
+    held = [f.held_scale() for f in families]
+    assert all(h is not None for h in held)
+    x = torch.randn(9, 5, dtype=torch.float64)
+    torch.manual_seed(1)
+    out_held = model(x)
+    out_held.square().sum().backward()
+    assert all(f.rho.grad is None for f in families)
+    grads_held = [(f.loc.grad.clone(), h.grad.clone()) for f, h in zip(families, held)]
+    for f in families:
+        f.loc.grad = None
+        f.hold_scale_(None)
+    torch.manual_seed(1)
+    out_rho = model(x)
+    out_rho.square().sum().backward()
+    torch.testing.assert_close(out_held, out_rho, rtol=1e-12, atol=0)
+    for f, (loc_grad, sigma_grad) in zip(families, grads_held):
+        torch.testing.assert_close(loc_grad, f.loc.grad, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(sigma_grad, f.rho.grad / torch.sigmoid(f.rho), rtol=1e-10, atol=1e-15)
+
+
+def test_a_change_of_rho_ends_the_hold_and_copies_do_not_carry_it():
+    import copy
+
+    torch.manual_seed(0)
+    model = varbnn.bayesianize(nn.Sequential(nn.Linear(3, 4)))
+    optimizer = IVON(model, n_data=10)
+    family = model[0].posteriors["weight"]
+    assert family.held_scale() is not None
+    copied = copy.deepcopy(model)[0].posteriors["weight"]
+    assert copied.held_scale() is None and "_held_scale" not in copied.__dict__
+    model.load_state_dict(model.state_dict())  # a load rewrites rho: the family draws from softplus(rho) again
+    assert family.held_scale() is None
+    x, y = torch.randn(8, 3), torch.randint(0, 4, (8,))
+    varbnn.fit(model, [(x, y)], n_data=10, epochs=1, optimizer=optimizer, progress=False, diagnose=False)
+    assert family.held_scale() is not None  # the step wrote rho and holds the new sigma
+    torch.testing.assert_close(family.held_scale(), torch.nn.functional.softplus(family.rho), rtol=1e-5, atol=0)
+    with torch.no_grad():
+        family.rho.add_(0.1)
+    assert family.held_scale() is None
+    with pytest.raises(ValueError, match="hold_scale_: sigma must be a leaf tensor of shape"):
+        family.hold_scale_(torch.ones(2, requires_grad=True))
+
+
 def _ivon(model_factory, **kwargs):
     return IVON(model_factory(), **{"n_data": 10, **kwargs})
 

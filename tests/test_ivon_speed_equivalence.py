@@ -101,7 +101,11 @@ def _assert_same(new: torch.Tensor, ref: torch.Tensor, rtol: float, what: str) -
         (torch.float64, 1e-12, {"prior": (-0.2, 2.0), "clip": 1e-2, "beta2": 0.9}),  # a large curvature correction
     ],
 )
-def test_the_optimised_ivon_step_matches_the_pre_optimisation_reference(dtype, rtol, options):
+@pytest.mark.parametrize("via", ["held", "rho"])
+def test_the_optimised_ivon_step_matches_the_pre_optimisation_reference(dtype, rtol, options, via):
+    """``via="held"``: the draws come from the sigma IVON holds (its gradient in the held tensor, the default path of the
+    reparam estimator); ``"rho"``: the holds are dropped before each forward pass, so sigma = softplus(rho) is
+    differentiated into rho.grad (the local and flipout estimators' path, and a step after rho changed)."""
     options = dict(options)
     prior = varbnn.priors.Normal(*options.pop("prior", (0.0, 1.0)))
     n_data, loss_scale = options.pop("n_data", 500), options.pop("loss_scale", 1.0)
@@ -114,11 +118,23 @@ def test_the_optimised_ivon_step_matches_the_pre_optimisation_reference(dtype, r
     for step in range(5):
         new_opt.zero_grad(set_to_none=True)
         ref_opt.zero_grad(set_to_none=True)
+        families = [group["family"] for group in new_opt.param_groups if group["kind"] == "meanfield"]
+        if via == "rho":
+            for family in families:
+                family.hold_scale_(None)
         (F.cross_entropy(new_model(x), y) * loss_scale).backward()  # one draw's gradients, given to both optimizers
+        held = {id(f.rho): f.held_scale() for f in families}
         for p, q in zip(new_params, ref_params, strict=True):
-            q.grad = p.grad.clone()
+            if via == "held" and id(p) in held:  # the reference's d loss / d rho = d loss / d sigma * softplus'(rho)
+                assert p.grad is None and held[id(p)].grad is not None
+                slope = torch.where(p > _SOFTPLUS_THRESHOLD, torch.ones_like(p), torch.sigmoid(p))
+                q.grad = (held[id(p)].grad * slope).detach()
+            else:
+                q.grad = p.grad.clone()
         if step == 3:  # a step without rho's gradient (e.g. a frozen sigma): the mean's update only
             new_params[1].grad = ref_params[1].grad = None
+            if held[id(new_params[1])] is not None:
+                held[id(new_params[1])].grad = None
         new_opt.step()
         _reference_step(ref_opt)
         for (name, p), q in zip(new_model.named_parameters(), ref_params, strict=True):

@@ -25,6 +25,7 @@ from varbnn._fast.softplus import (
     softplus,
     softplus_sample,
     softplus_stats,
+    step_key,
 )
 from varbnn.divergence import NormalKLParts, register_family_kl, scalar_normal_nll_applies
 from varbnn.families.base import LAYER_KINDS, SampleMode, VariationalFamily, register_family
@@ -225,7 +226,34 @@ class MeanField(VariationalFamily):
         state = dict(super().__getstate__())
         state["_scale_cache"] = None  # a graph-connected tensor cannot be deep-copied or pickled
         state.pop("_softplus_group", None)  # the model's KL makes the copy's own group
+        state.pop("_held_scale", None)  # an optimizer's sigma belongs to the optimizer, not to a copy of the model
         return state
+
+    # -- a sigma held by an optimizer (IVON) -------------------------------------------------------------
+    def hold_scale_(self, sigma: torch.Tensor | None) -> MeanField:
+        """Draw from ``sigma`` instead of ``softplus(rho)`` while ``rho`` stays as it is now (for an optimizer that
+        holds the posterior's sigma itself and has just written ``rho = inverse_softplus(sigma)``, e.g.
+        :class:`~varbnn.optim.IVON`).
+
+        ``sigma`` is a leaf tensor of the weight's shape that requires grad: the unmasked reparameterised draw is then
+        ``addcmul(loc, sigma, eps)``, whose backward writes ``d loss / d sigma`` into ``sigma.grad`` (one product per
+        weight) instead of differentiating softplus into ``rho.grad``. Any change of ``rho`` (an optimizer step, a load,
+        a move) ends the hold: the family draws from ``softplus(rho)`` again. ``None`` ends it now. Returns self."""
+        if sigma is None:
+            self.__dict__.pop("_held_scale", None)
+            return self
+        shape = self._require_built()
+        if not isinstance(sigma, torch.Tensor) or sigma.shape != shape or not sigma.requires_grad or not sigma.is_leaf:
+            raise ValueError(f"MeanField.hold_scale_: sigma must be a leaf tensor of shape {tuple(shape)} that requires grad")
+        self.__dict__["_held_scale"] = (sigma, step_key((self.rho,)))
+        return self
+
+    def held_scale(self) -> torch.Tensor | None:
+        """The sigma set by :meth:`hold_scale_` while ``rho`` is unchanged since, else ``None``."""
+        held = self.__dict__.get("_held_scale")
+        if held is None or held[1] != step_key((self.rho,)):
+            return None
+        return held[0]
 
     def distribution(self) -> Distribution:
         """The unpruned Gaussian (a pruned family's weights are ``mask * w`` with w from this distribution)."""
@@ -250,6 +278,10 @@ class MeanField(VariationalFamily):
     def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
         self._require_built()
         if not sample_shape and self.weight_mask is None:
+            held = self.held_scale() if "_held_scale" in self.__dict__ else None
+            if held is not None:  # an optimizer's sigma: d loss / d sigma goes into held.grad
+                loc = self.loc
+                return torch.addcmul(loc, held, philox.randn(loc.shape, dtype=loc.dtype, device=loc.device))
             stats = group_stats(self) if "_softplus_group" in self.__dict__ else None
             if stats is not None:  # sigma from the step's group node: the draw is one addcmul
                 loc = self.loc

@@ -27,7 +27,11 @@ optimizer=IVON(model, n_data=N))``; ``fit`` then leaves the KL out of the loss (
 Parameters that are not MeanField tensors (plain layers, batch norm, a likelihood's learned noise) take step 4 with a
 fixed curvature ``h = plain_hess`` and no prior: SGD with momentum at rate ``lr / plain_hess``.
 
-Cost: the update of a MeanField tensor is about 17 elementwise passes over it, written into its states in place and
+Cost: with the reparam estimator (``bayesianize``'s default) each family draws from the sigma the optimizer holds
+(:meth:`~varbnn.families.MeanField.hold_scale_`): the draw is one ``addcmul`` and its backward leaves
+``d loss / d sigma`` in the held tensor, so neither softplus nor its gradient is computed in the step (the local and
+flipout estimators, and a step after ``rho`` was changed from outside, take the path through ``rho.grad``, the same
+numbers). The update of a MeanField tensor is about 17 elementwise passes over it, written into its states in place and
 into two scratch tensors (of the largest MeanField tensor's size, per device and dtype) that the optimizer keeps, so
 that a step allocates nothing of a weight's size; on the CPU MLP of ``benchmarks/ivon_step.py`` a whole IVON step
 (forward, backward, update) costs about what a MeanField + Adam step does (``benchmarks/results/ivon/ivon_step.md``).
@@ -173,6 +177,35 @@ class IVON(torch.optim.Optimizer):
         h = self.state[family.loc]["hess"]
         sigma = torch.rsqrt(self.ess * (h + group["delta"]))
         family.rho.copy_(inverse_softplus(sigma))
+        self._hold(family, sigma)
+
+    @staticmethod
+    @torch.no_grad()
+    def _hold(family: MeanField, sigma: torch.Tensor) -> None:
+        """Give the family the sigma just written into its rho (:meth:`MeanField.hold_scale_`): its reparameterised
+        draw is then one ``addcmul`` whose backward leaves ``d loss / d sigma`` in the held tensor's grad, the
+        curvature estimate's input, without softplus forward or backward. Local and flipout estimators draw outputs,
+        not weights, and keep the path through ``rho.grad``."""
+        if family.estimator != "reparam" or family.weight_mask is not None:
+            return
+        held = family.__dict__.get("_held_scale")
+        leaf = held[0] if held is not None else None
+        if leaf is None or leaf.shape != sigma.shape or leaf.dtype != sigma.dtype or leaf.device != sigma.device:
+            leaf = torch.empty_like(sigma).requires_grad_(True)
+        leaf.copy_(sigma)
+        leaf.grad = None
+        family.hold_scale_(leaf)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``zero_grad``, and the gradients of the sigmas the families draw from (:meth:`_hold`)."""
+        super().zero_grad(set_to_none)
+        for group in self.param_groups:
+            held = group["family"].__dict__.get("_held_scale") if group["kind"] == "meanfield" else None
+            if held is not None and held[0].grad is not None:
+                if set_to_none:
+                    held[0].grad = None
+                else:
+                    held[0].grad.zero_()
 
     def sigma(self, family: MeanField) -> torch.Tensor:
         """The posterior standard deviations IVON holds for ``family`` (``1 / sqrt(ess (h + delta))``)."""
@@ -234,12 +267,19 @@ class IVON(torch.optim.Optimizer):
         state["step"] += 1
         h, momentum = state["hess"], state["momentum"]
         a, b = self._buffers(m)
-        if rho.grad is not None:  # the curvature of this step's draw: h_hat = (d loss / d sigma) / sigma
-            torch.ops.aten.softplus.out(rho, 1.0, _SOFTPLUS_THRESHOLD, out=a)  # sigma = softplus(rho)
-            # d loss / d sigma = (d loss / d rho) / sigmoid(rho); above softplus's threshold (sigma = rho, slope 1)
-            # sigmoid(rho) is within 2.1e-9 of 1 (1 in float32)
-            torch.div(rho.grad, torch.sigmoid(rho, out=b), out=b)
-            torch.addcdiv(h, b, a, value=-1.0, out=a)  # h - h_hat
+        held = family.__dict__.get("_held_scale")
+        held_grad = held[0].grad if held is not None else None
+        if rho.grad is not None or held_grad is not None:  # this step's curvature: h_hat = (d loss / d sigma) / sigma
+            if rho.grad is None:  # every draw of the step came from the held sigma (rho unchanged since: its value)
+                torch.addcdiv(h, held_grad, held[0], value=-1.0, out=a)  # h - h_hat
+            else:
+                torch.ops.aten.softplus.out(rho, 1.0, _SOFTPLUS_THRESHOLD, out=a)  # sigma = softplus(rho)
+                # d loss / d sigma = (d loss / d rho) / sigmoid(rho); above softplus's threshold (sigma = rho, slope
+                # 1) sigmoid(rho) is within 2.1e-9 of 1 (1 in float32)
+                torch.div(rho.grad, torch.sigmoid(rho, out=b), out=b)
+                if held_grad is not None:  # some draws from the held sigma, some (after a change of rho) from rho
+                    b.add_(held_grad)
+                torch.addcdiv(h, b, a, value=-1.0, out=a)  # h - h_hat
             torch.add(h, delta, out=b)  # h + delta before the update
             # beta2 h + (1 - beta2) h_hat = h - (1 - beta2) (h - h_hat), plus (1 - beta2)^2 (h - h_hat)^2 / (2 (h + delta))
             h.sub_(a, alpha=1.0 - beta2).addcdiv_(a.square_(), b, value=0.5 * (1.0 - beta2) ** 2)
@@ -264,6 +304,7 @@ class IVON(torch.optim.Optimizer):
             torch.log(torch.expm1(sigma, out=rho), out=rho)
         else:
             torch.add(sigma, torch.neg(sigma, out=b).expm1_().neg_().log_(), out=rho)
+        self._hold(family, sigma)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's optimizer state (the curvature ``hess``, the momentum and the step of every tensor), without the
