@@ -695,6 +695,35 @@ def test_ood_and_kl_weight_fields_are_validated(change, message):
         dataclasses.replace(base, **change)
 
 
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Variant("x", early_stopping=-1), "early_stopping must be an integer >= 0"),
+        (lambda: Variant("x", early_stopping=True), "early_stopping must be an integer >= 0"),
+        (lambda: Variant("x", temperature=1), "temperature must be True or False"),
+        (lambda: Variant("x", family="temperature", temperature=True), "not to the post-hoc baseline 'temperature'"),
+        (lambda: Variant("x", family="laplace", early_stopping=3), "not to the post-hoc baseline 'laplace'"),
+        (lambda: Variant("x", early_stopping=3, convert_epochs=2), "early_stopping and convert_epochs cannot be combined"),
+        (lambda: dataclasses.replace(get_config("demo"), validation_size=0), "need a validation_size"),
+        (lambda: dataclasses.replace(get_config("demo"), select_best_of_last=2), "select_best_of_last and a variant's"),
+    ],
+)
+def test_recipe_variant_fields_are_validated(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_recipe_fields_keep_the_hashes_of_configs_that_do_not_use_them():
+    from varbnn_lab.registry import CONFIGS
+
+    for name, config in CONFIGS.items():
+        for variant, entry in zip(config.variants, config.to_dict()["variants"]):
+            assert ("early_stopping" in entry) == bool(getattr(variant, "early_stopping", 0)), name
+            assert ("temperature" in entry) == bool(getattr(variant, "temperature", False)), name
+    demo = get_config("demo").to_dict()["variants"]
+    assert [v.get("early_stopping", 0) for v in demo] == [0, 5, 0, 5]
+
+
 def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():
     from varbnn_lab.runner import _kl_weight
 

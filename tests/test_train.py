@@ -84,7 +84,11 @@ def test_runner_writes_json_markdown_and_figure(tmp_path):
     saved = json.loads((tmp_path / "demo.json").read_text())
     assert set(saved) >= {"name", "command", "commit", "device", "seconds", "config", "rows"}
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
-    assert {r["variant"] for r in saved["rows"]} == {"plain MLP", "BNN (varbnn defaults)"}
+    assert {r["variant"] for r in saved["rows"]} == {
+        "plain MLP", "plain MLP + early stopping + temperature", "BNN (varbnn defaults)", "BNN + early stopping + temperature"
+    }  # fmt: skip
+    recipe = [r for r in saved["rows"] if "early stopping" in r["variant"]]
+    assert all(1 <= r["selected_epoch"] <= config.epochs for r in recipe)  # the restored best epoch is recorded
     assert all(0 <= r["accuracy"] <= 1 and r["nll"] > 0 and 0 <= r["ood_auroc_entropy"] <= 1 for r in saved["rows"])
     assert "| variant |" in (tmp_path / "demo.md").read_text()
     assert (tmp_path / "demo.png").stat().st_size > 1000 and saved["figures"] == ["demo.png"]

@@ -60,7 +60,27 @@ class Variant:
     counts both phases. On a ``plain`` variant, N > 0 is the control for that extra training: the same trained
     network, not converted, trained N more epochs with a fresh optimizer (the same schedule the converted ones get)."""
 
+    early_stopping: int = 0
+    """0 (default): the run trains the config's ``epochs``. N > 0: ``fit(validation=..., early_stopping=N)`` on the
+    config's validation split (``validation_size``): training stops after N epochs without a lower validation NLL and
+    the best epoch's weights are restored; the config's ``epochs`` is then the limit."""
+    temperature: bool = False
+    """True: after training, a :class:`~varbnn.calibration.TemperatureScaled` over the model's predictive, its
+    temperature fitted on the validation split (``eval_samples`` weight draws for a Bayesian model); its seconds count
+    as training. With ``early_stopping`` this is the library's recipe (docs/guide/choosing.md)."""
+
     def __post_init__(self) -> None:
+        if isinstance(self.early_stopping, bool) or not isinstance(self.early_stopping, int) or self.early_stopping < 0:
+            raise ValueError(f"{self.label}: early_stopping must be an integer >= 0 (0: off), got {self.early_stopping!r}")
+        if not isinstance(self.temperature, bool):
+            raise ValueError(f"{self.label}: temperature must be True or False, got {self.temperature!r}")
+        if (self.early_stopping or self.temperature) and self.family in ("temperature", "laplace"):
+            raise ValueError(
+                f"{self.label}: early_stopping and temperature apply to a trained model, not to the post-hoc baseline "
+                f"{self.family!r} (use family='plain' with temperature=True for plain + temperature scaling)"
+            )
+        if self.early_stopping and self.convert_epochs:
+            raise ValueError(f"{self.label}: early_stopping and convert_epochs cannot be combined")
         if isinstance(self.convert_epochs, bool) or not isinstance(self.convert_epochs, int) or self.convert_epochs < 0:
             raise ValueError(f"{self.label}: convert_epochs must be an integer >= 0, got {self.convert_epochs!r}")
         if self.convert_epochs and self.family in ("temperature", "laplace", "mc-dropout", "ensemble"):
@@ -207,6 +227,11 @@ class ExperimentConfig:
                 f"{self.name}: select_best_of_last must be an integer in [0, epochs={self.epochs}], "
                 f"got {self.select_best_of_last!r}"
             )
+        recipe = [v.label for v in self.variants if v.early_stopping or v.temperature]
+        if recipe and not self.validation_size:
+            raise ValueError(f"{self.name}: early_stopping and temperature ({recipe}) need a validation_size")
+        if recipe and self.select_best_of_last and any(v.early_stopping for v in self.variants):
+            raise ValueError(f"{self.name}: select_best_of_last and a variant's early_stopping both pick an epoch: use one")
         ensembles = [v.label for v in self.variants if v.family == "ensemble"]
         if self.select_best_of_last and ensembles:  # its members train one after the other: epochs would mix them
             raise ValueError(
@@ -295,8 +320,9 @@ class ExperimentConfig:
         data = dataclasses.asdict(self)
         data.pop("quick")
         for variant in data["variants"]:  # added later: variants trained from scratch keep their hashes
-            if variant.get("convert_epochs") == 0:
-                variant.pop("convert_epochs")
+            for name, default in (("convert_epochs", 0), ("early_stopping", 0), ("temperature", False)):
+                if variant.get(name) == default:
+                    variant.pop(name)
         for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", ""),
                               ("prune_front", ())):  # fmt: skip
             if data[name] == default:  # added later: configs that keep the default keep their checkpoint hashes

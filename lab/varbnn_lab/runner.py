@@ -499,8 +499,13 @@ def _load_figure_data(path: Path, variant: Variant) -> dict[str, Any]:
 
 
 def _rebuild_model(config: ExperimentConfig, variant: Variant, state: Mapping[str, Any], path: Path) -> torch.nn.Module:
-    """``variant``'s model (:func:`build_model`) holding the saved ``state`` of the figure-data file ``path``."""
+    """``variant``'s model (:func:`build_model`; in its :class:`~varbnn.calibration.TemperatureScaled` for a
+    ``temperature`` variant) holding the saved ``state`` of the figure-data file ``path``."""
     model = build_model(config, variant)
+    if variant.temperature:
+        from varbnn.calibration import TemperatureScaled
+
+        model = TemperatureScaled(model)
     try:
         model.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, TypeError) as error:
@@ -602,7 +607,7 @@ def _run_seed(
     if checkpoint is not None and len(trained) > 1:
         parts = [checkpoint.with_name(f"{checkpoint.stem}-member{i}{checkpoint.suffix}") for i in range(len(trained))]
     sidecar = Sidecar(checkpoint, tracer, t0, parts=[p for p in parts if p is not None])
-    best = None
+    best, selected_epoch = None, None
     if config.select_best_of_last:
         best = BestOfLast(model, config.epochs, config.select_best_of_last, checkpoint)
     callbacks = [c for c in (sidecar if checkpoint is not None else None, best) if c is not None]
@@ -623,10 +628,15 @@ def _run_seed(
             on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
             checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
             mc_samples=config.mc_samples if variant.family not in (*DETERMINISTIC, *BASELINES) else 1, compile=compile,
+            **_early_stopping(variant, validation, dev),
         )  # fmt: skip
-    selected_epoch = best.restore() if best is not None else None  # before any post-hoc step fits on it
+        if variant.early_stopping and history:
+            selected_epoch = history[-1].get("best_epoch")
+    selected_epoch = best.restore() if best is not None else selected_epoch  # before any post-hoc step fits on it
     if variant.family in BASELINES:
         model = after_training(variant.family, model, loader, validation, dev)
+    if variant.temperature:
+        model = _temperature_scaled(config, variant, model, validation, dev)
     train_seconds = plain_seconds + sidecar.previous_seconds + time.perf_counter() - t0 - (tracer.seconds if tracer else 0.0)
     results: dict[str, tuple[torch.nn.Module, str]] = {"": (model, variant.label)}
     for rank in config.posthoc_ranks if variant.family not in ("plain", *BASELINES) else ():
@@ -724,6 +734,27 @@ def _batches(
     if carried:
         batches.append(carried)
     return batches
+
+
+def _early_stopping(variant: Variant, validation: tuple[torch.Tensor, torch.Tensor] | None, dev: torch.device) -> dict[str, Any]:
+    """``fit``'s early-stopping arguments of ``variant`` (none when its ``early_stopping`` is 0)."""
+    if not variant.early_stopping:
+        return {}
+    assert validation is not None  # ExperimentConfig refuses early_stopping without a validation_size
+    return {"validation": (validation[0].to(dev), validation[1].to(dev)), "early_stopping": variant.early_stopping}
+
+
+def _temperature_scaled(
+    config: ExperimentConfig, variant: Variant, model: torch.nn.Module, validation: tuple[torch.Tensor, torch.Tensor] | None,
+    dev: torch.device,
+) -> torch.nn.Module:  # fmt: skip
+    """``model`` wrapped in a :class:`~varbnn.calibration.TemperatureScaled` fitted on the validation split to the
+    predictive the evaluation uses (``eval_samples`` draws; one pass for a deterministic model)."""
+    from varbnn.calibration import TemperatureScaled
+
+    assert validation is not None  # ExperimentConfig refuses temperature without a validation_size
+    samples = None if variant.family in DETERMINISTIC else config.eval_samples
+    return TemperatureScaled(model).to(dev).fit(validation[0].to(dev), validation[1].to(dev), samples=samples)
 
 
 POST_HOC = ("temperature", "laplace")
