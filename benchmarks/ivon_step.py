@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> Path:
     result = {
         "command": command.strip(), "commit": _commit(),
         "device": f"cpu: {_cpu_name()}, {args.threads} thread(s)", "rounds": args.rounds, "steps": args.steps,
-        "seconds": time.perf_counter() - began, "load_average": [load_before, _load_average()], "rows": rows,
+        "seconds": time.perf_counter() - began, "load_average": [load_before, _load_average()],
+        "layers": [784, 400, 400, 10], "batch_size": int(x.shape[0]), "n_data": N_DATA, "rows": rows,
         "times_ms": times,
     }  # fmt: skip
     table = ["| candidate | median step (ms) | to plain + Adam | to MeanField + Adam |", "|---|---:|---:|---:|"]

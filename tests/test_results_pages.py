@@ -245,7 +245,6 @@ UNBACKED: dict[str, frozenset[str]] = {
     # ratio computed by hand): to be restated or backed by a committed command's output. The test fails when one is
     # fixed (remove it here) and when a new one appears. ivon's and uncertainty-mnist's claims belong to other
     # changes.
-    "uncertainty-mnist": frozenset({"0.28", "1.36"}),
     "ivon": frozenset({"10", "128", "400", "784"}),
 }
 
