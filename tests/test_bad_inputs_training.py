@@ -278,6 +278,22 @@ def test_bad_training_input(case: BadInput, tmp_path: Path) -> None:
         check(BadInput(case.id, call, case.raises, case.match, case.expect))
 
 
+def test_nonfinite_data_check_is_exact_where_the_sum_overflows():
+    """The batch check sums first (a finite sum proves the batch finite); finite data whose sum overflows is still
+    accepted, and one bad element among them is still found and counted."""
+    from varbnn.training.checks import _nonfinite_data
+
+    huge = torch.full((4, 8), 3e38)  # every element finite, the sum inf
+    labels = torch.zeros(4, dtype=torch.long)
+    assert _nonfinite_data(huge, labels) is None
+    assert _nonfinite_data(torch.full((2,), 65504.0, dtype=torch.float16), torch.zeros(2)) is None
+    huge[1, 3] = -float("inf")
+    assert _nonfinite_data(huge, labels) == "training inputs contain NaN or infinite values (0 NaN, 1 inf of 32)"
+    targets = torch.full((4,), 3e38)
+    targets[2] = float("nan")
+    assert _nonfinite_data(torch.zeros(4, 2), targets) == "training targets contain NaN or infinite values (1 NaN, 0 inf of 4)"
+
+
 @pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float16, torch.float32), (torch.float64,)])
 def test_gradients_finite_finds_nan_and_inf_in_any_tensor_and_dtype(dtypes):
     from varbnn.training.checks import _gradients_finite

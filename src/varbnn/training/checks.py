@@ -184,6 +184,11 @@ def _nonfinite_data(x: torch.Tensor, y: torch.Tensor) -> str | None:
     """What is wrong with a batch, or ``None``: NaN/inf in the inputs or in floating-point targets."""
     for label, tensor in (("inputs", x), ("targets", y)):
         if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()):
+            # a finite sum proves every element finite (NaN and inf propagate into it): one reduction without a
+            # tensor of flags (0.13 -> ~0.02 ms for a batch of 128 MNIST images, ~6% of a plain MLP step); only a
+            # non-finite sum (a bad element, or finite data whose sum overflows) is checked element by element
+            if tensor.numel() and bool(torch.isfinite(tensor.sum())):
+                continue
             finite = torch.isfinite(tensor)
             if not bool(finite.all()):
                 nan = int(torch.isnan(tensor).sum())
