@@ -243,9 +243,7 @@ def test_every_generated_page_shows_the_command_commit_and_device_of_its_json() 
 UNBACKED: dict[str, frozenset[str]] = {
     # Numbers of result / why texts that no data file backs yet (only a Markdown page or a figure holds them, or a
     # ratio computed by hand): to be restated or backed by a committed command's output. The test fails when one is
-    # fixed (remove it here) and when a new one appears. ivon's and uncertainty-mnist's claims belong to other
-    # changes.
-    "ivon": frozenset({"10", "128", "400", "784"}),
+    # fixed (remove it here) and when a new one appears.
 }
 
 
@@ -344,10 +342,10 @@ def test_the_checks_catch_an_untraceable_number() -> None:
     claim = g.claims_by_folder()["demo"]
     invented = g.Claim(**{**claim.__dict__, "result": claim.result + " Calibration 0.123456."})
     assert number_problems((invented,)) == [f"{claim.title}: 0.123456 is in no data file of {list(claim.sources)}"]
-    # a number only the journal (Markdown) holds does not count: the journal's headline of demo, but not demo.json
+    # a number only the journal (Markdown) holds does not count: a claim sourced from the journal alone
     journal_only = g.Claim(**{**claim.__dict__, "folder": None, "verdict": "yes", "sources": (g.J,)})
-    assert any("0.978 is in no data file" in p for p in number_problems((journal_only,)))
-    rounded = g.Claim(**{**claim.__dict__, "result": "accuracy 0.98"})  # demo.json's 0.978.. rounded to 2 decimals
+    assert any("0.1015 is in no data file" in p for p in number_problems((journal_only,)))
+    rounded = g.Claim(**{**claim.__dict__, "result": "NLL 0.10"})  # demo.json's 0.1015.. rounded to 2 decimals
     assert number_problems((rounded,)) == []
     unsourced = g.Claim(**{**claim.__dict__, "sources": ("benchmarks/results/no-such-file.md",)})
     assert any("does not exist" in p for p in number_problems((unsourced,)))
