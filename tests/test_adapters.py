@@ -21,6 +21,7 @@ from varbnn.adapters import (
     LoRAConv2d,
     LoRALayer,
     LoRALinear,
+    LoRAMultiheadAttention,
     adapter_parameters,
     adapter_state_dict,
     add_adapters,
@@ -247,6 +248,77 @@ def test_multihead_attention_out_proj_is_refused() -> None:
         adapted = add_adapters(model, rank=2)
     assert isinstance(adapted[0].linear1, LoRALinear) and isinstance(adapted[1], LoRALinear)
     assert not isinstance(adapted[0].self_attn.out_proj, LoRALayer)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_adapter_on_the_packed_projection(batch_first: bool) -> None:
+    """An nn.MultiheadAttention chosen by type or name: the pretrained attention exactly at initialisation (every
+    draw: A is the Bayesian matrix, B = 0), then at the posterior mean the attention with in_proj_weight + (alpha /
+    rank) B A, which merge_adapters returns; masks and need_weights pass through; draws vary."""
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    adapted = add_adapters(attention, rank=3, alpha=6.0, include=nn.MultiheadAttention)
+    assert isinstance(adapted, LoRAMultiheadAttention) and adapted.lora_B.shape == (24, 3)
+    q, kv = torch.randn(4, 5, 8), torch.randn(4, 6, 8)  # batch 4, 5 queries, 6 keys
+    if not batch_first:
+        q, kv = q.transpose(0, 1), kv.transpose(0, 1)
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[:, -1] = True
+    kwargs = {"key_padding_mask": mask}
+    for draw in range(2):
+        assert torch.equal(adapted(q, kv, kv, **kwargs)[0], attention(q, kv, kv, **kwargs)[0]), draw
+    _perturb(adapted)
+    merged = merge_adapters(adapted)
+    assert type(merged) is nn.MultiheadAttention
+    a_mean = adapted.posteriors["lora_A"].mean
+    expected = copy.deepcopy(attention)
+    with torch.no_grad():
+        expected.in_proj_weight.add_(2.0 * adapted.lora_B @ a_mean)
+    with torch.no_grad(), varbnn.sample_mode(adapted, "mean"):
+        out, weights = adapted(q, kv, kv, **kwargs)
+        torch.testing.assert_close(out, expected(q, kv, kv, **kwargs)[0])
+        torch.testing.assert_close(out, merged(q, kv, kv, **kwargs)[0])
+        assert weights is not None and adapted(q, kv, kv, need_weights=False, **kwargs)[1] is None
+        assert not torch.allclose(out, attention(q, kv, kv, **kwargs)[0], atol=1e-3)
+    with torch.no_grad():
+        assert not torch.equal(adapted(q, kv, kv)[0], adapted(q, kv, kv)[0])  # A is drawn on every pass
+    assert torch.equal(attention.in_proj_weight, adapted.base.in_proj_weight)  # the base is untouched (deep copy)
+
+
+def test_multihead_attention_adapter_in_transformer_layers() -> None:
+    """Adapted self-attention inside nn.TransformerEncoderLayer / nn.TransformerEncoder: trains through fit (only the
+    adapters move), and in eval mode the layers take their regular path (the fused one would skip the adapter)."""
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0), 2,
+                                    enable_nested_tensor=False)  # fmt: skip
+    model = nn.Sequential(encoder, nn.Flatten(), nn.Linear(32, 3))
+    adapted = add_adapters(model, rank=2, include=nn.MultiheadAttention)
+    attentions = [m for m in adapted.modules() if isinstance(m, LoRAMultiheadAttention)]
+    assert len(attentions) == 2 and not any(isinstance(m, LoRALinear) for m in adapted.modules())
+    x, y = torch.randn(16, 4, 8), torch.randint(0, 3, (16,))
+    frozen = {n: p.detach().clone() for n, p in adapted.named_parameters() if not p.requires_grad}
+    varbnn.fit(adapted, [(x, y)], n_data=16, epochs=3, lr=1e-2, progress=False, diagnose=False)
+    assert all(torch.equal(p, frozen[n]) for n, p in adapted.named_parameters() if n in frozen)
+    assert any(float(a.lora_B.abs().max()) > 0 for a in attentions)
+    merged = merge_adapters(adapted)
+    for mode in ("train", "eval"):
+        getattr(adapted, mode)()
+        getattr(merged, mode)()
+        with torch.no_grad(), varbnn.sample_mode(adapted, "mean"):
+            torch.testing.assert_close(adapted(x), merged(x), atol=1e-5, rtol=1e-5)
+
+
+def test_multihead_attention_adapter_refusals() -> None:
+    separate = nn.MultiheadAttention(8, 2, kdim=4, vdim=4)
+    with pytest.raises(ValueError, match="kdim / vdim of its own"):
+        add_adapters(separate, include=nn.MultiheadAttention, rank=2)
+    with pytest.raises(ValueError, match=r"rank must be an int in \[1, 8\]"):
+        add_adapters(nn.MultiheadAttention(8, 2), include=nn.MultiheadAttention, rank=9)
+    with pytest.raises(ValueError, match="not supported in attention layers"):
+        add_adapters(nn.MultiheadAttention(8, 2), include=nn.MultiheadAttention, rank=2,
+                     family=varbnn.MeanField(estimator="local"))  # fmt: skip
+    with pytest.raises(TypeError, match="base must be an nn.MultiheadAttention"):
+        LoRAMultiheadAttention(nn.Linear(8, 8))  # type: ignore[arg-type]
 
 
 def test_conv2d_adapter() -> None:

@@ -1,6 +1,7 @@
 """Variational low-rank adapters (LoRA) for fine-tuning a pretrained network with a posterior over the update.
 
-:func:`add_adapters` wraps chosen ``nn.Linear`` (and ``nn.Conv2d``) layers of any ``nn.Module``; every pretrained
+:func:`add_adapters` wraps chosen ``nn.Linear`` (and ``nn.Conv2d``, and the packed input projection of
+``nn.MultiheadAttention``) layers of any ``nn.Module``; every pretrained
 parameter is frozen and each adapted layer computes (Hu et al. 2022, "LoRA", eq. 3)
 
     y = base(x) + (alpha / rank) * B (A x),        A: (rank, in),  B: (out, rank),
@@ -27,7 +28,14 @@ from varbnn.adapters.adapt import (
     load_adapter_state_dict,
     merge_adapters,
 )
-from varbnn.adapters.layers import BAYESIAN_CHOICES, INIT_CHOICES, LoRAConv2d, LoRALayer, LoRALinear
+from varbnn.adapters.layers import (
+    BAYESIAN_CHOICES,
+    INIT_CHOICES,
+    LoRAConv2d,
+    LoRALayer,
+    LoRALinear,
+    LoRAMultiheadAttention,
+)
 
 __all__ = [
     "add_adapters",
@@ -38,6 +46,7 @@ __all__ = [
     "LoRALayer",
     "LoRALinear",
     "LoRAConv2d",
+    "LoRAMultiheadAttention",
     "BAYESIAN_CHOICES",
     "INIT_CHOICES",
 ]

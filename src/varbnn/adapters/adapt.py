@@ -20,6 +20,7 @@ from varbnn.adapters.layers import (
     LoRAConv2d,
     LoRALayer,
     LoRALinear,
+    LoRAMultiheadAttention,
     _transformer_fast_path_off,
 )
 from varbnn.families.base import VariationalFamily
@@ -64,7 +65,9 @@ def add_adapters(
     """The model with a variational LoRA adapter on each chosen layer and every pretrained parameter frozen.
 
     Each chosen ``nn.Linear`` becomes a :class:`LoRALinear` and each chosen ``nn.Conv2d`` a :class:`LoRAConv2d`,
-    computing ``base(x) + (alpha / rank) * B (A x)`` (Hu et al. 2022, eq. 3). ``A`` starts small and random (``init``),
+    computing ``base(x) + (alpha / rank) * B (A x)`` (Hu et al. 2022, eq. 3); each chosen ``nn.MultiheadAttention`` (by
+    name, or ``include=nn.MultiheadAttention``: the default adapts ``nn.Linear`` layers only) a
+    :class:`LoRAMultiheadAttention`, the update on its packed query / key / value projection. ``A`` starts small and random (``init``),
     ``B`` at zero, so the adapted model equals the pretrained one exactly at initialisation. Every parameter that was
     in the model gets ``requires_grad=False`` (set it back on a part you want to train too, e.g. a new head); only the
     adapters train, so :func:`varbnn.fit`'s gradients, :func:`varbnn.kl` and :class:`varbnn.optim.IVON` see the adapters
@@ -91,7 +94,7 @@ def add_adapters(
         ``alpha = rank``).
     :param include: what to adapt: qualified-name patterns (``fnmatch``, e.g. ``"encoder.*.q_proj"``; a name of a
         module used at several places matches at any of them) and/or module types (``nn.Linear``, ``nn.Conv2d``; a
-        type selects its subclasses). Default None: every ``nn.Linear``.
+        type selects its subclasses; ``nn.MultiheadAttention`` for attention). Default None: every ``nn.Linear``.
     :param exclude: name patterns or types not to adapt, with everything inside them (default none); a pattern that
         matches no module is refused (a typo would otherwise adapt what it meant to exclude).
     :param family: the posterior spec of the Bayesian matrices (default ``MeanField()``), built once per tensor.
@@ -123,7 +126,10 @@ def add_adapters(
         raise ValueError("add_adapters: include is empty; pass name patterns or types, or None for every nn.Linear")
     for t in types:
         if not issubclass(t, tuple(_ADAPTERS)) and not any(issubclass(a, t) for a in _ADAPTERS):
-            raise ValueError(f"add_adapters: include type {t.__name__} cannot be adapted; adaptable: nn.Linear, nn.Conv2d")
+            raise ValueError(
+                f"add_adapters: include type {t.__name__} cannot be adapted; adaptable: nn.Linear, nn.Conv2d, "
+                "nn.MultiheadAttention"
+            )
     skip_patterns, skip_types = _as_patterns(exclude, "exclude")
     model = model if inplace else copy.deepcopy(model)
 
@@ -181,10 +187,10 @@ def add_adapters(
     if isinstance(model, LoRALayer):  # the model is one adapted layer
         if selected(model):
             problems.append(f"the model already has an adapter ({type(model).__name__}; merge_adapters first)")
-    elif isinstance(model, tuple(_ADAPTERS)):  # the model is one plain layer
-        if selected(model) and not root_excluded:
+    elif isinstance(model, tuple(_ADAPTERS)) and (selected(model) or root_excluded):  # the model is one plain layer
+        if not root_excluded:
             places.append((None, "", model))
-    elif not isinstance(model, BayesianModule):
+    elif not isinstance(model, BayesianModule):  # (an attention not chosen itself: its out_proj is reported)
         walk(model)
     if problems:
         raise ValueError("add_adapters cannot adapt: " + "; ".join(problems))
@@ -202,12 +208,19 @@ def add_adapters(
         unwanted = list(skip_patterns) + [t.__name__ for t in skip_types]
         raise ValueError(
             f"add_adapters: no layer matches include={wanted} (exclude={unwanted}); "
-            f"the model's nn.Linear / nn.Conv2d layers are: {listing}"
+            f"the model's nn.Linear / nn.Conv2d / nn.MultiheadAttention layers are: {listing}"
         )
     for _, _, layer in places:  # every refusal before anything changes (inplace=True)
         where = names[id(layer)][0] or "the model"
-        weight_shape = layer.weight.shape  # type: ignore[union-attr]
-        limit = min(math.prod(weight_shape[1:]), int(weight_shape[0]))  # type: ignore[index]
+        if isinstance(layer, nn.MultiheadAttention):
+            if not layer._qkv_same_embed_dim:
+                raise ValueError(f"add_adapters: {where!r} is an nn.MultiheadAttention with kdim / vdim of its own "
+                                 "(three separate input projections); only the packed projection is adapted (exclude "
+                                 "it)")  # fmt: skip
+            limit = int(layer.embed_dim)
+        else:
+            weight_shape = layer.weight.shape  # type: ignore[union-attr]
+            limit = min(math.prod(weight_shape[1:]), int(weight_shape[0]))  # type: ignore[index]
         if rank > limit:
             raise ValueError(f"add_adapters: rank must be an int in [1, {limit}] for {where!r} (the smaller of its input "
                              f"and output sizes), got {rank}: lower rank, or exclude it")  # fmt: skip
@@ -219,7 +232,7 @@ def add_adapters(
     done: dict[int, LoRALayer] = {}
     for parent, attribute, layer in places:
         if id(layer) not in done:
-            cls = LoRALinear if isinstance(layer, nn.Linear) else LoRAConv2d
+            cls = next(adapter for kind, adapter in _ADAPTERS.items() if isinstance(layer, kind))
             layer_prior = _prefixed(prior, names[id(layer)][0])
             done[id(layer)] = cls(layer, rank, alpha, family=family, prior=layer_prior, bayesian=bayesian, init=init)  # type: ignore[arg-type]
         adapter = done[id(layer)]

@@ -14,11 +14,12 @@ from varbnn._checks import as_float_in, as_int
 from varbnn.convert import register_deterministic
 from varbnn.families.base import VariationalFamily
 from varbnn.families.meanfield import MeanField
+from varbnn.nn.attention import check_whole_weights, multi_head_attention
 from varbnn.nn.base import BayesianModule
 from varbnn.ops import ConvOp, LinearOp, WeightOp
 from varbnn.priors import PriorSpec
 
-__all__ = ["LoRALayer", "LoRALinear", "LoRAConv2d", "BAYESIAN_CHOICES", "INIT_CHOICES"]
+__all__ = ["LoRALayer", "LoRALinear", "LoRAConv2d", "LoRAMultiheadAttention", "BAYESIAN_CHOICES", "INIT_CHOICES"]
 
 BAYESIAN_CHOICES: tuple[str, ...] = ("A", "B", "both")
 """The values of ``bayesian``: which adapter matrices carry the variational family (the others are point estimates)."""
@@ -77,7 +78,7 @@ class LoRALayer(BayesianModule):
         self.bayesian = bayesian
         self.base = base
         self._ops = dict(zip(_MATRICES, ops))
-        reference: torch.Tensor = base.weight  # type: ignore[assignment]
+        reference = self._adapted(base)
         dtype = reference.dtype if reference.is_floating_point() else torch.get_default_dtype()
         fan_in = math.prod(shapes[0][1:])
         initial_a = torch.empty(shapes[0], dtype=dtype)
@@ -95,6 +96,11 @@ class LoRALayer(BayesianModule):
         self.posteriors.to(device=reference.device)
         self.priors.to(device=reference.device)
         base.requires_grad_(False)
+
+    @staticmethod
+    def _adapted(base: nn.Module) -> torch.Tensor:
+        """The base layer's tensor that the update ``(alpha / rank) B A`` is added to: its weight."""
+        return base.weight  # type: ignore[return-value]
 
     def _matrix_op(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name in self.posteriors:
@@ -128,7 +134,7 @@ class LoRALayer(BayesianModule):
         """A plain copy of the base layer with ``delta_weight(mode)`` added to its weight (its parameters frozen like
         the base's: ``requires_grad_(True)`` to train it further)."""
         plain = copy.deepcopy(self.base)
-        weight: torch.Tensor = plain.weight  # type: ignore[assignment]
+        weight = self._adapted(plain)
         with torch.no_grad():
             weight.add_(self.delta_weight(mode).to(weight.dtype))
         return plain
@@ -136,7 +142,7 @@ class LoRALayer(BayesianModule):
     @property
     def weight(self) -> torch.Tensor:
         """The base layer's (frozen, pretrained) weight, without the update."""
-        return self.base.weight  # type: ignore[return-value]
+        return self._adapted(self.base)
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -222,6 +228,109 @@ class LoRAConv2d(LoRALayer):
         self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (first, second))
 
 
+class LoRAMultiheadAttention(LoRALayer):
+    """An ``nn.MultiheadAttention`` whose packed input projection (queries, keys and values together) gets a LoRA
+    update: ``in_proj_weight + (alpha / rank) B A`` with ``A`` of shape ``(rank, embed_dim)`` and ``B`` of shape
+    ``(3 embed_dim, rank)`` (see :class:`LoRALayer`); the output projection keeps its pretrained weight.
+
+    A forward pass draws the adapter once (one draw for the whole batch, or its mean / mode under ``sample_mode``),
+    forms the updated projection and runs ``F.multi_head_attention_forward`` with the base layer's other tensors: the
+    arguments, ``batch_first`` handling and return value of ``nn.MultiheadAttention.forward``. As in
+    :class:`~varbnn.nn.BayesMultiheadAttention`, only estimators that draw whole matrices are accepted (``"local"`` and
+    ``"flipout"`` draw the outputs of one linear map, which attention is not), and ``in_proj_weight`` /
+    ``in_proj_bias`` read ``None`` here (so ``nn.TransformerEncoderLayer`` takes its regular path, which calls this
+    module; the base layer holds the pretrained tensors). An attention with key or value sizes of its own (``kdim`` /
+    ``vdim``: three separate projections) is refused. ``merge_adapters`` and ``to_deterministic`` give back an
+    ``nn.MultiheadAttention`` with the update added to its ``in_proj_weight``.
+
+    :param base: the pretrained ``nn.MultiheadAttention`` (frozen).
+    :param rank: the rank r, an int in ``[1, embed_dim]`` (default 8).
+    Other arguments as :class:`LoRALinear`.
+    """
+
+    layer_kind = "attention"
+    in_proj_weight: None = None
+    """No plain tensor here: the pretrained one is ``base.in_proj_weight``, the used one has the update added."""
+    in_proj_bias: None = None
+    """No plain tensor here: the pretrained one is ``base.in_proj_bias``."""
+
+    def __init__(
+        self,
+        base: nn.MultiheadAttention,
+        rank: int = 8,
+        alpha: float | None = None,
+        *,
+        family: VariationalFamily | None = None,
+        prior: PriorSpec | None = None,
+        bayesian: str = "A",
+        init: str = "lora",
+    ) -> None:
+        super().__init__()
+        if not isinstance(base, nn.MultiheadAttention):
+            raise TypeError(f"LoRAMultiheadAttention: base must be an nn.MultiheadAttention, got {type(base).__name__}")
+        if not base._qkv_same_embed_dim:
+            raise ValueError(
+                "LoRAMultiheadAttention adapts the packed input projection; this attention has key / value sizes of its "
+                f"own (kdim={base.kdim}, vdim={base.vdim}, embed_dim={base.embed_dim}: three separate projections)"
+            )
+        self.embed_dim, self.num_heads, self.batch_first = base.embed_dim, base.num_heads, base.batch_first
+        self._qkv_same_embed_dim = True
+        rank = as_int(rank, "rank", 1, base.embed_dim, owner="LoRAMultiheadAttention")
+        shapes = ((rank, base.embed_dim), (3 * base.embed_dim, rank))
+        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()))
+
+    def _check_family(self, family: VariationalFamily) -> None:
+        check_whole_weights(family)
+
+    @staticmethod
+    def _adapted(base: nn.Module) -> torch.Tensor:
+        """The packed input projection ``in_proj_weight`` ``(3 embed_dim, embed_dim)``."""
+        return base.in_proj_weight  # type: ignore[return-value]
+
+    @property
+    def out_proj(self) -> nn.Module:
+        """The base layer's (frozen) output projection."""
+        return self.base.out_proj
+
+    @property
+    def add_zero_attn(self) -> bool:
+        return bool(self.base.add_zero_attn)
+
+    @property
+    def dropout(self) -> float:
+        return float(self.base.dropout)
+
+    def _matrix(self, name: str) -> torch.Tensor:
+        if name in self.posteriors:
+            return self.posteriors[name].weight(self.sample_mode)  # type: ignore[operator, no-any-return]
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    def forward(  # type: ignore[override]
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(attn_output, attn_output_weights)`` as ``nn.MultiheadAttention.forward``, with the input projection
+        ``W + (alpha / rank) B A`` (A and B drawn once for this pass, or at their mean / mode)."""
+        base = self.base
+        update = self.scaling * (self._matrix("lora_B") @ self._matrix("lora_A"))
+        tensors = {
+            "in_proj_weight": base.in_proj_weight + update.to(base.in_proj_weight.dtype),
+            "in_proj_bias": base.in_proj_bias, "bias_k": base.bias_k, "bias_v": base.bias_v,
+            "out_proj_weight": base.out_proj.weight, "out_proj_bias": base.out_proj.bias,
+        }  # fmt: skip
+        return multi_head_attention(
+            self, query, key, value, tensors, key_padding_mask=key_padding_mask, need_weights=need_weights,
+            attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,
+        )  # fmt: skip
+
+
 @register_deterministic(LoRALayer)
 def _det_lora(module: nn.Module, mode: str) -> nn.Module:
     """:func:`varbnn.to_deterministic`'s form of an adapted layer: the base layer with the merged update."""
@@ -229,4 +338,6 @@ def _det_lora(module: nn.Module, mode: str) -> nn.Module:
     return module.merged(mode)
 
 
-_ADAPTERS: dict[type[nn.Module], type[LoRALayer]] = {nn.Linear: LoRALinear, nn.Conv2d: LoRAConv2d}
+_ADAPTERS: dict[type[nn.Module], type[LoRALayer]] = {
+    nn.Linear: LoRALinear, nn.Conv2d: LoRAConv2d, nn.MultiheadAttention: LoRAMultiheadAttention,
+}  # fmt: skip

@@ -19,7 +19,7 @@ from varbnn.families.meanfield import MeanField
 from varbnn.nn.base import BayesianModule, resolve_prior
 from varbnn.priors import PriorSpec
 
-__all__ = ["BayesMultiheadAttention"]
+__all__ = ["BayesMultiheadAttention", "multi_head_attention", "check_whole_weights"]
 
 # The layer kind whose estimators draw whole weight tensors (reparam, graves): attention needs whole weights too, as
 # local reparameterization and flipout draw the outputs of one weight-linear op, and attention is not one.
@@ -150,31 +150,8 @@ class BayesMultiheadAttention(BayesianModule):
         back = {v: k for k, v in _OUT_PROJ.items()}
         return [back.get(key, key) for key in self.posteriors]
 
-    def _add_tensor(
-        self,
-        name: str,
-        shape: tuple[int, ...],
-        family: VariationalFamily,
-        prior: PriorSpec | None,
-        init: torch.Tensor | None,
-    ) -> None:
-        if isinstance(family, VariationalFamily):
-            allowed = family.estimator_layers.get(family.estimator, ())
-            if _WHOLE_WEIGHT_KIND not in allowed:
-                supported = [e for e, kinds in family.estimator_layers.items() if _WHOLE_WEIGHT_KIND in kinds]
-                raise ValueError(
-                    f"{type(family).__name__}(estimator={family.estimator!r}) is not supported in attention layers; "
-                    f"estimators allowed there: {supported} (attention draws whole weights once per forward pass: "
-                    "local reparameterization and flipout draw the outputs of one weight-linear op)"
-                )
-        if not isinstance(family, VariationalFamily):
-            raise TypeError(f"family for {name!r} must be a varbnn VariationalFamily, got {type(family).__name__}")
-        if family.is_built:
-            raise ValueError(f"family for {name!r} is already built; pass an unbuilt spec such as MeanField()")
-        # as BayesianModule._add_tensor, with the estimator check above in place of the layer-kind table
-        self.posteriors[name] = family.build(shape, init)
-        self.priors[name] = resolve_prior(prior, name)
-        self.posteriors[name].adapt_to_prior(self.priors[name])  # type: ignore[operator]
+    def _check_family(self, family: VariationalFamily) -> None:
+        check_whole_weights(family)
 
     def forward(
         self,
@@ -190,63 +167,101 @@ class BayesMultiheadAttention(BayesianModule):
         """``(attn_output, attn_output_weights)`` as ``nn.MultiheadAttention.forward``, with every projection drawn
         once for this pass (or its mean / mode under ``sample_mode``); ``attn_output_weights`` is ``None`` with
         ``need_weights=False``."""
-        is_batched = query.dim() == 3
-        if query.dim() not in (2, 3) or query.shape[-1] != self.embed_dim:
-            raise ValueError(
-                f"BayesMultiheadAttention: query must be (L, {self.embed_dim}) or a batch of them, got {tuple(query.shape)}"
-            )
-        key_padding_mask = F._canonical_mask(
-            mask=key_padding_mask,
-            mask_name="key_padding_mask",
-            other_type=F._none_or_dtype(attn_mask),
-            other_name="attn_mask",
-            target_type=query.dtype,
-        )
-        attn_mask = F._canonical_mask(
-            mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="", target_type=query.dtype, check_other=False
-        )
-        if self.batch_first and is_batched:  # as torch: keep "query is key is value" through the transpose
-            if key is value:
-                if query is key:
-                    query = key = value = query.transpose(1, 0)
-                else:
-                    query, key = (x.transpose(1, 0) for x in (query, key))
-                    value = key
-            else:
-                query, key, value = (x.transpose(1, 0) for x in (query, key, value))
         drawn = {key_name: self._weight(key_name) for key_name in self.posteriors}
-        separate = not self._qkv_same_embed_dim
-        attn_output, attn_output_weights = F.multi_head_attention_forward(
-            query,
-            key,
-            value,
-            self.embed_dim,
-            self.num_heads,
-            drawn.get("in_proj_weight"),  # type: ignore[arg-type]  # None with separate projections, as torch's
-            drawn.get("in_proj_bias"),
-            drawn.get("bias_k"),
-            drawn.get("bias_v"),
-            self.add_zero_attn,
-            self.dropout,
-            drawn["out_proj_weight"],
-            drawn.get("out_proj_bias"),  # type: ignore[arg-type]  # None without bias, as torch's
-            training=self.training,
-            key_padding_mask=key_padding_mask,
-            need_weights=need_weights,
-            attn_mask=attn_mask,
-            use_separate_proj_weight=separate,
-            q_proj_weight=drawn.get("q_proj_weight"),
-            k_proj_weight=drawn.get("k_proj_weight"),
-            v_proj_weight=drawn.get("v_proj_weight"),
-            average_attn_weights=average_attn_weights,
-            is_causal=is_causal,
-        )
-        if self.batch_first and is_batched:
-            return attn_output.transpose(1, 0), attn_output_weights
-        return attn_output, attn_output_weights
+        return multi_head_attention(
+            self, query, key, value, drawn, key_padding_mask=key_padding_mask, need_weights=need_weights,
+            attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         kv = "" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}"
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, batch_first={self.batch_first}, {super().extra_repr()}"
+        )
+
+
+def multi_head_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tensors: dict[str, torch.Tensor],
+    *,
+    key_padding_mask: torch.Tensor | None,
+    need_weights: bool,
+    attn_mask: torch.Tensor | None,
+    average_attn_weights: bool,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``nn.MultiheadAttention.forward``'s regular path with the projection ``tensors`` given (by the keys of
+    :class:`BayesMultiheadAttention`'s posteriors: ``in_proj_weight`` or ``q/k/v_proj_weight``, ``in_proj_bias``,
+    ``bias_k``, ``bias_v``, ``out_proj_weight``, ``out_proj_bias``; absent ones are ``None``): the masks made canonical,
+    ``batch_first`` inputs transposed (keeping ``query is key is value``), then ``F.multi_head_attention_forward``.
+    ``module`` gives ``embed_dim``, ``num_heads``, ``batch_first``, ``add_zero_attn``, ``dropout``, ``training`` and
+    ``_qkv_same_embed_dim``; the name in errors is its class's."""
+    is_batched = query.dim() == 3
+    if query.dim() not in (2, 3) or query.shape[-1] != module.embed_dim:
+        raise ValueError(
+            f"{type(module).__name__}: query must be (L, {module.embed_dim}) or a batch of them, got {tuple(query.shape)}"
+        )
+    key_padding_mask = F._canonical_mask(
+        mask=key_padding_mask,
+        mask_name="key_padding_mask",
+        other_type=F._none_or_dtype(attn_mask),
+        other_name="attn_mask",
+        target_type=query.dtype,
+    )
+    attn_mask = F._canonical_mask(
+        mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="", target_type=query.dtype, check_other=False
+    )
+    if module.batch_first and is_batched:  # as torch: keep "query is key is value" through the transpose
+        if key is value:
+            if query is key:
+                query = key = value = query.transpose(1, 0)
+            else:
+                query, key = (x.transpose(1, 0) for x in (query, key))
+                value = key
+        else:
+            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+    attn_output, attn_output_weights = F.multi_head_attention_forward(
+        query,
+        key,
+        value,
+        module.embed_dim,
+        module.num_heads,
+        tensors.get("in_proj_weight"),  # type: ignore[arg-type]  # None with separate projections, as torch's
+        tensors.get("in_proj_bias"),
+        tensors.get("bias_k"),
+        tensors.get("bias_v"),
+        module.add_zero_attn,
+        module.dropout,
+        tensors["out_proj_weight"],
+        tensors.get("out_proj_bias"),  # type: ignore[arg-type]  # None without bias, as torch's
+        training=module.training,
+        key_padding_mask=key_padding_mask,
+        need_weights=need_weights,
+        attn_mask=attn_mask,
+        use_separate_proj_weight=not module._qkv_same_embed_dim,
+        q_proj_weight=tensors.get("q_proj_weight"),
+        k_proj_weight=tensors.get("k_proj_weight"),
+        v_proj_weight=tensors.get("v_proj_weight"),
+        average_attn_weights=average_attn_weights,
+        is_causal=is_causal,
+    )
+    if module.batch_first and is_batched:
+        return attn_output.transpose(1, 0), attn_output_weights
+    return attn_output, attn_output_weights
+
+
+def check_whole_weights(family: VariationalFamily) -> None:
+    """Raise a ``ValueError`` unless ``family``'s estimator draws whole weight tensors (``"reparam"``, MeanField's
+    ``"graves"``): an attention layer draws each tensor once per forward pass, while local reparameterization and
+    flipout draw the outputs of one weight-linear op."""
+    allowed = family.estimator_layers.get(family.estimator, ())
+    if _WHOLE_WEIGHT_KIND not in allowed:
+        supported = [e for e, kinds in family.estimator_layers.items() if _WHOLE_WEIGHT_KIND in kinds]
+        raise ValueError(
+            f"{type(family).__name__}(estimator={family.estimator!r}) is not supported in attention layers; "
+            f"estimators allowed there: {supported} (attention draws whole weights once per forward pass: "
+            "local reparameterization and flipout draw the outputs of one weight-linear op)"
         )

@@ -72,10 +72,15 @@ class BayesianModule(nn.Module):
             raise TypeError(f"family for {name!r} must be a varbnn VariationalFamily, got {type(family).__name__}")
         if family.is_built:
             raise ValueError(f"family for {name!r} is already built; pass an unbuilt spec such as MeanField()")
-        family.check_layer(self.layer_kind)
+        self._check_family(family)
         self.posteriors[name] = family.build(shape, init)
         self.priors[name] = resolve_prior(prior, name)
         self.posteriors[name].adapt_to_prior(self.priors[name])  # type: ignore[operator]
+
+    def _check_family(self, family: VariationalFamily) -> None:
+        """Raise a clear error if ``family``'s estimator cannot run in this layer (here: the family's table of layer
+        kinds, :meth:`~varbnn.families.VariationalFamily.check_layer` of :attr:`layer_kind`)."""
+        family.check_layer(self.layer_kind)
 
     def bayesian_tensors(self) -> Iterator[tuple[str, VariationalFamily, Prior]]:
         """(name, posterior, prior) for every random tensor of this layer."""
