@@ -37,7 +37,10 @@ seconds="${LIMIT:-520}"
 default_groups="3|plain,plain + temperature scaling,MC dropout (p = 0.1),deep ensemble (5),last-layer Laplace (KFAC)
 3|MeanField,Radial
 3|KTied,Delta (MAP)
-3|RDP"
+3|RDP
+3|plain + early stopping,plain + early stopping + temperature scaling,MeanField + early stopping + temperature scaling
+3|KTied + early stopping + temperature scaling,IVON + early stopping + temperature scaling
+3|mixture of 5 IVON posteriors"  # the last three: issue 63's recipe, IVON and a mixture of IVON posteriors
 groups="${GROUPS_SPEC:-$default_groups}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS="${THREADS:-1}"  # 12 processes on the device's 16 cores: one thread each for their CPU work

@@ -706,6 +706,11 @@ def test_ood_and_kl_weight_fields_are_validated(change, message):
         (lambda: Variant("x", early_stopping=3, convert_epochs=2), "early_stopping and convert_epochs cannot be combined"),
         (lambda: dataclasses.replace(get_config("demo"), validation_size=0), "need a validation_size"),
         (lambda: dataclasses.replace(get_config("demo"), select_best_of_last=2), "select_best_of_last and a variant's"),
+        (lambda: Variant("x", optimizer="sgd"), r"optimizer must be one of \['', 'adam', 'amsgrad', 'ivon'\]"),
+        (lambda: Variant("x", optimizer_options={"lr": 0.1}), "optimizer_options apply to optimizer='ivon'"),
+        (lambda: Variant("x", family="plain", optimizer="ivon"), "optimizer='ivon' trains MeanField posteriors"),
+        (lambda: build_model(get_config("demo"), Variant("x", family="ensemble", family_options={"member": "nope"})),
+         "member must be 'plain' or a family name"),
     ],
 )
 def test_recipe_variant_fields_are_validated(make, message):
@@ -720,8 +725,32 @@ def test_recipe_fields_keep_the_hashes_of_configs_that_do_not_use_them():
         for variant, entry in zip(config.variants, config.to_dict()["variants"]):
             assert ("early_stopping" in entry) == bool(getattr(variant, "early_stopping", 0)), name
             assert ("temperature" in entry) == bool(getattr(variant, "temperature", False)), name
+            assert ("optimizer" in entry) == bool(getattr(variant, "optimizer", "")), name
     demo = get_config("demo").to_dict()["variants"]
     assert [v.get("early_stopping", 0) for v in demo] == [0, 5, 0, 5]
+
+
+def test_ivon_variants_and_mixtures_of_posteriors():
+    """optimizer='ivon' gives each trained network (each member of a mixture) its own IVON; a mixture's members are
+    posteriors of the named family, evaluated with a multiple of their number of draws."""
+    from varbnn_lab.evaluation import draws
+    from varbnn_lab.runner import _variant_optimizer
+
+    from varbnn import BayesLinear
+    from varbnn.baselines import DeepEnsemble
+    from varbnn.optim import IVON
+
+    config = dataclasses.replace(get_config("demo"), eval_samples=7)
+    ivon = Variant("ivon", optimizer="ivon", optimizer_options={"lr": 0.05, "hess_init": 0.2})
+    model = build_model(config, ivon)
+    optimizer = _variant_optimizer(config, ivon, model, 100)
+    assert isinstance(optimizer, IVON) and optimizer.defaults["lr"] == 0.05 and optimizer.ess == 100
+    mixture = Variant("mix", family="ensemble", family_options={"members": 3, "member": "meanfield"}, optimizer="ivon")
+    ensemble = build_model(config, mixture)
+    assert isinstance(ensemble, DeepEnsemble) and all(isinstance(m[1], BayesLinear) for m in ensemble.members)
+    assert draws(config, mixture, ensemble) == 9 and draws(config, Variant("plain", family="plain"), model) == 1
+    plain_mixture = Variant("ens", family="ensemble", family_options={"members": 3})
+    assert draws(config, plain_mixture, build_model(config, plain_mixture)) == 7
 
 
 def test_kl_weight_scales_the_annealed_beta_and_keeps_old_hashes():

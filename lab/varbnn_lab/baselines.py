@@ -30,7 +30,9 @@ BASELINES = ("temperature", "mc-dropout", "ensemble", "laplace")
 DETERMINISTIC = ("plain", "delta", "temperature")
 """Variant kinds whose prediction needs one forward pass (no Monte Carlo draws)."""
 
-_OPTIONS: dict[str, tuple[str, ...]] = {"temperature": (), "mc-dropout": ("p",), "ensemble": ("members",), "laplace": ()}
+_OPTIONS: dict[str, tuple[str, ...]] = {
+    "temperature": (), "mc-dropout": ("p",), "ensemble": ("members", "member"), "laplace": (),
+}  # fmt: skip
 
 
 def _check_options(kind: str, options: dict[str, Any]) -> None:
@@ -48,9 +50,17 @@ def build_baseline(kind: str, make_plain: Any, options: dict[str, Any]) -> nn.Mo
     _check_options(kind, options)
     if kind == "mc-dropout":
         return MCDropout(add_dropout(make_plain(), float(options.get("p", 0.1))))
-    if kind == "ensemble":
+    if kind == "ensemble":  # members: plain networks, or (member=<family name>) posteriors of that family at its defaults
         count = as_int(options.get("members", 5), "members", 2, owner="baseline 'ensemble'")
-        return DeepEnsemble([make_plain() for _ in range(count)])
+        member = options.get("member", "plain")
+        if member == "plain":
+            return DeepEnsemble([make_plain() for _ in range(count)])
+        from varbnn.convert import bayesianize
+        from varbnn.families import FAMILIES, make_family
+
+        if member not in FAMILIES:
+            raise ValueError(f"baseline 'ensemble': member must be 'plain' or a family name {sorted(FAMILIES)}, got {member!r}")
+        return DeepEnsemble([bayesianize(make_plain(), make_family(member)) for _ in range(count)])
     return make_plain()
 
 

@@ -64,6 +64,12 @@ class Variant:
     """0 (default): the run trains the config's ``epochs``. N > 0: ``fit(validation=..., early_stopping=N)`` on the
     config's validation split (``validation_size``): training stops after N epochs without a lower validation NLL and
     the best epoch's weights are restored; the config's ``epochs`` is then the limit."""
+    optimizer: str = ""
+    """"" (default): the config's ``optimizer``. ``"ivon"``: :class:`varbnn.optim.IVON` built for the model (each member
+    of a mixture gets its own) with ``optimizer_options`` (e.g. ``{"lr": 0.03, "hess_init": 0.1}``); the KL weight is
+    then IVON's (``kl_weight`` in the options, default 1), not the config's. ``"adam"`` / ``"amsgrad"``: that one."""
+    optimizer_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the variant's ``optimizer`` (``"ivon"`` only)."""
     temperature: bool = False
     """True: after training, a :class:`~varbnn.calibration.TemperatureScaled` over the model's predictive, its
     temperature fitted on the validation split (``eval_samples`` weight draws for a Bayesian model); its seconds count
@@ -72,6 +78,13 @@ class Variant:
     def __post_init__(self) -> None:
         if isinstance(self.early_stopping, bool) or not isinstance(self.early_stopping, int) or self.early_stopping < 0:
             raise ValueError(f"{self.label}: early_stopping must be an integer >= 0 (0: off), got {self.early_stopping!r}")
+        if self.optimizer not in ("", *OPTIMIZERS, "ivon"):
+            raise ValueError(f"{self.label}: optimizer must be one of {['', *OPTIMIZERS, 'ivon']}, got {self.optimizer!r}")
+        if self.optimizer_options and self.optimizer != "ivon":
+            raise ValueError(f"{self.label}: optimizer_options apply to optimizer='ivon', got optimizer={self.optimizer!r}")
+        if self.optimizer == "ivon" and self.family in ("plain", "delta", "temperature", "laplace", "mc-dropout"):
+            raise ValueError(f"{self.label}: optimizer='ivon' trains MeanField posteriors (family='meanfield', or an "
+                             f"'ensemble' of them), got family={self.family!r}")  # fmt: skip
         if not isinstance(self.temperature, bool):
             raise ValueError(f"{self.label}: temperature must be True or False, got {self.temperature!r}")
         if (self.early_stopping or self.temperature) and self.family in ("temperature", "laplace"):
@@ -320,7 +333,8 @@ class ExperimentConfig:
         data = dataclasses.asdict(self)
         data.pop("quick")
         for variant in data["variants"]:  # added later: variants trained from scratch keep their hashes
-            for name, default in (("convert_epochs", 0), ("early_stopping", 0), ("temperature", False)):
+            for name, default in (("convert_epochs", 0), ("early_stopping", 0), ("temperature", False), ("optimizer", ""),
+                                  ("optimizer_options", {})):  # fmt: skip
                 if variant.get(name) == default:
                     variant.pop(name)
         for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", ""),

@@ -31,6 +31,15 @@ def _sem(values: torch.Tensor) -> float:
     return float(values.std() / math.sqrt(values.numel())) if values.numel() > 1 else float("nan")
 
 
+def draws(config: ExperimentConfig, variant: Variant, model: torch.nn.Module) -> int:
+    """Monte Carlo draws of one evaluation: 1 for a deterministic variant, else ``eval_samples``, rounded up to a
+    multiple of a mixture's members when they are stochastic (each member weighs the same)."""
+    if variant.family in DETERMINISTIC:
+        return 1
+    count = len(getattr(model, "members", ())) if variant.family_options.get("member", "plain") != "plain" else 0
+    return -(-config.eval_samples // count) * count if count else config.eval_samples
+
+
 def evaluate_variant(
     config: ExperimentConfig,
     variant: Variant,
@@ -46,7 +55,7 @@ def evaluate_variant(
     probabilities (for the figures)."""
     deterministic = variant.family in DETERMINISTIC
     start = time.perf_counter()
-    scores, probs = evaluate_classifier(model, *test, samples=1 if deterministic else config.eval_samples, device=dev)
+    scores, probs = evaluate_classifier(model, *test, samples=draws(config, variant, model), device=dev)
     scores["predict_seconds"] = time.perf_counter() - start
     if config.eval_weight_samples and variant.family not in ("plain", *BASELINES):
         per_draw = evaluate_weight_samples(
@@ -80,7 +89,7 @@ def ood_scores(
 ) -> tuple[dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
     """AUROC of telling ``x_ood`` (positives) from ``x_test`` by predictive entropy and by mutual information, and the
     two entropy vectors (for the figure). A deterministic model's mutual information is 0 everywhere: AUROC 0.5."""
-    samples = 1 if variant.family in DETERMINISTIC else config.eval_samples
+    samples = draws(config, variant, model)
     h_in, mi_in = uncertainties(model, x_test, samples, dev)
     h_out, mi_out = uncertainties(model, x_ood, samples, dev)
     labels = torch.cat([torch.zeros(len(h_in)), torch.ones(len(h_out))])

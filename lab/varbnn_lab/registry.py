@@ -452,7 +452,18 @@ _UNCERTAINTY_VARIANTS = (
     Variant("KTied", family="ktied"),
     Variant("RDP", family="rdp", prior="radial_directional"),
     Variant("Delta (MAP)", family="delta"),
-)
+    # issue 63: the library's recipe (early stopping on the validation split, patience 5 within the 20 epochs, then a
+    # temperature fitted there), IVON and a mixture of IVON posteriors. IVON's (lr, hess_init) is the one the CPU form
+    # chose on its validation split for LeNet-5 (benchmarks/results/uncertainty-cpu/ivon-fashion-mnist-lenet5.json).
+    Variant("plain + early stopping", family="plain", early_stopping=5),
+    Variant("plain + early stopping + temperature scaling", family="plain", early_stopping=5, temperature=True),
+    Variant("MeanField + early stopping + temperature scaling", family="meanfield", early_stopping=5, temperature=True),
+    Variant("KTied + early stopping + temperature scaling", family="ktied", early_stopping=5, temperature=True),
+    Variant("IVON + early stopping + temperature scaling", family="meanfield", optimizer="ivon",
+            optimizer_options={"lr": 0.03, "hess_init": 0.1}, early_stopping=5, temperature=True),
+    Variant("mixture of 5 IVON posteriors", family="ensemble", family_options={"members": 5, "member": "meanfield"},
+            optimizer="ivon", optimizer_options={"lr": 0.03, "hess_init": 0.1}, early_stopping=5),
+)  # fmt: skip
 CONVERT_EPOCHS = 2
 """Epochs of variational training after converting the trained plain network (uncertainty-*-converted): fixed before
 any run (10% of the configs' 20 epochs), not tuned."""

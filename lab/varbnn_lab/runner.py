@@ -158,6 +158,16 @@ def make_optimizer(name: str, parameters: Any, lr: float) -> torch.optim.Optimiz
     return default_optimizer(parameters, lr, amsgrad=name == "amsgrad")
 
 
+def _variant_optimizer(config: ExperimentConfig, variant: Variant, model: torch.nn.Module, n_train: int) -> torch.optim.Optimizer:
+    """The optimizer of one training: ``variant.optimizer`` (``"ivon"``: :class:`varbnn.optim.IVON` of ``model`` with
+    the variant's options) or else the config's."""
+    if variant.optimizer == "ivon":
+        from varbnn.optim import IVON
+
+        return IVON(model, n_data=n_train, **variant.optimizer_options)
+    return make_optimizer(variant.optimizer or config.optimizer, model.parameters(), config.lr)
+
+
 def _checkpoint_path(config: ExperimentConfig, out_dir: str | os.PathLike[str], variant: Variant, seed: int) -> Path:
     """``OUT/.checkpoints/NAME-<hash>/<variant>-seed<seed>.pt``, the hash over :meth:`ExperimentConfig.training_dict`
     with this variant alone: a changed training setup never resumes a stale run; a changed evaluation or pruning, or
@@ -622,8 +632,8 @@ def _run_seed(
     for member, member_checkpoint in zip(trained, parts):
         history = fit(
             member, loader, n_data=n_train, epochs=variant.convert_epochs or config.epochs, device=dev, progress=progress,
-            optimizer=make_optimizer(config.optimizer, member.parameters(), config.lr),
-            **_kl_weight(config, 0 if variant.convert_epochs else warmup, member),
+            optimizer=_variant_optimizer(config, variant, member, n_train),
+            **({} if variant.optimizer == "ivon" else _kl_weight(config, 0 if variant.convert_epochs else warmup, member)),
             on_step_end=tracer, checkpoint=member_checkpoint, resume=config.resumable,
             on_epoch_end=on_epoch_end if callbacks else None, distributed=distributed,
             checkpoint_extra=checkpoint_extra if member_checkpoint is not None else None,
