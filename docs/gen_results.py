@@ -1621,7 +1621,8 @@ STALE_RULE = (
     "commit (one not among that commit's ancestors) changed a file under " + ", ".join(f"`{p}`" for p in LIBRARY_PATHS)
     + ", or a run's commit is marked `+dirty` (its code is unknown). The runs' commits are those the folder's run "
     "records name (the runs files, the JSON's `run_commits` and `records`), else the JSON's own `commit`; `history/` "
-    "is left out. Stale means \"rerun to be sure\", not \"wrong\"."
+    "is left out. Where some of a folder's result files are current and others stale, the banner lists each file with "
+    "its commits and state. Stale means \"rerun to be sure\", not \"wrong\"."
 )
 
 
@@ -1705,6 +1706,39 @@ def run_commits(folder: Path) -> list[str]:
         if isinstance(records, list):
             runs |= {str(r["commit"]) for r in records if isinstance(r, dict) and r.get("commit")}
     return sorted(runs or own)
+
+
+def file_commits(path: Path) -> list[str]:
+    """The commits one result JSON names: its ``records``' and ``run_commits``, else its own ``commit`` (a
+    comma-separated ``commit`` names several); [] for a file that is not such a JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    runs = {str(c) for c in (data.get("run_commits") or [])}
+    records = data.get("records")
+    if isinstance(records, list):
+        runs |= {str(r["commit"]) for r in records if isinstance(r, dict) and r.get("commit")}
+    if runs:
+        return sorted(runs)
+    own = data.get("commit")
+    return sorted({c.strip() for c in str(own).split(",") if c.strip()}) if own else []
+
+
+def file_staleness(folder: str) -> list[tuple[str, Staleness]]:
+    """Each result JSON of a folder (``history/`` left out) with the staleness of the commits it names
+    (:func:`file_commits`): what the page's banner breaks down when its files differ."""
+    out = []
+    for path in sorted((RESULTS / folder).rglob("*.json")):
+        if "history" in path.relative_to(RESULTS / folder).parts:
+            continue
+        commits = file_commits(path)
+        info = staleness(commits) if commits else None
+        if info is not None:
+            out.append((str(path.relative_to(RESULTS / folder)), info))
+    return out
 
 
 def _jsonl(path: Path) -> list[Any]:
@@ -2064,6 +2098,15 @@ def stale_lines(folder: str) -> list[str]:
             "[staleness rule](index.md#the-verdict-rule). The numbers stand for the code they name, not for HEAD.",
             "",
         ]
+        files = file_staleness(folder)
+        if len({f.stale for _, f in files}) > 1:  # some result files are current: say which
+            lines += ["Per result file:", ""]
+            lines += [
+                f"- `{name}` ({', '.join(f'`{c}`' for c in f.commits[:3])}{' ...' if len(f.commits) > 3 else ''}): "
+                + (f"stale since `{f.since}`" if f.stale and f.since else "stale (+dirty)" if f.stale else "current")
+                for name, f in files
+            ]
+            lines.append("")
     if entries:
         lines += ["Runs the runner marks stale (`stale_runs`):", "", *[f"- `{_cell(e)}`" for e in entries], ""]
     return lines

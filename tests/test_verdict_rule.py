@@ -194,6 +194,25 @@ def test_staleness_on_a_tiny_repository(tmp_path: Path, monkeypatch: pytest.Monk
     assert not g.staleness([change], root=repo).stale
 
 
+def test_file_commits_and_the_per_file_breakdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps({"commit": "aaa1111, bbb2222", "rows": []}))
+    (folder / "b.json").write_text(json.dumps({"commit": "render", "records": [{"commit": "ccc3333"}]}))
+    (folder / "c.json").write_text(json.dumps(["not", "a", "dict"]))
+    assert g.file_commits(folder / "a.json") == ["aaa1111", "bbb2222"]
+    assert g.file_commits(folder / "b.json") == ["ccc3333"]  # the records, not the render
+    assert g.file_commits(folder / "c.json") == []
+    monkeypatch.setattr(g, "RESULTS", tmp_path)
+    verdicts = {"aaa1111": True, "bbb2222": True, "ccc3333": False}
+    monkeypatch.setattr(g, "staleness", lambda commits, root=None: g.Staleness(
+        tuple(commits), any(verdicts[c] for c in commits), "ddd4444" if any(verdicts[c] for c in commits) else None))
+    monkeypatch.setattr(g, "folder_staleness", lambda name: g.Staleness(("aaa1111",), True, "ddd4444"))
+    monkeypatch.setattr(g, "stale_runs", lambda name: [])
+    text = "\n".join(g.stale_lines("exp"))
+    assert "- `a.json` (`aaa1111`, `bbb2222`): stale since `ddd4444`" in text and "- `b.json` (`ccc3333`): current" in text
+
+
 def test_staleness_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(g, "_HISTORY", {})
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the PATH
