@@ -19,9 +19,9 @@ the 10,000 test images for the scores; out of distribution: the 10,000 MNIST tes
 | ``vlora-ts`` | as ``vlora`` | ``TemperatureScaled`` over the predictive, on the validation split |
 | ``vlora-ivon`` | the same adapters trained by ``varbnn.optim.IVON`` | -- |
 
-Adapted layers: the patch embedding and each encoder layer's ``linear1`` / ``linear2``. The attention cannot take an
-adapter in an ``nn.TransformerEncoder``: ``nn.MultiheadAttention`` packs q/k/v in one ``in_proj_weight`` (no
-``nn.Linear``) and ``F.multi_head_attention_forward`` reads ``out_proj.weight`` directly (``add_adapters`` skips it).
+Adapted layers: the patch embedding, each encoder layer's self-attention (the packed query / key / value projection:
+``LoRAMultiheadAttention``; ``out_proj`` keeps its weight, which ``F.multi_head_attention_forward`` reads directly)
+and its ``linear1`` / ``linear2``.
 Every method trains with ``fit(validation=..., early_stopping=--patience)`` up to ``--max-epochs`` (best epoch
 restored; batch 64); its learning rate (IVON: lr and hess_init) is chosen on seed 0's validation NLL from a small
 grid (:data:`GRIDS`) and kept for every seed; never on the test set. The plain-LoRA models run in
@@ -80,7 +80,7 @@ KIND = {"lora-ts": "lora", "lora-ens": "lora", "lora-laplace": "lora", "vlora-ts
 """The trained kind each post-hoc method starts from (the others are their own kind)."""
 ARCH = {"patch": 7, "d_model": 64, "heads": 4, "layers": 2, "dim_feedforward": 128, "classes": 10}
 PRETRAIN = {"data": "mnist-train-60000", "optimizer": "adam", "lr": 1e-3, "batch_size": 128, "seed": 0}
-ADAPTED = ["embed", "encoder.layers.*.linear1", "encoder.layers.*.linear2"]
+ADAPTED = ["embed", "encoder.layers.*.self_attn", "encoder.layers.*.linear1", "encoder.layers.*.linear2"]
 BATCH = 64
 GRIDS: dict[str, list[tuple[float, float | None]]] = {
     "full-ft": [(3e-4, None), (1e-3, None), (3e-3, None)],
