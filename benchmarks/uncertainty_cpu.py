@@ -496,7 +496,12 @@ def _goals(by: dict[str, dict[int, dict[str, Any]]], methods: list[str], seeds: 
             lines.append(
                 "- (c) IVON mixture at equal training time (the first k members whose summed training seconds fit in "
                 "the ensemble's, per seed): " + ("met" if ok else "not met") + " ("
-                + "; ".join(f"seed {s}: k={k}, NLL {nll:.4f} vs {ens:.4f}" for s, k, nll, ens in picked) + ")"
+                + "; ".join(
+                    f"seed {s}: k={k}, NLL {nll:.4f} vs {ens:.4f}" if k else
+                    f"seed {s}: one member ({by['ivon-mix'][s]['train_seconds_by_members'][0]:.1f} s) already takes "
+                    f"longer than the ensemble ({by['ensemble'][s]['train_seconds']:.1f} s)"
+                    for s, k, nll, ens in picked
+                ) + ")"
             )
     return lines, goals
 
