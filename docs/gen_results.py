@@ -1234,15 +1234,19 @@ CLAIMS: tuple[Claim, ...] = (
         "moment-stopped model's NLL within 1% of the draw-stopped one's, with and without temperature scaling, for every "
         "data set and family, at fewer training seconds).",
         result="MLP 784-200-200-10, 10,000 training images, 3 seeds, scores on a selection split the test set does not "
-        "enter. NLL with TS, weight draws / moments: Fashion-MNIST MeanField 0.3887 / 0.3887, KTied 0.4079 / 0.3902, "
-        "IVON 0.3988 / 0.3990; MNIST MeanField 0.1513 / 0.1513, KTied 0.1448 / 0.1415, IVON 0.1403 / 0.1398. fit's "
-        "seconds 0.75-0.84x on five of the six, 1.19x for KTied on Fashion-MNIST (27.0 epochs against 19.3).",
-        verdict="no",
+        "enter (run at 6e6152f in one process). NLL with TS, weight draws / moments: Fashion-MNIST MeanField 0.3887 / "
+        "0.3887, KTied 0.4079 / 0.3902, IVON 0.3988 / 0.3990; MNIST MeanField 0.1513 / 0.1513, KTied 0.1448 / 0.1415, "
+        "IVON 0.1403 / 0.1398. fit's seconds 0.80-0.92x on five of the six, 0.99x for KTied on Fashion-MNIST (27.0 "
+        "epochs against 19.3). An earlier run of the same code path (b9d8088, the two data sets in two processes at "
+        "once) gave the same NLLs and 1.19x for that KTied pair.",
+        verdict="partly",
         why="The moment predictive stopped at the same epoch in most runs (the same models) and never cost more than "
-        "0.16% of NLL, but the rule also asked for fewer seconds everywhere and KTied on Fashion-MNIST trained longer on "
-        "it (reaching a 4.35% lower NLL), so the rule is not met and fit's default stays weight draws; "
-        "validation_predictive='moments' is the documented opt-in that saves 16-25% of the training time.",
-        sources=(R + "validation-predictive/validation-predictive.json", "benchmarks/validation_predictive.py"),
+        "0.16% of NLL; on the final run it also took fewer seconds everywhere, so the rule is met, but by a hair for "
+        "KTied on Fashion-MNIST (0.99x; 1.19x in the earlier run under two-process load, where the rule was not met). "
+        "fit's default was not switched in this session: the switch changes what every early-stopped benchmark row "
+        "measures, so it goes together with their rerun. validation_predictive='moments' is the documented opt-in.",
+        sources=(R + "validation-predictive/validation-predictive.json", "benchmarks/validation_predictive.py",
+                 R + "validation-predictive/history/run-b9d8088-two-processes.json"),
     ),
     Claim(
         folder="profiles",
