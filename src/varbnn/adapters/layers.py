@@ -294,10 +294,12 @@ class LoRAMultiheadAttention(LoRALayer):
 
     @property
     def add_zero_attn(self) -> bool:
+        """The base layer's ``add_zero_attn``."""
         return bool(self.base.add_zero_attn)
 
     @property
     def dropout(self) -> float:
+        """The base layer's attention dropout probability."""
         return float(self.base.dropout)
 
     def _matrix(self, name: str) -> torch.Tensor:
