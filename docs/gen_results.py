@@ -14,6 +14,7 @@ that no committed file holds. A paper number that no committed file holds is sta
 
 from __future__ import annotations
 
+import ast
 import bisect
 import json
 import math
@@ -1631,7 +1632,9 @@ STALE_RULE = (
     "commit (one not among that commit's ancestors) changed a file under " + ", ".join(f"`{p}`" for p in LIBRARY_PATHS)
     + ", or a run's commit is marked `+dirty` (its code is unknown). The runs' commits are those the folder's run "
     "records name (the runs files, the JSON's `run_commits` and `records`), else the JSON's own `commit`; `history/` "
-    "is left out. Where some of a folder's result files are current and others stale, the banner lists each file with "
+    "is left out. A commit that changed only comments, docstrings or type-checker comments of those files (the same "
+    "Python syntax tree, docstrings left out) does not count. Where some of a folder's result files are current and "
+    "others stale, the banner lists each file with "
     "its commits and state. Stale means \"rerun to be sure\", not \"wrong\"."
 )
 
@@ -1755,6 +1758,60 @@ def _jsonl(path: Path) -> list[Any]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+_NEUTRAL: dict[tuple[Path, str], bool] = {}
+
+
+def _code_of(source: str) -> str | None:
+    """What runs of a Python source: its AST dump with docstrings (every bare string statement) left out; comments,
+    ``# type: ignore`` included, are not in an AST. None where it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block:
+                kept = [
+                    n for n in block
+                    if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str))
+                ]  # fmt: skip
+                setattr(node, name, kept or [ast.Pass()])
+    return ast.dump(tree)
+
+
+def neutral_commit(commit: str, root: Path | None = None) -> bool:
+    """Whether ``commit`` left the library code that runs as it was: each file under :data:`LIBRARY_PATHS` it changed
+    is a modified ``.py`` file whose AST, docstrings left out (:func:`_code_of`), is the same before and after (a
+    change of comments, docstrings or ``# type: ignore`` comments only). Added, deleted or renamed files, other files
+    and anything git cannot answer count as changes. Cached per repository and commit."""
+    root = ROOT if root is None else root
+    key = (root, commit)
+    if key not in _NEUTRAL:
+        neutral = False
+        try:
+            listing = subprocess.run(["git", "diff-tree", "--no-commit-id", "-r", "--name-status", commit, "--",
+                                      *LIBRARY_PATHS], cwd=root, capture_output=True, text=True, check=True,
+                                     timeout=30).stdout.splitlines()  # fmt: skip
+            changes = [line.split("\t") for line in listing if line.strip()]
+            neutral = bool(changes)
+            for change in changes:
+                if len(change) != 2 or change[0] != "M" or not change[1].endswith(".py"):
+                    neutral = False
+                    break
+                before, after = (subprocess.run(["git", "show", f"{rev}:{change[1]}"], cwd=root, capture_output=True,
+                                                text=True, check=True, timeout=30).stdout
+                                 for rev in (f"{commit}^", commit))  # fmt: skip
+                code = _code_of(after)
+                if code is None or code != _code_of(before):
+                    neutral = False
+                    break
+        except (OSError, subprocess.SubprocessError):
+            neutral = False
+        _NEUTRAL[key] = neutral
+    return _NEUTRAL[key]
+
+
 def staleness(commits: Sequence[str], root: Path | None = None) -> Staleness | None:
     """Whether results run at ``commits`` are stale under :data:`STALE_RULE` (None without git)."""
     history = git_history(root)
@@ -1770,7 +1827,7 @@ def staleness(commits: Sequence[str], root: Path | None = None) -> Staleness | N
             unknown.append(commit[:7])
             continue
         ancestors = _ancestors(history, full[0])
-        later |= {t for t in history.touching if t not in ancestors}
+        later |= {t for t in history.touching if t not in ancestors and not neutral_commit(t, root)}
     since = max(later, key=lambda c: history.order[c])[:7] if later else None  # the oldest of them
     return Staleness(short, bool(later) or dirty, since, tuple(sorted(unknown)))
 

@@ -733,12 +733,11 @@ def test_recipe_fields_keep_the_hashes_of_configs_that_do_not_use_them():
 def test_ivon_variants_and_mixtures_of_posteriors():
     """optimizer='ivon' gives each trained network (each member of a mixture) its own IVON; a mixture's members are
     posteriors of the named family, evaluated with a multiple of their number of draws."""
-    from varbnn_lab.evaluation import draws
-    from varbnn_lab.runner import _variant_optimizer
-
     from varbnn import BayesLinear
     from varbnn.baselines import DeepEnsemble
     from varbnn.optim import IVON
+    from varbnn_lab.evaluation import draws
+    from varbnn_lab.runner import _variant_optimizer
 
     config = dataclasses.replace(get_config("demo"), eval_samples=7)
     ivon = Variant("ivon", optimizer="ivon", optimizer_options={"lr": 0.05, "hess_init": 0.2})

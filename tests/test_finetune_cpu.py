@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import finetune_cpu  # type: ignore[import-not-found]  # noqa: E402
 
-from varbnn.adapters import LoRALinear, add_adapters  # noqa: E402
+from varbnn.adapters import LoRALinear, LoRAMultiheadAttention, add_adapters  # noqa: E402
 
 
 def test_vit_shapes_and_parts() -> None:
@@ -36,13 +36,15 @@ def test_vit_shapes_and_parts() -> None:
         finetune_cpu.ViT(patch=5)
 
 
-def test_adapted_layers_are_the_embedding_and_the_feed_forward_layers() -> None:
+def test_adapted_layers_are_the_embedding_the_attention_and_the_feed_forward_layers() -> None:
     model = finetune_cpu.build("lora", finetune_cpu.vit(), init_seed=0, rank=4)
     adapted = sorted(n for n, m in model.named_modules() if isinstance(m, LoRALinear))
     assert adapted == ["embed", *(f"encoder.layers.{i}.linear{j}" for i in (0, 1) for j in (1, 2))]
+    attention = sorted(n for n, m in model.named_modules() if isinstance(m, LoRAMultiheadAttention))
+    assert attention == [f"encoder.layers.{i}.self_attn" for i in (0, 1)]
     trainable = {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {"embed", "encoder", "head"} and all(
-        not p.requires_grad for n, p in model.named_parameters() if ".base." in n or "self_attn" in n
+        not p.requires_grad for n, p in model.named_parameters() if ".base." in n or "out_proj" in n
     )
     # plain LoRA runs at its point (one validation pass, not 8 equal draws); the variational adapters sample
     assert {m.sample_mode for m in model.modules() if isinstance(m, LoRALinear)} == {"mode"}

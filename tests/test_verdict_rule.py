@@ -194,6 +194,35 @@ def test_staleness_on_a_tiny_repository(tmp_path: Path, monkeypatch: pytest.Monk
     assert not g.staleness([change], root=repo).stale
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_comment_and_docstring_changes_do_not_make_a_page_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    (repo / "src" / "varbnn" / "optim").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    source = repo / "src" / "varbnn" / "optim" / "o.py"
+    source.write_text('"""Module."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n')
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "library")
+    run = _git(repo, "rev-parse", "HEAD")
+    source.write_text('"""Module, reworded."""\n\ndef f(x):  # a comment\n    """Other doc."""\n    return x + 1  # type: ignore[operator]\n')
+    _git(repo, "commit", "-qam", "comments and docstrings")
+    neutral = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(g, "_HISTORY", {})
+    assert g.neutral_commit(neutral, root=repo) and not g.staleness([run], root=repo).stale
+    source.write_text('"""Module."""\n\ndef f(x):\n    return x + 2\n')
+    _git(repo, "commit", "-qam", "code")
+    change = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(g, "_HISTORY", {})
+    assert not g.neutral_commit(change, root=repo)
+    stale = g.staleness([run], root=repo)
+    assert stale.stale and stale.since == change[:7]  # the first change that runs, not the comment commit
+    (repo / "src" / "varbnn" / "optim" / "new.py").write_text("x = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a new file")
+    assert not g.neutral_commit(_git(repo, "rev-parse", "HEAD"), root=repo)
+    assert g._code_of("def f(:\n") is None
+
+
 def test_file_commits_and_the_per_file_breakdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "exp"
     folder.mkdir()

@@ -333,10 +333,11 @@ class ExperimentConfig:
         data = dataclasses.asdict(self)
         data.pop("quick")
         for variant in data["variants"]:  # added later: variants trained from scratch keep their hashes
-            for name, default in (("convert_epochs", 0), ("early_stopping", 0), ("temperature", False), ("optimizer", ""),
-                                  ("optimizer_options", {})):  # fmt: skip
-                if variant.get(name) == default:
-                    variant.pop(name)
+            later: tuple[tuple[str, Any], ...] = (("convert_epochs", 0), ("early_stopping", 0), ("temperature", False),
+                                                   ("optimizer", ""), ("optimizer_options", {}))  # fmt: skip
+            for key, value in later:
+                if variant.get(key) == value:
+                    variant.pop(key)
         for name, default in (("select_best_of_last", 0), ("kl_weight", 1.0), ("pretrained", False), ("ood_dataset", ""),
                               ("prune_front", ())):  # fmt: skip
             if data[name] == default:  # added later: configs that keep the default keep their checkpoint hashes

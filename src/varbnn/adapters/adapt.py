@@ -17,10 +17,7 @@ from varbnn.adapters.layers import (
     _ADAPTERS,
     BAYESIAN_CHOICES,
     INIT_CHOICES,
-    LoRAConv2d,
     LoRALayer,
-    LoRALinear,
-    LoRAMultiheadAttention,
     _transformer_fast_path_off,
 )
 from varbnn.families.base import VariationalFamily
@@ -67,11 +64,12 @@ def add_adapters(
     Each chosen ``nn.Linear`` becomes a :class:`LoRALinear` and each chosen ``nn.Conv2d`` a :class:`LoRAConv2d`,
     computing ``base(x) + (alpha / rank) * B (A x)`` (Hu et al. 2022, eq. 3); each chosen ``nn.MultiheadAttention`` (by
     name, or ``include=nn.MultiheadAttention``: the default adapts ``nn.Linear`` layers only) a
-    :class:`LoRAMultiheadAttention`, the update on its packed query / key / value projection. ``A`` starts small and random (``init``),
-    ``B`` at zero, so the adapted model equals the pretrained one exactly at initialisation. Every parameter that was
-    in the model gets ``requires_grad=False`` (set it back on a part you want to train too, e.g. a new head); only the
-    adapters train, so :func:`varbnn.fit`'s gradients, :func:`varbnn.kl` and :class:`varbnn.optim.IVON` see the adapters
-    alone (fit's default Adam also holds the frozen tensors, which never get a gradient and are never stepped).
+    :class:`LoRAMultiheadAttention`, the update on its packed query / key / value projection. ``A`` starts small and
+    random (``init``), ``B`` at zero, so the adapted model equals the pretrained one exactly at initialisation. Every
+    parameter that was in the model gets ``requires_grad=False`` (set it back on a part you want to train too, e.g. a
+    new head); only the adapters train, so :func:`varbnn.fit`'s gradients, :func:`varbnn.kl` and
+    :class:`varbnn.optim.IVON` see the adapters alone (fit's default Adam also holds the frozen tensors, which never get
+    a gradient and are never stepped).
 
     ``bayesian="A"`` (the default) is BLoB's parameterisation (Wang et al. 2024): the family is the posterior of ``A``
     and ``B`` is a point estimate. With ``B = 0`` at the start, every draw of ``A`` gives the pretrained function (the
@@ -232,7 +230,7 @@ def add_adapters(
     done: dict[int, LoRALayer] = {}
     for parent, attribute, layer in places:
         if id(layer) not in done:
-            cls = next(adapter for kind, adapter in _ADAPTERS.items() if isinstance(layer, kind))
+            cls: Any = next(adapter for kind, adapter in _ADAPTERS.items() if isinstance(layer, kind))
             layer_prior = _prefixed(prior, names[id(layer)][0])
             done[id(layer)] = cls(layer, rank, alpha, family=family, prior=layer_prior, bayesian=bayesian, init=init)  # type: ignore[arg-type]
         adapter = done[id(layer)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -288,19 +288,23 @@ class LoRAMultiheadAttention(LoRALayer):
         return base.in_proj_weight  # type: ignore[return-value]
 
     @property
+    def _attention(self) -> nn.MultiheadAttention:
+        return cast(nn.MultiheadAttention, self.base)
+
+    @property
     def out_proj(self) -> nn.Module:
         """The base layer's (frozen) output projection."""
-        return self.base.out_proj
+        return self._attention.out_proj
 
     @property
     def add_zero_attn(self) -> bool:
         """The base layer's ``add_zero_attn``."""
-        return bool(self.base.add_zero_attn)
+        return bool(self._attention.add_zero_attn)
 
     @property
     def dropout(self) -> float:
         """The base layer's attention dropout probability."""
-        return float(self.base.dropout)
+        return float(self._attention.dropout)
 
     def _matrix(self, name: str) -> torch.Tensor:
         if name in self.posteriors:
@@ -320,9 +324,9 @@ class LoRAMultiheadAttention(LoRALayer):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(attn_output, attn_output_weights)`` as ``nn.MultiheadAttention.forward``, with the input projection
         ``W + (alpha / rank) B A`` (A and B drawn once for this pass, or at their mean / mode)."""
-        base = self.base
+        base = self._attention
         update = self.scaling * (self._matrix("lora_B") @ self._matrix("lora_A"))
-        tensors = {
+        tensors: dict[str, Any] = {
             "in_proj_weight": base.in_proj_weight + update.to(base.in_proj_weight.dtype),
             "in_proj_bias": base.in_proj_bias, "bias_k": base.bias_k, "bias_v": base.bias_v,
             "out_proj_weight": base.out_proj.weight, "out_proj_bias": base.out_proj.bias,

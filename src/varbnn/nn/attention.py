@@ -227,14 +227,14 @@ def multi_head_attention(
         query,
         key,
         value,
-        module.embed_dim,
-        module.num_heads,
+        module.embed_dim,  # type: ignore[arg-type]  # module: nn.Module (attention or its adapter)
+        module.num_heads,  # type: ignore[arg-type]
         tensors.get("in_proj_weight"),  # type: ignore[arg-type]  # None with separate projections, as torch's
         tensors.get("in_proj_bias"),
         tensors.get("bias_k"),
         tensors.get("bias_v"),
-        module.add_zero_attn,
-        module.dropout,
+        module.add_zero_attn,  # type: ignore[arg-type]
+        module.dropout,  # type: ignore[arg-type]
         tensors["out_proj_weight"],
         tensors.get("out_proj_bias"),  # type: ignore[arg-type]  # None without bias, as torch's
         training=module.training,

@@ -273,7 +273,7 @@ class IVON(torch.optim.Optimizer):
         held_grad = held[0].grad if held is not None else None
         if rho.grad is not None or held_grad is not None:  # this step's curvature: h_hat = (d loss / d sigma) / sigma
             if rho.grad is None:  # every draw of the step came from the held sigma (rho unchanged since: its value)
-                torch.addcdiv(h, held_grad, held[0], value=-1.0, out=a)  # h - h_hat
+                torch.addcdiv(h, held_grad, held[0], value=-1.0, out=a)  # type: ignore[arg-type, index]  # h - h_hat
             else:
                 torch.ops.aten.softplus.out(rho, 1.0, _SOFTPLUS_THRESHOLD, out=a)  # sigma = softplus(rho)
                 # d loss / d sigma = (d loss / d rho) / sigmoid(rho); above softplus's threshold (sigma = rho, slope
