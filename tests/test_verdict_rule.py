@@ -204,7 +204,9 @@ def test_comment_and_docstring_changes_do_not_make_a_page_stale(tmp_path: Path, 
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "library")
     run = _git(repo, "rev-parse", "HEAD")
-    source.write_text('"""Module, reworded."""\n\ndef f(x):  # a comment\n    """Other doc."""\n    return x + 1  # type: ignore[operator]\n')
+    source.write_text(
+        '"""Module, reworded."""\n\ndef f(x):  # a comment\n    """Other doc."""\n    return x + 1  # type: ignore[operator]\n'
+    )
     _git(repo, "commit", "-qam", "comments and docstrings")
     neutral = _git(repo, "rev-parse", "HEAD")
     monkeypatch.setattr(g, "_HISTORY", {})
