@@ -34,7 +34,7 @@ flipout estimators, and a step after ``rho`` was changed from outside, take the 
 numbers). The update of a MeanField tensor is about 17 elementwise passes over it, written into its states in place and
 into two scratch tensors (of the largest MeanField tensor's size, per device and dtype) that the optimizer keeps, so
 that a step allocates nothing of a weight's size. On the CPU MLP of ``benchmarks/ivon_step.py`` (784-400-400-10, 2
-threads) a whole IVON step (forward, backward, update) costs 0.79x a MeanField + Adam step and 2.67x a plain + Adam
+threads) a whole IVON step (forward, backward, update) costs 0.72x a MeanField + Adam step and 2.71x a plain + Adam
 step (``benchmarks/results/ivon/ivon_step.md``): the weight noise alone (torch's CPU generator fills one tensor on one
 thread) costs about half a plain step there, a floor for every weight-noise method on this CPU.
 """
