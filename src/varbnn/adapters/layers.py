@@ -273,8 +273,7 @@ class LoRAMultiheadAttention(LoRALayer):
                 "LoRAMultiheadAttention adapts the packed input projection; this attention has key / value sizes of its "
                 f"own (kdim={base.kdim}, vdim={base.vdim}, embed_dim={base.embed_dim}: three separate projections)"
             )
-        self.embed_dim, self.num_heads, self.batch_first = base.embed_dim, base.num_heads, base.batch_first
-        self._qkv_same_embed_dim = True
+        self._qkv_same_embed_dim = True  # refused otherwise (above)
         rank = as_int(rank, "rank", 1, base.embed_dim, owner="LoRAMultiheadAttention")
         shapes = ((rank, base.embed_dim), (3 * base.embed_dim, rank))
         self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()))
@@ -290,6 +289,21 @@ class LoRAMultiheadAttention(LoRALayer):
     @property
     def _attention(self) -> nn.MultiheadAttention:
         return cast(nn.MultiheadAttention, self.base)
+
+    @property
+    def embed_dim(self) -> int:
+        """The base layer's ``embed_dim``."""
+        return int(self._attention.embed_dim)
+
+    @property
+    def num_heads(self) -> int:
+        """The base layer's ``num_heads``."""
+        return int(self._attention.num_heads)
+
+    @property
+    def batch_first(self) -> bool:
+        """The base layer's ``batch_first``."""
+        return bool(self._attention.batch_first)
 
     @property
     def out_proj(self) -> nn.Module:

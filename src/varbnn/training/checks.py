@@ -185,7 +185,7 @@ def _nonfinite_data(x: torch.Tensor, y: torch.Tensor) -> str | None:
     for label, tensor in (("inputs", x), ("targets", y)):
         if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()):
             # a finite sum proves every element finite (NaN and inf propagate into it): one reduction without a
-            # tensor of flags (0.13 -> ~0.02 ms for a batch of 128 MNIST images, ~6% of a plain MLP step); only a
+            # tensor of flags (0.13 -> 0.007 ms for a batch of 128 MNIST images, ~6% of a plain MLP step); only a
             # non-finite sum (a bad element, or finite data whose sum overflows) is checked element by element
             if tensor.numel() and bool(torch.isfinite(tensor.sum())):
                 continue
