@@ -19,7 +19,8 @@ y_val), early_stopping=20`` (best epoch restored), at most ``--max-epochs`` (400
 same splits as a reference (family ``linear``).
 
 Scores per run: the validation NLL of the restored model (64 draws, nats per point, original units) and fit's own
-``val_nll`` at the best epoch (8 draws, standardised units); on the test split: NLL (per point, original units; the
+``val_nll`` at the best epoch (fit's default validation predictive, the one-pass moment predictive for these
+MeanField and KTied networks; standardised units); on the test split: NLL (per point, original units; the
 exact Monte Carlo mixture ``log mean_s N(y; f_s, sigma^2)``), RMSE of the predictive mean, the coverage and mean width
 of the central 95% predictive interval with EXACT quantiles of the 64-draw mixture ``mean_s N(f_s, sigma^2)`` (by
 bisection; the coverage of the Gaussian approximation with the mixture's mean and variance is recorded too), the

@@ -129,8 +129,30 @@ def test_val_nll_is_evaluates_nll_of_a_sampling_model():
     def compare(epoch, record):
         seen.append(abs(record["val_nll"] - varbnn.evaluate(model, *VALID, samples=5, seed=VALIDATION_SEED)["nll"]))
 
-    _fit(model, epochs=2, validation=VALID, validation_samples=5, on_epoch_end=compare, mc_samples=2)
+    _fit(model, epochs=2, validation=VALID, validation_samples=5, on_epoch_end=compare, mc_samples=2,
+         validation_predictive="sample")
     assert len(seen) == 2 and max(seen) <= 1e-6
+
+
+@pytest.mark.parametrize("family", ["meanfield", "ktied", "radial"])
+def test_the_default_validation_predictive_is_moments_where_they_follow_the_network_else_draws(family):
+    """fit's default ``validation_predictive="auto"``: the moment predictive's NLL for MeanField and KTied networks,
+    the weight draws' for a Radial one (no moment propagation), each equal to evaluate's with that predictive."""
+    seed_everything(0)
+    posterior = {"meanfield": varbnn.MeanField(), "ktied": varbnn.KTied(), "radial": varbnn.Radial()}[family]
+    model, seen = varbnn.bayesianize(_mlp(), posterior), []
+    expected = "sample" if family == "radial" else "moments"
+
+    def compare(epoch, record):
+        for predictive in ("moments", "sample"):
+            if predictive == "moments" and family == "radial":
+                continue
+            nll = varbnn.evaluate(model, *VALID, samples=5, seed=VALIDATION_SEED, predictive=predictive)["nll"]
+            seen.append((predictive, abs(record["val_nll"] - nll) <= 1e-6))
+
+    _fit(model, epochs=2, validation=VALID, validation_samples=5, on_epoch_end=compare)
+    matched = {predictive for predictive, same in seen if same}
+    assert matched == {expected}, seen
 
 
 def test_a_custom_nll_is_averaged_over_the_draws_and_a_learned_likelihood_is_restored():

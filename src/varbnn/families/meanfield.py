@@ -248,10 +248,12 @@ class MeanField(VariationalFamily):
         self.__dict__["_held_scale"] = (sigma, step_key((self.rho,)))
         return self
 
-    def held_scale(self) -> torch.Tensor | None:
-        """The sigma set by :meth:`hold_scale_` while ``rho`` is unchanged since, else ``None``."""
+    def held_scale(self, *, ended: bool = False) -> torch.Tensor | None:
+        """The sigma set by :meth:`hold_scale_` while ``rho`` is unchanged since, else ``None``; with ``ended=True``
+        the tensor last given to :meth:`hold_scale_` even after a change of ``rho`` ended the hold (the optimizer that
+        holds it reads the gradients its draws left there and reuses its memory), ``None`` when none was given."""
         held = self.__dict__.get("_held_scale")
-        if held is None or held[1] != step_key((self.rho,)):
+        if held is None or (not ended and held[1] != step_key((self.rho,))):
             return None
         return held[0]
 

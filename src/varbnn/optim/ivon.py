@@ -190,8 +190,7 @@ class IVON(torch.optim.Optimizer):
         not weights, and keep the path through ``rho.grad``."""
         if family.estimator != "reparam" or family.weight_mask is not None:
             return
-        held = family.__dict__.get("_held_scale")
-        leaf = held[0] if held is not None else None
+        leaf = family.held_scale(ended=True)
         if leaf is None or leaf.shape != sigma.shape or leaf.dtype != sigma.dtype or leaf.device != sigma.device:
             leaf = torch.empty_like(sigma).requires_grad_(True)
         leaf.copy_(sigma)
@@ -202,12 +201,12 @@ class IVON(torch.optim.Optimizer):
         """torch's ``zero_grad``, and the gradients of the sigmas the families draw from (:meth:`_hold`)."""
         super().zero_grad(set_to_none)
         for group in self.param_groups:
-            held = group["family"].__dict__.get("_held_scale") if group["kind"] == "meanfield" else None
-            if held is not None and held[0].grad is not None:
+            held = group["family"].held_scale(ended=True) if group["kind"] == "meanfield" else None
+            if held is not None and held.grad is not None:
                 if set_to_none:
-                    held[0].grad = None
+                    held.grad = None
                 else:
-                    held[0].grad.zero_()
+                    held.grad.zero_()
 
     def sigma(self, family: MeanField) -> torch.Tensor:
         """The posterior standard deviations IVON holds for ``family`` (``1 / sqrt(ess (h + delta))``)."""
@@ -269,11 +268,11 @@ class IVON(torch.optim.Optimizer):
         state["step"] += 1
         h, momentum = state["hess"], state["momentum"]
         a, b = self._buffers(m)
-        held = family.__dict__.get("_held_scale")
-        held_grad = held[0].grad if held is not None else None
+        held = family.held_scale(ended=True)
+        held_grad = held.grad if held is not None else None
         if rho.grad is not None or held_grad is not None:  # this step's curvature: h_hat = (d loss / d sigma) / sigma
             if rho.grad is None:  # every draw of the step came from the held sigma (rho unchanged since: its value)
-                torch.addcdiv(h, held_grad, held[0], value=-1.0, out=a)  # type: ignore[arg-type, index]  # h - h_hat
+                torch.addcdiv(h, held_grad, held, value=-1.0, out=a)  # type: ignore[arg-type]  # h - h_hat
             else:
                 torch.ops.aten.softplus.out(rho, 1.0, _SOFTPLUS_THRESHOLD, out=a)  # sigma = softplus(rho)
                 # d loss / d sigma = (d loss / d rho) / sigmoid(rho); above softplus's threshold (sigma = rho, slope

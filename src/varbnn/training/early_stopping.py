@@ -39,7 +39,7 @@ class ValidationWatch:
 
     def __init__(
         self, x: torch.Tensor, y: torch.Tensor, samples: int, patience: int | None, nll: NLLFunction,
-        likelihood: Likelihood | None, predictive: str = "sample",
+        likelihood: Likelihood | None, predictive: str = "auto",
     ) -> None:  # fmt: skip
         self.x, self.y, self.samples, self.patience, self.predictive = x, y, samples, patience, predictive
         # the predictive's likelihood when fit knows it: fit's likelihood, a Likelihood passed as nll, or the default
@@ -151,7 +151,7 @@ def validation_watch(
     nll: NLLFunction,
     likelihood: Likelihood | None,
     distributed: bool,
-    predictive: Any = "sample",
+    predictive: Any = "auto",
 ) -> ValidationWatch | None:
     """fit's ``validation``, ``validation_samples`` and ``early_stopping`` checked (a ``ValueError`` or ``TypeError``
     naming the argument and what is allowed); ``None`` without ``validation``."""
