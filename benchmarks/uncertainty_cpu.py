@@ -18,6 +18,7 @@ seed 0 (``--select``), never on the test set:
 | ``*-ts`` | as the method | ``TemperatureScaled`` over the model's predictive, fitted on the validation split |
 | ``ivon-es`` | ``bayesianize(net)`` trained by ``varbnn.optim.IVON`` (lr chosen on validation), early-stopped | -- |
 | ``ivon-mix`` | 5 ``ivon-es`` members | ``DeepEnsemble`` (a mixture of posteriors) |
+| ``meanfield-conv``, ``ktied-conv`` | ``plain-es``'s network converted (``bayesianize(net, family())``), 2 more epochs | -- |
 
 Scores on the test split: accuracy, NLL, ECE (15 bins), OOD AUROC by predictive entropy; training seconds (the whole
 ``fit`` calls, validation passes included, summed over members), predict seconds of the test + OOD sets at
@@ -68,7 +69,10 @@ METHODS = (
     "meanfield-es", "meanfield-es-ts", "ktied-es", "ktied-es-ts", "radial-es", "radial-es-ts",
     "ivon-es", "ivon-es-ts", "ivon-mix",
     "meanfield-es-ts-m", "ktied-es-ts-m", "ivon-es-ts-m",
+    "meanfield-conv-ts", "ktied-conv-ts", "meanfield-conv-ts-m", "ktied-conv-ts-m",
 )  # fmt: skip
+"""``-conv``: the user's path of the converted experiments (uncertainty-*-converted): the early-stopped plain network
+converted and trained ``CONVERT_EPOCHS`` more epochs; its training seconds include the plain network's."""
 """``-ts-m``: the method's recipe with the one-pass moment predictive everywhere (fit's validation, the temperature,
 the test predictions: ``predictive="moments"``). fit's validation reads the moment predictive by default
 (``validation_predictive="auto"``) for MeanField, KTied and IVON's MeanField networks, so ``-ts-m`` shares the ``-es``
@@ -77,6 +81,9 @@ and MC dropout reads weight draws (no moment propagation)."""
 BASELINE_METHODS = ("plain", "plain-es", "plain-es-ts", "dropout-es", "ensemble")
 MEMBERS = 5
 PATIENCE = 5
+CONVERT_EPOCHS = 2
+"""Epochs of variational training after converting the trained plain network: the lab's converted experiments' number
+(varbnn_lab.registry.CONVERT_EPOCHS, fixed there before any run), not tuned here."""
 CURVE_DRAWS = (1, 2, 4, 8, 16, 32, 64)
 IVON_GRID = ((0.03, 0.1), (0.01, 0.03), (0.3, None))
 """IVON's (lr, hess_init) candidates (None: from the family's initial std, h0 ~ 1 here); the validation NLL picks one."""
@@ -126,8 +133,10 @@ class Run:
     def train_one(
         self, kind: str, seed: int, ivon: tuple[float, float | None] | None = None, validation_predictive: str | None = None
     ) -> tuple[nn.Module, float, int]:
-        """A trained network of ``kind`` (plain, plain-es, dropout-es, <family>-es, ivon-es), its fit seconds and
-        epochs trained."""
+        """A trained network of ``kind`` (plain, plain-es, dropout-es, <family>-es, ivon-es, <family>-conv), its fit
+        seconds and epochs trained."""
+        if kind.endswith("-conv"):
+            return self.train_converted(kind.removesuffix("-conv"), seed)
         torch.manual_seed(seed)
         net = _net(self.args.model)
         optimizer = None
@@ -152,6 +161,20 @@ class Run:
         t0 = time.perf_counter()
         history = varbnn.fit(net, self._loader(seed), n_data=n, epochs=epochs, optimizer=optimizer, progress=False, **kwargs)
         return net, time.perf_counter() - t0, len(history)
+
+    def train_converted(self, family: str, seed: int) -> tuple[nn.Module, float, int]:
+        """The ``plain-es`` network of ``seed`` converted with ``bayesianize(pretrained=True)`` to ``family`` at its
+        defaults and trained ``CONVERT_EPOCHS`` more epochs by fit (validation and early stopping as the other
+        methods': the better of the two epochs is restored); seconds and epochs include the plain network's."""
+        plain, plain_seconds, plain_epochs = self._trained("plain-es", seed)
+        torch.manual_seed(seed)
+        posterior = {"meanfield": varbnn.MeanField, "ktied": varbnn.KTied}[family]()
+        net = varbnn.bayesianize(plain, posterior).to(self.device)
+        t0 = time.perf_counter()
+        history = varbnn.fit(net, self._loader(seed), n_data=len(self.data["x_train"]), epochs=CONVERT_EPOCHS,
+                             progress=False, validation=(self.data["x_val"], self.data["y_val"]),
+                             early_stopping=PATIENCE)  # fmt: skip
+        return net, plain_seconds + time.perf_counter() - t0, plain_epochs + len(history)
 
     def _trained(self, base: str, seed: int) -> tuple[nn.Module, float, int]:
         """``train_one(base, seed)``, run once per (base, seed): the ``-ts`` and ``-ts-m`` rows reuse the ``-es`` row's
@@ -203,6 +226,12 @@ class Run:
             net = TemperatureScaled(net).fit(x_val, y_val, samples=None if base.startswith("plain") else self.args.draws)
             seconds += time.perf_counter() - t0
         return net, seconds, epochs
+
+
+def _threads_flag(records: list[dict[str, Any]]) -> str:
+    """`` --threads N`` for the recorded command when the runs used other than the default 1 thread."""
+    threads = {r["device"].rsplit(", ", 1)[-1] for r in records if r.get("device")}
+    return "" if threads <= {"1 thread"} else " --threads " + "/".join(sorted(t.split()[0] for t in threads))
 
 
 def _moments_follow(model: nn.Module) -> bool:
@@ -382,7 +411,7 @@ def summarize(args: argparse.Namespace) -> None:
     devices = sorted({r["device"] for r in records})
     result = {
         "command": f"python benchmarks/uncertainty_cpu.py --dataset {args.dataset} --model {args.model} "
-        f"--seeds {' '.join(map(str, seeds))}",
+        f"--seeds {' '.join(map(str, seeds))}" + _threads_flag(records),
         "commit": ", ".join(commits),
         "summary_commit": _commit(),
         "device": ", ".join(devices),
@@ -532,7 +561,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-epochs", type=int, default=40, help="the early-stopped methods' limit")
     parser.add_argument("--draws", type=int, default=32)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the committed pages' setting)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 epochs, 500 test images")
     parser.add_argument("--summarize", action="store_true")
