@@ -178,28 +178,49 @@ def main() -> None:
     if not files:
         parser.error(f"--results {folder} holds no step_time*.json files")
     groups, names, cells, same = summarise(files)
-    columns = [(g, kind) for g in groups for kind in KINDS if any(f"{g} {kind}" in c for c in cells.values())]
-    header = "| candidate | " + " | ".join(f"{g}: {kind}" for g, kind in columns) + " |"
-    table = [header, "|---|" + "---:|" * len(columns)]
-    for name in names:
-        values = [cells[name].get(f"{g} {kind}") for g, kind in columns]
-        table.append(f"| {name} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in values) + " |")
-    same_columns = [(g, kind) for g in groups for kind in KINDS[1:] if any(f"{g} {kind}" in c for c in same.values())]
-    if same_columns:
-        table += [
-            "",
-            "Like for like: each compiled (CUDA-graph) step over the deterministic network's step compiled the same way "
-            "in the same table (the peers have no compiled rows: `benchmarks/step_time.py` does not compile them); one "
-            "row per network, device and mode",
-            "",
-            "| network, device: mode | " + " | ".join(n for n in names if n in same) + " |",
-            "|---|" + "---:|" * len(same),
-        ]
-        for g, kind in same_columns:
-            values = [same[name].get(f"{g} {kind}") for name in names if name in same]
-            table.append(f"| {g}: {kind} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in values) + " |")
     compile_files = sorted(folder.glob("compile_time*.json"))
     seconds = compile_seconds(compile_files)
+    columns = [(g, kind) for g in groups for kind in KINDS if any(f"{g} {kind}" in c for c in cells.values())]
+
+    def like_for_like(name: str, g: str, kind: str) -> str:
+        """The main table's cell: eager over eager; compiled (CUDA graphs) over the deterministic network compiled
+        the same way in the same table, with the first compiled step's seconds (cold cache) where they were timed."""
+        if kind == KINDS[0]:
+            value = cells[name].get(f"{g} {kind}")
+            return "" if value is None else f"{value:.2f}x"
+        value = same.get(name, {}).get(f"{g} {kind}")
+        if value is None:
+            return ""
+        first = seconds.get(name, {}).get(g, {}).get("cold_first_s") if kind == KINDS[1] else None
+        return f"{value:.2f}x" + ("" if first is None else f" ({first:.0f} s)")
+
+    header = "| candidate | " + " | ".join(f"{g}: {kind}" for g, kind in columns) + " |"
+    table = [
+        "Like for like: eager steps over the deterministic network's eager step, compiled (CUDA-graph) steps over the "
+        "deterministic network compiled the same way in the same table; in brackets the first compiled step's seconds "
+        "with a cold compile cache (`compile_time*.json`, CPU) where they were timed. An empty compiled cell: not "
+        "compiled, or its table timed no deterministic step compiled that way (see the second table). The peers are "
+        "eager only (`benchmarks/step_time.py` does not compile them): compare them with the eager columns.",
+        "",
+        header,
+        "|---|" + "---:|" * len(columns),
+    ]
+    for name in names:
+        table.append(f"| {name} | " + " | ".join(like_for_like(name, g, kind) for g, kind in columns) + " |")
+    mixed = [(g, kind) for g, kind in columns if kind != KINDS[0]]
+    if mixed:
+        table += [
+            "",
+            "Against the eager deterministic step (issue 29's measure, in which its targets are stated; not like for "
+            "like: a compiled step over an eager one): compiled and CUDA-graph columns only",
+            "",
+            "| candidate | " + " | ".join(f"{g}: {kind}" for g, kind in mixed) + " |",
+            "|---|" + "---:|" * len(mixed),
+        ]
+        for name in names:
+            values = [cells[name].get(f"{g} {kind}") for g, kind in mixed]
+            if any(v is not None for v in values):
+                table.append(f"| {name} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in values) + " |")
     if seconds:
         labels = list(dict.fromkeys(label for by in seconds.values() for label in by))
         table += [
@@ -246,11 +267,13 @@ def main() -> None:
     }
     notes = [
         "sources: " + ", ".join(f"`{p.name}`" for p in files) + " (each names its command, commit and device)",
-        "each ratio: the candidate's median step over the deterministic network's eager median step in the same table "
-        "(the same process); eager, compiled (torch.compile's default mode: `fit(compile=True)` on the CPU, and on a "
+        "each ratio: the candidate's median step over the deterministic network's median step in the same table (the "
+        "same process), run the same way in the first table (eager / eager, compiled / compiled) and eager in the "
+        "second; eager, compiled (torch.compile's default mode: `fit(compile=True)` on the CPU, and on a "
         "GPU until 2026-11-27) and CUDA graphs (`fit(compile='reduce-overhead')`, what `fit(compile=True)` now does on "
         "a GPU when the batches have one shape) side by side per network and device; the floor rows are the work "
-        "every estimator of a kind must do (see `benchmarks/step_time.py`)",
+        "every estimator of a kind must do (see `benchmarks/step_time.py`); JSON: `ratios` (over the eager step), "
+        "`same_mode_ratios` (like for like), `compile_seconds`",
         "columns: network (" + ", ".join(f"{v} = {k}" for k, v in SHORT.items()) + "), bN = batch N, device "
         "(CPU with its thread count, or the GPU); ratios from different columns come from different processes and "
         "machines: compare within a column",
