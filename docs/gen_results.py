@@ -318,8 +318,10 @@ CLAIMS: tuple[Claim, ...] = (
         "(sigma sqrt(D)), radial samples at 0.0800, about sigma (matching the analytic densities); MLP with two hidden "
         "layers of 1,200 units, 30 epochs: mean-field samples drift to distance 1,273 while its "
         "one-draw training accuracy falls from 0.989 to 0.978; radial: distance 12.4, accuracy 0.997.",
-        verdict="yes",
-        why="All three figures' effects appear (trained on an H100).",
+        verdict="partly",
+        why="All three figures' effects appear (trained on an H100). The sampling geometry holds as the densities say "
+        "(no training, no seed to vary), but the training part ran on one seed, and by the verdict rule one seed gives "
+        "at most partly.",
         sources=(J,),
     ),
     Claim(
@@ -541,8 +543,11 @@ CLAIMS: tuple[Claim, ...] = (
         "from the committed figure only: no data file holds these shares); stds replaced by rank 2: accuracy 98.05% vs "
         "98.12% (full), test -ELBO 4.545 vs 4.63; rank 1: 97.65% (rerun at 9fd73c0).",
         verdict="yes",
-        why="As in the paper, on the MNIST MLP (the paper also shows a CNN and an LSTM).",
-        sources=(J,),
+        why="As in the paper, on the MNIST MLP (the paper also shows a CNN and an LSTM), on each of the 3 seeds: with "
+        "rank-2 stds the test accuracy is 0.9798 / 0.9808 / 0.9808 against 0.9805 / 0.9816 / 0.9816 with the full "
+        "ones (at most 0.08 points lower) and the test -ELBO lower, 4.5038 / 4.5776 / 4.5524 against 4.5884 / 4.6656 / "
+        "4.6374; rank 1 costs more accuracy (0.9748 / 0.977 / 0.9778).",
+        sources=(J, R + "ktied-posthoc/ktied-posthoc_runs.jsonl"),
     ),
     Claim(
         folder="ktied-lstm",
