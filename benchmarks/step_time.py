@@ -13,12 +13,13 @@ get a ``_plain_adam`` suffix). Writes OUT/step_time[_MODEL][_DEVICE].json and .m
 the CPU) and prints the ratios. Peers (bayesian-torch, torchbnn) are included when importable (``bash
 scripts/install_peers.sh``), in the same process and on the same model. ``--compile`` adds the rows of
 ``fit(compile=True)``'s step for the deterministic network and every family that compiles (their warm-up steps include
-the compilation). ``--processes K`` runs every candidate in K processes of its own, all taking turns, instead of all
-candidates in one process: two processes of the same code can differ by several percent for a whole run
-(``studies/ab_meanfield_a_a.md``), and the machine changes speed within a run (``history/step_time_processes_acc6ebf.md``:
-deterministic steps of about 2.3 and 4.1 ms in one run). Its table adds per-round ratios (two candidates compared within each
-round) to the deterministic step, the fastest peer and the family's own floor, and how far each candidate's processes
-differ (files get a ``_processes`` suffix).
+the compilation), and the peers' steps with their loss (NLL + their KL / N) compiled the same way (their rows carry the same
+suffix; backward and optimizer eager, as in ``fit``). ``--processes K`` runs every candidate in K processes of its own,
+all taking turns, instead of all candidates in one process: two processes of the same code can differ by several
+percent for a whole run (``studies/ab_meanfield_a_a.md``), and the machine changes speed within a run
+(``history/step_time_processes_acc6ebf.md``: deterministic steps of about 2.3 and 4.1 ms in one run). Its table adds
+per-round ratios (two candidates compared within each round) to the deterministic step, the fastest peer and the
+family's own floor, and how far each candidate's processes differ (files get a ``_processes`` suffix).
 """
 
 from __future__ import annotations
@@ -87,8 +88,10 @@ def make_step(
         if elbo:
             mode = True if COMPILE["mode"] == "default" else COMPILE["mode"]
             compiled_step = _compiled_elbo_step(model, F.cross_entropy, N_TRAIN, device or torch.device("cpu"), mode)
-        else:
+        elif kl_fn is None:
             loss_fn = torch.compile(lambda x, y: F.cross_entropy(model(x), y), mode=COMPILE["mode"])
+        else:  # a peer: its loss (NLL + its own KL / N) through torch.compile with the same settings, backward after
+            loss_fn = torch.compile(lambda x, y: F.cross_entropy(model(x), y) + kl_fn() / N_TRAIN, mode=COMPILE["mode"])
         graphs = device is not None and _uses_cudagraphs(COMPILE["mode"], device)
 
         def fast(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -275,12 +278,13 @@ def candidates(
             table[f"varbnn RadialDirectional({grouping}){tag}"] = family(
                 lambda g=grouping: varbnn.RadialDirectional(grouping=g), varbnn.RadialDirectionalPrior, compile_it=True
             )
-    try:  # optional peers
+    peer_modes = [(False, "")] + ([(True, compiled_suffix(device))] if compiled else [])  # the same row suffix
+    try:  # optional peers; with --compile also compiled as fit(compile=True) compiles varbnn's loss (same mode)
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 
-        for kind in ("Reparameterization", "Flipout"):
+        for (compile_it, tag), kind in [(m, k) for m in peer_modes for k in ("Reparameterization", "Flipout")]:
 
-            def bt(kind: str = kind) -> Callable[[torch.Tensor, torch.Tensor], None]:
+            def bt(kind: str = kind, compile_it: bool = compile_it) -> Callable[[torch.Tensor, torch.Tensor], None]:
                 model = base()
                 dnn_to_bnn(
                     model,
@@ -294,22 +298,24 @@ def candidates(
                     },
                 )
                 model = model.to(device)
-                return make_step(model, lambda: get_kl_loss(model))
+                return make_step(model, lambda: get_kl_loss(model), compiled=compile_it, device=device)
 
-            table[f"bayesian-torch {kind}"] = bt
+            table[f"bayesian-torch {kind}{tag}"] = bt
     except ImportError:
         pass
     try:
         import torchbnn
 
-        def tb() -> Callable[[torch.Tensor, torch.Tensor], None]:
-            model = base()
-            _torchbnn_convert(model, torchbnn)
-            model = model.to(device)
-            kl = torchbnn.BKLLoss(reduction="sum", last_layer_only=False)
-            return make_step(model, lambda: kl(model))
+        for compile_it, tag in peer_modes:
 
-        table["torchbnn"] = tb
+            def tb(compile_it: bool = compile_it) -> Callable[[torch.Tensor, torch.Tensor], None]:
+                model = base()
+                _torchbnn_convert(model, torchbnn)
+                model = model.to(device)
+                kl = torchbnn.BKLLoss(reduction="sum", last_layer_only=False)
+                return make_step(model, lambda: kl(model), compiled=compile_it, device=device)
+
+            table[f"torchbnn{tag}"] = tb
     except ImportError:
         pass
     return table
