@@ -199,8 +199,9 @@ def main() -> None:
         "Like for like: eager steps over the deterministic network's eager step, compiled (CUDA-graph) steps over the "
         "deterministic network compiled the same way in the same table; in brackets the first compiled step's seconds "
         "with a cold compile cache (`compile_time*.json`, CPU) where they were timed. An empty compiled cell: not "
-        "compiled, or its table timed no deterministic step compiled that way (see the second table). The peers are "
-        "eager only (`benchmarks/step_time.py` does not compile them): compare them with the eager columns.",
+        "compiled, or its table timed no deterministic step compiled that way (see the second table). The peers have "
+        "compiled cells only in the tables taken since `benchmarks/step_time.py --compile` compiles them too (their "
+        "loss through torch.compile with the same settings); elsewhere compare them with the eager columns.",
         "",
         header,
         "|---|" + "---:|" * len(columns),
