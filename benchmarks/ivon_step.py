@@ -23,7 +23,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import write_result  # noqa: E402
+from report import commit_of, write_result  # noqa: E402
 
 import varbnn  # noqa: E402
 from varbnn.objectives import elbo_loss  # noqa: E402
@@ -102,13 +101,8 @@ def _load_average() -> float | None:
 
 
 def _commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
-        return sha.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """HEAD's hash, ``+dirty`` when tracked files outside ``benchmarks/results/`` differ (:func:`report.commit_of`)."""
+    return commit_of(ROOT)
 
 
 def main(argv: list[str] | None = None) -> Path:
