@@ -216,7 +216,8 @@ def fit(
     pass of about three plain passes' arithmetic; it approximates, see ``predict``), and weight draws otherwise
     (Radial, RDP, MC dropout, ensembles, custom layers); ``"sample"`` always takes the draws. Chosen by the
     validation-predictive study (benchmarks/results/validation-predictive): on the CPU benchmark's MLPs the moment
-    predictive stopped MeanField, KTied and IVON at the same or a better epoch for 0.80-0.99x the seconds. With the
+    predictive stopped MeanField, KTied and IVON at the same or a better epoch, in 0.74-0.92x the seconds on five of
+    six pairs (KTied on Fashion-MNIST: 0.99-1.19x, training on to a better epoch). With the
     draws and a likelihood (``likelihood=``, a :class:`~varbnn.likelihoods.Likelihood` passed as
     ``nll``, or the default cross-entropy with class-index targets, read as ``"categorical"``) it is
     :func:`evaluate`'s ``nll``, ``-mean_n log (1/S) sum_s p(y_n | f_s(x_n))`` over ``S = validation_samples`` weight
