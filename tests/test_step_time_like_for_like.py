@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_step_time_summary import _tables
+
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = "cuda: NVIDIA H200; host cpu: x, 2 threads"
 CONFIG = {"model": "LeNet-5-Caffe", "batch": 100, "optimizer": "Adam, fused where supported"}
@@ -55,5 +57,20 @@ def test_compiled_rows_are_put_over_the_deterministic_step_compiled_the_same_way
         "LeNet-5 b100, CPU AMD EPYC 2t": {"cold_first_s": 74.05, "warm_first_s": 12.44}
     }
     assert summary["compile_sources"] == ["compile_time_lenet5.json"]
-    assert "| network, device: mode | deterministic | MeanField-reparam |" in page
-    assert "| LeNet-5 b100, H200: CUDA graphs | 1.00x | 1.80x |" in page and "| MeanField-reparam | 74.0 / 12.4 |" in page
+    (columns, rows), (eager_columns, eager_based), (compile_columns, firsts) = _tables(page)
+    # the main table: like for like (the eager columns over the eager deterministic step, which this group's first
+    # file timed; the compiled ones over the deterministic step compiled the same way)
+    assert columns == ["candidate", "LeNet-5 b100, H200: eager", "LeNet-5 b100, H200: compiled",
+                       "LeNet-5 b100, H200: CUDA graphs"]  # fmt: skip
+    assert rows["deterministic"] == ["1.00x", "1.00x", "1.00x"]
+    assert rows["MeanField-reparam"] == ["", "1.40x", "1.80x"]
+    assert rows["RadialDirectional(row)"] == ["", "", ""]  # no same-mode deterministic step: in the second table
+    assert rows["torchbnn"] == ["3.50x", "", ""]
+    # the second table: compiled and CUDA-graph steps over the eager deterministic step (issue 29's measure)
+    assert eager_columns == ["candidate", "LeNet-5 b100, H200: compiled", "LeNet-5 b100, H200: CUDA graphs"]
+    assert eager_based["MeanField-reparam"] == ["1.75x", "0.90x"]
+    assert eager_based["RadialDirectional(row)"] == ["2.50x", ""]
+    assert "torchbnn" not in eager_based  # eager only
+    # the third: the first compiled step's seconds, cold / warm cache
+    assert compile_columns == ["candidate", "LeNet-5 b100, CPU AMD EPYC 2t"]
+    assert firsts == {"MeanField-reparam": ["74.0 / 12.4"]}
