@@ -41,7 +41,7 @@ import varbnn  # noqa: E402
 from varbnn.data import load_mnist  # noqa: E402
 from varbnn.models import mlp  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "ktied-snr-anneal" / "statistic"
+OUT = ROOT / "benchmarks" / "results" / "ktied-snr-anneal" / "studies"
 N_TRAIN = 50_000
 BATCH = 128
 TENSOR = ("3", "weight")
