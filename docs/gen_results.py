@@ -1029,20 +1029,21 @@ CLAIMS: tuple[Claim, ...] = (
         "process; a compiled step (fit(compile=True)) or a CUDA-graph step (fit(compile='reduce-overhead')) against the "
         "deterministic network compiled the same way in the same process (step_time_summary.md's like-for-like table, "
         "written from the tables by benchmarks/step_time_summary.py), beside what its first compiled step costs. "
-        "The peers were never compiled (benchmarks/step_time.py has no compiled peer rows): there is no compiled "
-        "comparison with them. "
-        "CPU MLP 784-400-400-10, batch 128, AMD EPYC, 2 threads, one process (code 9dac41c). Eager: MeanField reparam "
-        "2.56x, local 2.95x, flipout 3.92x, KTied 2.68x / 3.02x, Radial 2.75x, RDP row 4.07x, double 7.39x the "
-        "deterministic step; torchbnn 2.86x, bayesian-torch 3.42x; floors 1.53x / 1.88x. Compiled, over the compiled "
-        "deterministic step: MeanField reparam 1.73x, local 2.33x, flipout 2.64x, KTied 1.73x / 2.31x, Radial 1.76x, "
-        "RDP row 2.07x, double 3.51x; the first compiled step (compile_time.json, code e043f36, the same machine) "
-        "takes 46.0 s for MeanField reparam, 38.8-95.9 s per family with a cold compile cache and 7.8-26.5 s with a "
-        "warm one. "
-        "CPU LeNet-5, batch 100, the same machine (code c781f89). Eager: MeanField reparam 1.27x, local 2.64x, KTied "
-        "1.31x, Radial 1.33x, RDP 1.58x / 2.23x; torchbnn 1.24x, bayesian-torch 1.32x. Compiled, over the compiled "
-        "deterministic step: MeanField reparam 1.25x, local 2.04x, KTied 1.25x, Radial 1.26x, RDP 1.29x / 1.58x; the "
-        "first compiled step (compile_time_lenet5.json, code 87e2002) 74.0 s for MeanField reparam, 47.5-115.8 s per "
-        "family cold, 7.7-35.3 s warm. "
+        "On the CPU the peers are compiled too (benchmarks/step_time.py --compile: their loss through torch.compile "
+        "with the same settings); on a GPU they are not yet. "
+        "CPU MLP 784-400-400-10, batch 128, AMD EPYC, 2 threads, one process (code 169adfc). Eager: MeanField reparam "
+        "2.52x, local 2.75x, flipout 3.66x, KTied 2.51x / 2.87x, Radial 2.67x, RDP row 3.71x, double 6.92x the "
+        "deterministic step; torchbnn 2.79x, bayesian-torch 3.28x; floors 1.47x / 1.81x. Compiled, over the compiled "
+        "deterministic step: MeanField reparam 1.66x, local 2.14x, flipout 2.44x, KTied 1.58x / 2.13x, Radial 1.78x, "
+        "RDP row 2.06x, double 3.29x; the peers compiled the same way: bayesian-torch 1.92x (reparameterization) / "
+        "2.89x (flipout), torchbnn 3.41x (slower than its eager step); the first compiled step (compile_time.json, code "
+        "e043f36, the same machine) takes 46.0 s for MeanField reparam, 38.8-95.9 s per family with a cold compile "
+        "cache and 7.8-26.5 s with a warm one. "
+        "CPU LeNet-5, batch 100, the same machine (code 169adfc). Eager: MeanField reparam 1.35x, local 2.49x, KTied "
+        "1.36x, Radial 1.40x, RDP 1.64x / 2.17x; torchbnn 1.21x, bayesian-torch 1.45x. Compiled, over the compiled "
+        "deterministic step: MeanField reparam 1.17x, local 2.00x, KTied 1.31x, Radial 1.32x, RDP 1.35x / 1.61x; "
+        "bayesian-torch 1.23x, torchbnn 1.43x; the first compiled step (compile_time_lenet5.json, code 87e2002) 74.0 s "
+        "for MeanField reparam, 47.5-115.8 s per family cold, 7.7-35.3 s warm. "
         "H200 (code 21b4286): MLP eager MeanField reparam 4.72x against torchbnn 3.42x and bayesian-torch 3.75x, "
         "compiled 1.33x the compiled deterministic step; LeNet-5 compiled MeanField reparam 1.47x, local 1.80x, KTied "
         "2.18x, Radial 1.50x; with CUDA graphs (code 022ea0f) MeanField reparam 1.67x, local 1.57x, KTied 1.72x, "
@@ -1051,21 +1052,25 @@ CLAIMS: tuple[Claim, ...] = (
         "against torchbnn 2.17x and bayesian-torch 2.51x; compiled ResNet-18 MeanField reparam 1.88x, Radial 1.90x, "
         "KTied 3.71x the compiled deterministic step. No first compile was timed on a GPU.",
         verdict="no",
-        why="Issue 8's targets by the like-for-like numbers (CPU MLP). Eager, none is met in full: MeanField-local "
-        "2.95x, Radial 2.75x, RDP row 4.07x are above their targets; KTied is slower than MeanField (2.68x / 3.02x "
-        "against 2.56x / 2.95x); MeanField reparam, KTied reparam and Radial are faster than torchbnn (2.86x), local, "
-        "flipout, KTied local and RDP are not. Compiled, over the compiled deterministic step: Radial 1.76x and RDP row "
-        "2.07x meet theirs, RDP double 3.51x does not, nor does MeanField-local 2.33x (its target lies below the estimator's own "
-        "mandatory work: the local floor is 1.88x eager); KTied is level with MeanField (1.73x / 2.31x against 1.73x / "
-        "2.33x); whether a compiled family beats a peer is not known, since no peer was compiled. Compiling pays only "
-        "after the first compiled step's 38.8-95.9 s (MLP) or 47.5-115.8 s (LeNet-5) with a cold cache. On the CPU "
-        "LeNet-5 eager MeanField reparam (1.27x) is slower than torchbnn (1.24x) and compiling gains it little (1.25x "
-        "of the compiled deterministic step). On a GPU the eager varbnn step is slower than the peers' on the H200 "
+        why="Issue 8's targets by the like-for-like numbers (CPU MLP, code 169adfc). Eager, none is met in full: "
+        "MeanField-local 2.75x, Radial 2.67x, RDP row 3.71x are above their targets; KTied is level with MeanField "
+        "(2.51x / 2.87x against 2.52x / 2.75x); MeanField reparam, KTied reparam and Radial are faster than torchbnn "
+        "(2.79x), local, flipout, KTied local and RDP are not. Compiled, over the compiled deterministic step: Radial "
+        "1.78x and RDP row 2.06x meet theirs, RDP double 3.29x does not, nor does MeanField-local 2.14x (its target "
+        "lies below the estimator's own mandatory work: the local floor is 1.81x eager); KTied is not slower than "
+        "MeanField (1.58x / 2.13x against 1.66x / 2.14x); against the fastest compiled peer (bayesian-torch "
+        "reparameterization, 1.92x) the compiled reparameterized families are faster (MeanField 1.66x, KTied 1.58x, "
+        "Radial 1.78x), and the local estimators (2.14x, 2.13x) are faster than its flipout (2.89x) but not than its "
+        "reparameterization. Compiling pays only after the first compiled step's 38.8-95.9 s (MLP) or 47.5-115.8 s "
+        "(LeNet-5) with a cold cache. On the CPU LeNet-5 eager MeanField reparam (1.35x) is slower than torchbnn "
+        "(1.21x), and compiled (1.17x of the compiled deterministic step, 30.25 ms) it beats the compiled peers "
+        "(bayesian-torch 1.23x, torchbnn 1.43x) but not torchbnn's eager step (29.99 ms): on that network the fastest "
+        "step is still a peer's. On a GPU the eager varbnn step is slower than the peers' on the H200 "
         "MLP and level with torchbnn on the H100 LeNet-5 and ResNet-18; the earlier headline ratios divided compiled "
         "or CUDA-graph steps by the eager deterministic step, which the deterministic network's own compiled step "
         "changes (with CUDA graphs it takes 0.54x its eager step on the H200 LeNet-5, compiled on the H100 ResNet-18 "
-        "0.65x). Missing: compiled peers (benchmarks/step_time.py would need compiled peer rows; then python "
-        "benchmarks/step_time.py --model lenet5 --device cuda --compile --compile-mode reduce-overhead), the first "
+        "0.65x). Missing: compiled peers on a GPU (python benchmarks/step_time.py --model lenet5 --device cuda "
+        "--compile --compile-mode reduce-overhead, in scripts/gpu_speed.sh), the first "
         "compile on a GPU (python benchmarks/compile_time.py --model lenet5 --device cuda --compile-mode "
         "reduce-overhead), the H200 LeNet-5 eager varbnn rows in the same process as the peers, RDP with CUDA graphs "
         "beside a deterministic CUDA-graph row, and a CPU counterpart of CUDA graphs (none: CUDA only). The history of "
@@ -1075,7 +1080,8 @@ CLAIMS: tuple[Claim, ...] = (
             R + "step-time/step_time_summary.json",
             R + "step-time/compile_time.md",
             R + "step-time/compile_time_lenet5.md",
-            R + "step-time/step_time.md",
+            R + "step-time/step_time.json",
+            R + "step-time/step_time_lenet5.json",
             J,
         ),
     ),
@@ -1093,10 +1099,12 @@ CLAIMS: tuple[Claim, ...] = (
         verdict="partly",
         why="Time, memory and determinism together for MeanField, Radial and KTied; RDP fell back to the loop over draws "
         "and was not faster than the sequential passes (its draws run under vmap since bad3b39, not yet timed on a GPU). "
-        "On the CPU (predict_time.md, 1 thread, 16 draws of 500 images) the batched pass is slower than the loop for every "
-        "family on LeNet-5 (1.13-2.68x) and faster on dense networks (MLP 0.52-1.20x, UCI-sized 0.08-0.40x), so predict "
-        "loops there by default for Bayesian convolutions only.",
-        sources=(J,),
+        "On the CPU (predict_time.md, code 169adfc, 1 thread, 16 draws of 500 images) the batched pass is slower than "
+        "the loop for every family on LeNet-5 (1.23-1.99x) and mostly faster on dense networks (MLP 0.54-0.99x for "
+        "MeanField and Radial, 1.07-1.28x for KTied and RDP; UCI-sized 0.19-0.48x), so predict loops there by default "
+        "for Bayesian convolutions only.",
+        sources=(J, R + "predict-time/predict_time.json", R + "predict-time/predict_time_mlp.json",
+                 R + "predict-time/predict_time_uci.json"),
     ),
     Claim(
         folder="ivon",
@@ -1104,17 +1112,21 @@ CLAIMS: tuple[Claim, ...] = (
         paper="varbnn",
         claim="Issue 63: IVON (varbnn.optim) trains a MeanField posterior at close to Adam's cost; its step on the CPU "
         "MLP within 1.3x of Adam's.",
-        result="CPU MLP 784-400-400-10, batch 128, 2 threads (code fccbd97, 30 interleaved rounds): IVON 5.60 ms "
-        "per step, 0.72x MeanField + Adam's 7.52 ms and 2.71x the plain network's Adam step (2.10 ms).",
+        result="CPU MLP 784-400-400-10, batch 128, 2 threads (code 169adfc, 30 interleaved rounds): IVON 9.46 ms "
+        "per step, 0.81x MeanField + Adam's 11.51 ms and 2.30x the plain network's Adam step (4.01 ms). The absolute "
+        "times are higher than the previous run's (code fccbd97: 5.60, 7.52 and 2.10 ms; in history/): another "
+        "machine of the same kind and a load average of 1.9 against 0.7; the interleaved ratios moved less (0.72x "
+        "and 2.71x there); IVON's update is the same arithmetic (738048f changed only how it reads the family's "
+        "sigma).",
         verdict="partly",
-        why="Within 1.3x of Adam on the same Bayesian model (0.72x), not of the plain network's Adam step (2.71x). The "
+        why="Within 1.3x of Adam on the same Bayesian model (0.81x), not of the plain network's Adam step (2.30x). The "
         "families draw from the sigma IVON holds (one addcmul; d loss / d sigma lands in the held tensor, no softplus "
         "forward or backward), and the update is the paper's arithmetic regrouped (fused addcdiv / lerp forms, states "
         "in place, two scratch buffers, rho = log(expm1(sigma)) where it cannot overflow), the same numbers up to "
         "rounding (tests/test_ivon_speed_equivalence.py holds it to the earlier step). What is left is the weight "
         "noise: torch's CPU generator fills each tensor on one thread, about half a plain step here, a floor for any "
         "method that draws weights.",
-        sources=(R + "ivon/ivon_step.md",),
+        sources=(R + "ivon/ivon_step.json", R + "ivon/history/ivon_step_fccbd97.json"),
     ),
     Claim(
         folder="finetune-cpu",

@@ -51,9 +51,10 @@ def predict(
     With ``vectorize`` the draws run as one batched pass (``torch.func.vmap`` with independent randomness per
     draw); models vmap cannot handle fall back to a Python loop over draws. The default (``None``) batches the draws
     except for a model with Bayesian convolutions on the CPU, which loops (:func:`vectorized_by_default`): there a
-    batched pass convolves with a different kernel per draw, and took 1.13-2.68x the loop's time for every family
-    (LeNet-5, 16 draws of 500 images, one thread), while the batched draws of dense networks took 0.52-1.20x
-    (MLP 784-400-400-10) and 0.08-0.40x (a UCI-sized MLP 8-50-1) of it there, and on an H100 64 batched draws of
+    batched pass convolves with a different kernel per draw, and took 1.23-1.99x the loop's time for every family
+    (LeNet-5, 16 draws of 500 images, one thread), while the batched draws of dense networks took 0.54-1.28x
+    (MLP 784-400-400-10; above 1 for KTied and RadialDirectional) and 0.19-0.48x (a UCI-sized MLP 8-50-1) of it
+    there, and on an H100 64 batched draws of
     LeNet-5 with MeanField, Radial and KTied take 0.28-0.50x the loop's time (``benchmarks/results/predict-time/``).
     Memory is capped by chunking: ``chunk_size`` draws are batched at once (default: all; the loop draws one at a
     time) over ``batch_size`` examples at a time (default: all), so the activations held at once are those of
