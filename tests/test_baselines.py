@@ -45,6 +45,25 @@ def test_monte_carlo_logits_use_the_nll_of_the_mean_softmax() -> None:
     assert fit_temperature(draws, y) == pytest.approx(fit_temperature(z, y), rel=1e-6)
 
 
+@pytest.mark.parametrize("scale", [1.0, 60.0])  # 60: logits far apart, where a naive softmax underflows to 0
+def test_the_search_objective_is_the_nll_of_the_mean_softmax(scale: float) -> None:
+    """The search's objective (label gaps precomputed once) against the NLL written out: the log of the mean over
+    draws of each draw's softmax probability of the label, in float64 through torch.log_softmax, and cross-entropy for
+    [N, C] logits."""
+    from varbnn.calibration import _tempered_nll
+
+    g = torch.Generator().manual_seed(3)
+    draws = scale * torch.randn(7, 300, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 6, (300,), generator=g)
+    mc, single = _tempered_nll(draws, y), _tempered_nll(draws[0], y)
+    for log_t in (-2.5, -0.3, 0.0, 0.8, 2.9):
+        t = math.exp(log_t)
+        label = torch.log_softmax(draws / t, -1).gather(2, y.view(1, -1, 1).expand(7, -1, 1)).squeeze(2)
+        oracle = -float((torch.logsumexp(label, 0) - math.log(7)).mean())
+        assert mc(log_t) == pytest.approx(oracle, rel=1e-12, abs=1e-12)
+        assert single(log_t) == pytest.approx(float(nn.functional.cross_entropy(draws[0] / t, y)), rel=1e-12, abs=1e-12)
+
+
 def test_temperature_scaled_keeps_accuracy_and_lowers_validation_nll() -> None:
     torch.manual_seed(0)
     net = nn.Linear(5, 5)
