@@ -1186,23 +1186,27 @@ CLAIMS: tuple[Claim, ...] = (
         "time, and a 5-member mixture of posteriors below the ensemble's NLL at equal training time; (d) prediction "
         "at no more than ten times one plain forward pass.",
         result="Means of 3 seeds, test NLL (MLP pages rerun at 4e61193, one process, 1 thread, with fit's default "
-        "validation predictive now 'auto': early stopping reads the moment predictive for MeanField, KTied and IVON). "
+        "validation predictive now 'auto': early stopping reads the moment predictive for MeanField, KTied and IVON; "
+        "Fashion-MNIST again at 4db6fa7, after the temperature search became faster: the same scores, new times). "
         "Fashion-MNIST: plain + ES + TS 0.4151, MC dropout 0.4061, ensemble 0.3936; MeanField 0.3967, KTied 0.3985, "
         "Radial 0.4067, IVON 0.4065 (each early-stopped + TS), IVON mixture 0.3997; OOD AUROC IVON 0.8900 vs MC dropout "
         "0.8694 and plain + ES + TS 0.8574. MNIST: plain + ES + TS 0.1694, MC dropout 0.1519, ensemble 0.1526; IVON "
         "0.1374 (0.1365 on the moment predictive), KTied 0.1421, MeanField 0.1540; IVON mixture 0.1253; OOD AUROC IVON "
-        "(moments) 0.9343 vs 0.7956 and 0.6444. Training time of IVON (early-stopped + TS) 4.15x / 5.38x the plain "
+        "(moments) 0.9343 vs 0.7956 and 0.6444. Training time of IVON (early-stopped + TS) 3.92x / 5.38x the plain "
         "net's 20 epochs; the converted path (the early-stopped plain net converted to MeanField, 2 more epochs, TS on "
-        "the moment predictive) 1.73x / 1.88x at NLL 0.4130 / 0.1710; 32 draws cost 48x-51x one plain forward pass, "
-        "the moment predictive 4x-5x.",
+        "the moment predictive) 1.32x / 1.88x at NLL 0.4130 / 0.1710 (1.73x on Fashion-MNIST at 4e61193, before the "
+        "faster temperature search); 32 draws cost 48x-54x one plain forward pass, the moment predictive 4x-6x.",
         verdict="partly",
         why="(a) met on both data sets (every family with early stopping and temperature scaling below the early-"
         "stopped plain net on NLL and ECE, by the rule; without temperature scaling only on MNIST). (b) met on MNIST "
         "by IVON (all three forms) and KTied on 3 of 3 seeds; not on Fashion-MNIST, where the best on NLL, MeanField, "
         "is above both baselines on OOD AUROC on 1 and 0 of 3 seeds, and IVON, best on OOD AUROC, is level with MC "
-        "dropout on NLL (0.4065 vs 0.4061). (c) not met for a single method: within 5% of the ensemble at the lowest "
-        "cost is the converted MeanField on Fashion-MNIST (0.4130 vs 0.3936, 1.73x plain's training, where 1.5x is "
-        "asked; on MNIST it is 12% above), then MeanField on the moment recipe (3.56x on MNIST); plain's step is so "
+        "dropout on NLL (0.4065 vs 0.4061). (c) for a single method: met on Fashion-MNIST only, by the converted "
+        "MeanField (0.4130 vs the ensemble's 0.3936, within 5% on the mean and on 2 of 3 seeds, at 1.32x plain's "
+        "training, where 1.5x is asked; 1.73x before the temperature search's speed-up, which was most of the gap: "
+        "the temperature's seconds count as training); on MNIST it is 12% above the ensemble, and the best there within "
+        "5% is MeanField on the moment recipe (3.56x, measured before the speed-up); the page's own (c) line tests the "
+        "method with the lowest NLL (MeanField + TS, 3.87x), not the cheapest within 5%; plain's step is so "
         "cheap on this CPU MLP that the weight noise alone costs a large part of it and early stopping trains "
         "18-35 epochs against plain's 20. The 5-member IVON mixture beats the ensemble on MNIST (0.1253 vs 0.1526, 3 of "
         "3 seeds, 4.18x its training time) and not on Fashion-MNIST (0.3997 vs 0.3936, 0 of 3); at equal training "
@@ -1224,7 +1228,8 @@ CLAIMS: tuple[Claim, ...] = (
                  R + "uncertainty-cpu/fashion-mnist-lenet5.json", "benchmarks/uncertainty_cpu.py",
                  R + "moment-predictive/summary.json", R + "moment-predictive/timing.json",
                  R + "uncertainty-cpu/history/fashion-mnist-mlp-6e6152f-validation-by-draws.json",
-                 R + "uncertainty-cpu/history/mnist-mlp-6e6152f-validation-by-draws.json"),
+                 R + "uncertainty-cpu/history/mnist-mlp-6e6152f-validation-by-draws.json",
+                 R + "uncertainty-cpu/history/fashion-mnist-mlp-4e61193.json"),
         comparisons=tuple(
             Comparison(
                 f"{label}: IVON (ES + TS) vs {base}, {metric}",
