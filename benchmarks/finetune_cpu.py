@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pretrain-epochs", type=int, default=5)
     parser.add_argument("--train-size", type=int, default=1000)
     parser.add_argument("--val-size", type=int, default=1000)
-    parser.add_argument("--max-epochs", type=int, default=40)
+    parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--patience", type=int, default=5)
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--rank", type=int, default=8)

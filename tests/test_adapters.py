@@ -417,6 +417,33 @@ def test_refusals_leave_an_inplace_model_untouched() -> None:
     assert all(isinstance(m, nn.Linear) for m in model) and all(p.requires_grad for p in model.parameters())
 
 
+def _a_scale(layer: LoRALayer, name: str = "lora_A") -> torch.Tensor:
+    with torch.no_grad():
+        return layer.posteriors[name].scale
+
+
+def test_std_scale_sets_a_posterior_std_relative_to_the_fan_in() -> None:
+    """``std_scale=s``: A's initial std is s / sqrt(fan_in) of each layer (Linear: in_features; Conv2d: in_channels
+    * kh * kw; attention: embed_dim); B keeps MeanField's 1e-2; the default (None) is MeanField() everywhere."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.ReLU(), nn.Linear(16, 4))
+    model = add_adapters(net, rank=2, include=[nn.Linear, nn.Conv2d], std_scale=0.5, bayesian="both")
+    for index, fan_in in [(0, 3 * 3 * 3), (2, 128), (4, 16)]:
+        torch.testing.assert_close(_a_scale(model[index]), torch.full_like(_a_scale(model[index]), 0.5 / fan_in**0.5))
+        torch.testing.assert_close(_a_scale(model[index], "lora_B"), torch.full_like(_a_scale(model[index], "lora_B"), 1e-2))
+    attention = add_adapters(nn.MultiheadAttention(32, 4), rank=2, include=nn.MultiheadAttention, std_scale=2.0)
+    torch.testing.assert_close(_a_scale(attention), torch.full_like(_a_scale(attention), 2.0 / 32**0.5))
+    default = add_adapters(net, rank=2, include=[nn.Linear, nn.Conv2d])
+    assert all(torch.allclose(_a_scale(default[i]), torch.tensor(1e-2)) for i in (0, 2, 4))
+    with pytest.raises(ValueError, match=r"std_scale sets the default family's initial std of A; pass it or a family"):
+        add_adapters(net, std_scale=0.5, family=varbnn.MeanField())
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"std_scale must be a finite number > 0"):
+            add_adapters(net, std_scale=bad)
+    with pytest.raises(ValueError, match=r"LoRALinear: std_scale sets"):
+        LoRALinear(nn.Linear(4, 4), 2, family=varbnn.MeanField(), std_scale=1.0)
+
+
 def test_a_model_that_is_one_layer() -> None:
     layer = nn.Linear(5, 3)
     adapted = add_adapters(layer, rank=2)

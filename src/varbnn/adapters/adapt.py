@@ -58,6 +58,7 @@ def add_adapters(
     bayesian: str = "A",
     init: str = "lora",
     inplace: bool = False,
+    std_scale: float | None = None,
 ) -> nn.Module:
     """The model with a variational LoRA adapter on each chosen layer and every pretrained parameter frozen.
 
@@ -102,6 +103,10 @@ def add_adapters(
     :param init: ``"lora"`` (default) or ``"gaussian"`` (:data:`INIT_CHOICES`).
     :param inplace: modify ``model`` itself instead of a deep copy (default False; True spares a copy of a large
         model).
+    :param std_scale: with the default family (``family=None``), the initial posterior std of each ``A`` relative to
+        its initial scale ``1 / sqrt(fan_in)``: ``MeanField(init_std=std_scale / sqrt(fan_in))``, a number > 0 (default
+        None: ``MeanField()``'s ``1e-2`` for every matrix). ``B``'s posterior (``bayesian="B"`` / ``"both"``) keeps
+        ``1e-2``. Refused together with ``family``.
     :returns: the adapted model (``model`` itself with ``inplace=True``).
     """
     if not isinstance(model, nn.Module):
@@ -115,6 +120,11 @@ def add_adapters(
         raise ValueError(f"add_adapters: bayesian must be one of {BAYESIAN_CHOICES}, got {bayesian!r}")
     if init not in INIT_CHOICES:
         raise ValueError(f"add_adapters: init must be one of {INIT_CHOICES}, got {init!r}")
+    if std_scale is not None:
+        if family is not None:
+            raise ValueError(f"add_adapters: std_scale sets the default family's initial std of A; pass it or a "
+                             f"family, not both (got std_scale={std_scale!r} and family={family!r})")  # fmt: skip
+        std_scale = as_float_in(std_scale, "std_scale", 0.0, None, low_open=True, owner="add_adapters")
     if family is not None and not isinstance(family, VariationalFamily):
         raise TypeError(
             f"add_adapters: family must be a varbnn VariationalFamily (e.g. MeanField()), got {type(family).__name__}"
@@ -232,7 +242,8 @@ def add_adapters(
         if id(layer) not in done:
             cls: Any = next(adapter for kind, adapter in _ADAPTERS.items() if isinstance(layer, kind))
             layer_prior = _prefixed(prior, names[id(layer)][0])
-            done[id(layer)] = cls(layer, rank, alpha, family=family, prior=layer_prior, bayesian=bayesian, init=init)  # type: ignore[arg-type]
+            options: dict[str, Any] = {"family": family, "prior": layer_prior, "bayesian": bayesian, "init": init}
+            done[id(layer)] = cls(layer, rank, alpha, std_scale=std_scale, **options)
         adapter = done[id(layer)]
         if parent is None:
             return adapter

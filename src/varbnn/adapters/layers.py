@@ -13,7 +13,7 @@ from torch import nn
 from varbnn._checks import as_float_in, as_int
 from varbnn.convert import register_deterministic
 from varbnn.families.base import VariationalFamily
-from varbnn.families.meanfield import MeanField
+from varbnn.families.meanfield import INIT_STD_RANGE, MeanField
 from varbnn.nn.attention import check_whole_weights, multi_head_attention
 from varbnn.nn.base import BayesianModule
 from varbnn.ops import ConvOp, LinearOp, WeightOp
@@ -63,6 +63,7 @@ class LoRALayer(BayesianModule):
         init: str,
         shapes: tuple[tuple[int, ...], tuple[int, ...]],
         ops: tuple[WeightOp, WeightOp],
+        std_scale: float | None = None,
     ) -> None:
         owner = type(self).__name__
         self.rank = rank
@@ -72,15 +73,25 @@ class LoRALayer(BayesianModule):
             raise ValueError(f"{owner}: bayesian must be one of {BAYESIAN_CHOICES}, got {bayesian!r}")
         if init not in INIT_CHOICES:
             raise ValueError(f"{owner}: init must be one of {INIT_CHOICES}, got {init!r}")
-        family = family if family is not None else MeanField()
-        if not isinstance(family, VariationalFamily):
+        if std_scale is not None:
+            if family is not None:
+                raise ValueError(f"{owner}: std_scale sets the default family's initial std of A; pass it or a family, "
+                                 f"not both (got std_scale={std_scale!r} and family={family!r})")  # fmt: skip
+            std_scale = as_float_in(std_scale, "std_scale", 0.0, None, low_open=True, owner=owner)
+        fan_in = math.prod(shapes[0][1:])
+        families: dict[str, VariationalFamily | None] = {"lora_A": family, "lora_B": family}
+        if family is None:
+            a_std = MeanField().init_std if std_scale is None else std_scale / math.sqrt(fan_in)
+            families = {"lora_A": MeanField(init_std=min(max(a_std, INIT_STD_RANGE[0]), INIT_STD_RANGE[1])),
+                        "lora_B": MeanField()}  # fmt: skip
+            family = families["lora_A"]
+        if not isinstance(family, VariationalFamily):  # the only way a family entry can be None
             raise TypeError(f"{owner}: family must be a varbnn VariationalFamily (e.g. MeanField()), got {type(family).__name__}")
         self.bayesian = bayesian
         self.base = base
         self._ops = dict(zip(_MATRICES, ops))
         reference = self._adapted(base)
         dtype = reference.dtype if reference.is_floating_point() else torch.get_default_dtype()
-        fan_in = math.prod(shapes[0][1:])
         initial_a = torch.empty(shapes[0], dtype=dtype)
         if init == "lora":
             bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)): nn.Linear's default, PEFT's LoRA default
@@ -90,7 +101,7 @@ class LoRALayer(BayesianModule):
         initial = {"lora_A": initial_a, "lora_B": torch.zeros(shapes[1], dtype=dtype)}
         for name in _MATRICES:
             if bayesian == "both" or name.endswith(bayesian):
-                self._add_tensor(name, tuple(initial[name].shape), family, prior, initial[name])
+                self._add_tensor(name, tuple(initial[name].shape), families[name] or family, prior, initial[name])
             else:
                 setattr(self, name, nn.Parameter(initial[name].to(reference.device)))
         self.posteriors.to(device=reference.device)
@@ -166,6 +177,9 @@ class LoRALinear(LoRALayer):
         Prior, :data:`~varbnn.priors.PriorSpec`).
     :param bayesian: ``"A"`` (default, BLoB), ``"B"`` or ``"both"``: which matrices get the posterior.
     :param init: ``"lora"`` (default) or ``"gaussian"`` (:data:`INIT_CHOICES`).
+    :param std_scale: with the default family, ``A``'s initial posterior std relative to its initial scale
+        ``1 / sqrt(fan_in)``: ``init_std = std_scale / sqrt(fan_in)`` (see :func:`~varbnn.adapters.add_adapters`);
+        not together with ``family``.
     """
 
     layer_kind = "linear"
@@ -180,6 +194,7 @@ class LoRALinear(LoRALayer):
         prior: PriorSpec | None = None,
         bayesian: str = "A",
         init: str = "lora",
+        std_scale: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(base, nn.Linear):
@@ -187,7 +202,7 @@ class LoRALinear(LoRALayer):
         self.in_features, self.out_features = base.in_features, base.out_features
         rank = as_int(rank, "rank", 1, min(base.in_features, base.out_features), owner="LoRALinear")
         shapes = ((rank, base.in_features), (base.out_features, rank))
-        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()))
+        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()), std_scale)
 
 
 class LoRAConv2d(LoRALayer):
@@ -209,6 +224,7 @@ class LoRAConv2d(LoRALayer):
         prior: PriorSpec | None = None,
         bayesian: str = "A",
         init: str = "lora",
+        std_scale: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(base, nn.Conv2d):
@@ -225,7 +241,7 @@ class LoRAConv2d(LoRALayer):
         padding = base.padding if isinstance(base.padding, str) else tuple(base.padding)
         first = ConvOp(2, tuple(base.stride), padding, tuple(base.dilation), 1)
         second = ConvOp(2, (1, 1), (0, 0), (1, 1), 1)
-        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (first, second))
+        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (first, second), std_scale)
 
 
 class LoRAMultiheadAttention(LoRALayer):
@@ -264,6 +280,7 @@ class LoRAMultiheadAttention(LoRALayer):
         prior: PriorSpec | None = None,
         bayesian: str = "A",
         init: str = "lora",
+        std_scale: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(base, nn.MultiheadAttention):
@@ -276,7 +293,7 @@ class LoRAMultiheadAttention(LoRALayer):
         self._qkv_same_embed_dim = True  # refused otherwise (above)
         rank = as_int(rank, "rank", 1, base.embed_dim, owner="LoRAMultiheadAttention")
         shapes = ((rank, base.embed_dim), (3 * base.embed_dim, rank))
-        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()))
+        self._setup(base, rank, alpha, family, prior, bayesian, init, shapes, (LinearOp(), LinearOp()), std_scale)
 
     def _check_family(self, family: VariationalFamily) -> None:
         check_whole_weights(family)
