@@ -5,7 +5,8 @@ the same layers, a fresh head, 1,000 Fashion-MNIST training images per seed and 
 the benchmark's chosen lr 1e-3, batch 64, early stopping with patience 5 on the validation NLL, at most 60 epochs)
 with the default family (MeanField over ``A``, BLoB's parameterisation) started at each ``--scales`` entry:
 ``std_scale = s`` gives ``A`` the initial std ``s / sqrt(fan_in)`` (``A`` itself starts uniform in
-``+-1 / sqrt(fan_in)``); ``none`` is ``MeanField()``'s ``1e-2`` for every matrix (the default before this study).
+``+-1 / sqrt(fan_in)``); ``none`` is ``family=MeanField()``, its ``1e-2`` for every matrix (the default before this
+study, when ``std_scale=None`` meant it; the runs of 8afbca6 made it that way).
 Each run also takes fit's validation predictive at ``--validation-samples`` weight draws (fit's default 8, and 2), to
 see whether fewer draws stop at the same epoch.
 
@@ -57,7 +58,8 @@ def one(args: argparse.Namespace, base: Any, data: dict[str, torch.Tensor], scal
     split = bench.split(data, seed, args.train_size, args.val_size)
     net = bench.new_head(base, seed)
     torch.manual_seed(seed)
-    model = add_adapters(net, rank=args.rank, include=bench.ADAPTED, std_scale=scale)
+    width = {"family": varbnn.MeanField()} if scale is None else {"std_scale": scale}  # none: 1e-2 everywhere
+    model = add_adapters(net, rank=args.rank, include=bench.ADAPTED, **width)
     model.head.requires_grad_(True)  # type: ignore[union-attr]
     loader = DataLoader(TensorDataset(split["x_train"], split["y_train"]), batch_size=bench.BATCH, shuffle=True,
                         generator=torch.Generator().manual_seed(seed))  # fmt: skip
@@ -102,7 +104,7 @@ def summarize(args: argparse.Namespace) -> None:
     by = {(r["scale"], r["seed"], r["validation_samples"]): r for r in records}
     scales = list(dict.fromkeys(r["scale"] for r in records))
     seeds = sorted({r["seed"] for r in records})
-    label = lambda s: "none (1e-2)" if s is None else f"{s:g}"  # noqa: E731
+    label = lambda s: "none: MeanField() (1e-2)" if s is None else f"{s:g}"  # noqa: E731
     rows = []
     for scale in scales:
         values = [by[(scale, s, 8)]["val_nll"] for s in seeds if (scale, s, 8) in by]
@@ -139,8 +141,9 @@ def summarize(args: argparse.Namespace) -> None:
     table += ["", f"Lowest mean validation NLL: **std_scale {label(best['scale'])}**. With 2 validation draws instead "
               f"of 8, fit restored the same epoch in {same} of {total} (scale, seed) pairs."]  # fmt: skip
     notes = [
-        f"the finetune-cpu setting: rank {args.rank} adapters on {', '.join(bench.ADAPTED)}, the default family "
-        f"(MeanField over A), Adam lr {LR:g}, batch {bench.BATCH}, early stopping patience {args.patience}, at most "
+        f"the finetune-cpu setting: rank {args.rank} adapters on {', '.join(bench.ADAPTED)}, MeanField over A started "
+        f"at std_scale / sqrt(fan_in) (none: family=MeanField(), 1e-2 everywhere), Adam lr {LR:g}, batch "
+        f"{bench.BATCH}, early stopping patience {args.patience}, at most "
         f"{args.max_epochs} epochs; validation NLL of the {args.draws}-draw predictive on each seed's validation split",
         f"1-minute load average at the end of each run: at most {result['load_average_max']:.1f} (2 shared cores)",
         f"seconds of the runs: {result['seconds']:.0f}",

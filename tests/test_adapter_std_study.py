@@ -41,4 +41,4 @@ def test_summary_choice_and_same_epoch_count(tmp_path: Path) -> None:
     assert rows[1.0]["same_epoch_with_2_draws"] == [False, True]
     page = (tmp_path / "summary.md").read_text()
     assert "**std_scale 0.5**" in page and "the same epoch in 4 of 6 (scale, seed) pairs" in page
-    assert "| none (1e-2) | 0.7100 ± 0.0100 |" in page
+    assert "| none: MeanField() (1e-2) | 0.7100 ± 0.0100 |" in page

@@ -7,10 +7,11 @@ parameter is frozen and each adapted layer computes (Hu et al. 2022, "LoRA", eq.
     y = base(x) + (alpha / rank) * B (A x),        A: (rank, in),  B: (out, rank),
 
 with ``A`` initialised small and random and ``B`` at exactly zero, so the adapted model IS the pretrained one at
-initialisation. A varbnn family (``MeanField()`` by default; ``KTied()``, ``Radial()``, ``Delta()`` ...) is the
-posterior of ``A`` (BLoB's parameterisation: Wang et al. 2024, "BLoB: Bayesian Low-Rank Adaptation by
-Backpropagation for Large Language Models", NeurIPS), of ``B`` or of both (``bayesian``); the matrices without a
-posterior are point estimates with no prior. The adapted layers are :class:`~varbnn.nn.BayesianModule` s whose
+initialisation. A varbnn family (by default ``MeanField`` with ``A``'s initial std ``1 / sqrt(fan_in)``, the scale
+of ``A`` itself, :data:`DEFAULT_STD_SCALE`; ``KTied()``, ``Radial()``, ``Delta()`` ...) is the posterior of ``A``
+(BLoB's parameterisation: Wang et al. 2024, "BLoB: Bayesian Low-Rank Adaptation by Backpropagation for Large Language
+Models", NeurIPS), of ``B`` or of both (``bayesian``); the matrices without a posterior are point estimates with no
+prior. The adapted layers are :class:`~varbnn.nn.BayesianModule` s whose
 ``bayesian_tensors()`` are the adapter's, so :func:`varbnn.kl`, :func:`varbnn.fit`, :func:`varbnn.predict`,
 :func:`varbnn.evaluate`, :class:`varbnn.calibration.TemperatureScaled`, ``sample_mode`` and
 :class:`varbnn.optim.IVON` work on an adapted model unchanged.
@@ -30,6 +31,7 @@ from varbnn.adapters.adapt import (
 )
 from varbnn.adapters.layers import (
     BAYESIAN_CHOICES,
+    DEFAULT_STD_SCALE,
     INIT_CHOICES,
     LoRAConv2d,
     LoRALayer,
@@ -49,4 +51,5 @@ __all__ = [
     "LoRAMultiheadAttention",
     "BAYESIAN_CHOICES",
     "INIT_CHOICES",
+    "DEFAULT_STD_SCALE",
 ]
