@@ -11,10 +11,10 @@ Each run also takes fit's validation predictive at ``--validation-samples`` weig
 see whether fewer draws stop at the same epoch.
 
 Scored on the validation split only (never the test set): the NLL of the 32-draw predictive after training (the
-benchmark's selection criterion), the epoch restored, the seconds. Each run is appended to ``OUT/runs.jsonl`` at once
-(a killed study resumes); ``--summarize`` writes ``OUT/summary.json`` / ``summary.md``: per scale the mean ± standard
-error over seeds and the per-seed values at fit's default 8 validation draws, the scale with the lowest mean, and
-for each (scale, seed) whether 2 draws restored the same epoch.
+benchmark's selection criterion), the epoch restored, the seconds. Each run is appended to
+``OUT/adapter-std_runs.jsonl`` at once (a killed study resumes); ``--summarize`` writes ``OUT/adapter-std.json`` /
+``adapter-std.md``: per scale the mean ± standard error over seeds and the per-seed values at fit's default 8
+validation draws, the scale with the lowest mean, and for each (scale, seed) whether 2 draws restored the same epoch.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/adapter_std_study.py [--seeds 0 1 2] [--summarize]
 """
@@ -45,7 +45,8 @@ import varbnn  # noqa: E402
 from varbnn import metrics  # noqa: E402
 from varbnn.adapters import add_adapters  # noqa: E402
 
-OUT = bench.OUT / "studies" / "adapter-std"
+OUT = bench.OUT / "studies"
+STEM = "adapter-std"
 LR = 1e-3
 
 
@@ -82,7 +83,7 @@ def one(args: argparse.Namespace, base: Any, data: dict[str, torch.Tensor], scal
 def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "runs.jsonl"
+    path = out / f"{STEM}_runs.jsonl"
     done = {(r["scale"], r["seed"], r["validation_samples"]) for r in map(json.loads, path.read_text().splitlines())} \
         if path.exists() else set()  # fmt: skip
     base, _ = bench.pretrained(argparse.Namespace(quick=False, pretrain_epochs=args.pretrain_epochs), bench.OUT)
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
 
 def summarize(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / f"{STEM}_runs.jsonl").read_text().splitlines()]
     by = {(r["scale"], r["seed"], r["validation_samples"]): r for r in records}
     scales = list(dict.fromkeys(r["scale"] for r in records))
     seeds = sorted({r["seed"] for r in records})
@@ -148,7 +149,7 @@ def summarize(args: argparse.Namespace) -> None:
         f"1-minute load average at the end of each run: at most {result['load_average_max']:.1f} (2 shared cores)",
         f"seconds of the runs: {result['seconds']:.0f}",
     ]
-    write_result(out, "summary", result, "Adapters' initial posterior std (std_scale), chosen on validation", notes,
+    write_result(out, STEM, result, "Adapters' initial posterior std (std_scale), chosen on validation", notes,
                  table)  # fmt: skip
 
 

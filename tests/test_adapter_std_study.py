@@ -30,15 +30,15 @@ def test_summary_choice_and_same_epoch_count(tmp_path: Path) -> None:
         _record(1.0, 0, 8, 0.55, 35), _record(1.0, 1, 8, 0.70, 36), _record(1.0, 0, 2, 0.50, 33),
         _record(1.0, 1, 2, 0.50, 36),
     ]  # fmt: skip
-    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "adapter-std_runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     adapter_std_study.main(["--summarize", "--out", str(tmp_path)])
-    result = json.loads((tmp_path / "summary.json").read_text())
+    result = json.loads((tmp_path / "adapter-std.json").read_text())
     assert result["chosen"] == 0.5
     rows = {r["scale"]: r for r in result["rows"]}
     assert abs(rows[0.5]["val_nll"] - 0.60) < 1e-12 and abs(rows[0.5]["val_nll_se"] - 0.01) < 1e-12
     assert rows[None]["same_epoch_with_2_draws"] == [True, True]
     assert rows[0.5]["same_epoch_with_2_draws"] == [True, False]
     assert rows[1.0]["same_epoch_with_2_draws"] == [False, True]
-    page = (tmp_path / "summary.md").read_text()
+    page = (tmp_path / "adapter-std.md").read_text()
     assert "**std_scale 0.5**" in page and "the same epoch in 4 of 6 (scale, seed) pairs" in page
     assert "| none: MeanField() (1e-2) | 0.7100 ± 0.0100 |" in page
