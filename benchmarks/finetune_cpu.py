@@ -15,7 +15,7 @@ the 10,000 test images for the scores; out of distribution: the 10,000 MNIST tes
 | ``lora-ts`` | as ``lora`` | ``TemperatureScaled`` fitted on the validation split |
 | ``lora-ens`` | ``--members`` (5) ``lora`` runs (member 0 IS the seed's ``lora`` run), one after the other | ``DeepEnsemble`` |
 | ``lora-laplace`` | as ``lora`` | ``LastLayerLaplace`` over the head, prior precision by validation NLL |
-| ``vlora`` | ``add_adapters()`` at its defaults (MeanField over A, BLoB) + the new head, Adam | -- |
+| ``vlora`` | ``add_adapters(std_scale=1.0)`` (MeanField over A, BLoB; :data:`STD_SCALE`) + the new head, Adam | -- |
 | ``vlora-ts`` | as ``vlora`` | ``TemperatureScaled`` over the predictive, on the validation split |
 | ``vlora-ivon`` | the same adapters trained by ``varbnn.optim.IVON`` | -- |
 
@@ -85,6 +85,10 @@ ARCH = {"patch": 7, "d_model": 64, "heads": 4, "layers": 2, "dim_feedforward": 1
 PRETRAIN = {"data": "mnist-train-60000", "optimizer": "adam", "lr": 1e-3, "batch_size": 128, "seed": 0}
 ADAPTED = ["embed", "encoder.layers.*.self_attn", "encoder.layers.*.linear1", "encoder.layers.*.linear2"]
 BATCH = 64
+STD_SCALE = 1.0
+"""The variational adapters' initial std of A relative to its scale (``add_adapters(std_scale=...)``), chosen on the
+validation splits in ``studies/adapter-std`` (``benchmarks/adapter_std_study.py``); add_adapters' default at 5645b9e,
+whose runs this page holds."""
 GRIDS: dict[str, list[tuple[float, float | None]]] = {
     "full-ft": [(3e-4, None), (1e-3, None), (3e-3, None)],
     "lora": [(1e-3, None), (3e-3, None), (1e-2, None)],
@@ -235,7 +239,7 @@ def build(kind: str, base: ViT, init_seed: int, rank: int) -> nn.Module:
         model = add_adapters(net, rank=rank, include=ADAPTED, family=varbnn.Delta(), prior=Uniform())
         varbnn.set_sample_mode(model, "mode")  # a point mass: one validation / prediction pass, not 8 equal draws
     else:
-        model = add_adapters(net, rank=rank, include=ADAPTED)
+        model = add_adapters(net, rank=rank, include=ADAPTED, std_scale=STD_SCALE)
     model.head.requires_grad_(True)  # type: ignore[union-attr]
     return model
 

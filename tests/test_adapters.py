@@ -18,7 +18,6 @@ from torch import nn
 
 import varbnn
 from varbnn.adapters import (
-    DEFAULT_STD_SCALE,
     LoRAConv2d,
     LoRALayer,
     LoRALinear,
@@ -425,7 +424,7 @@ def _a_scale(layer: LoRALayer, name: str = "lora_A") -> torch.Tensor:
 
 def test_std_scale_sets_a_posterior_std_relative_to_the_fan_in() -> None:
     """``std_scale=s``: A's initial std is s / sqrt(fan_in) of each layer (Linear: in_features; Conv2d: in_channels
-    * kh * kw; attention: embed_dim); B keeps MeanField's 1e-2; the default (None) is s = DEFAULT_STD_SCALE."""
+    * kh * kw; attention: embed_dim); B keeps MeanField's 1e-2; the default (None) is MeanField()'s 1e-2."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.ReLU(), nn.Linear(16, 4))
     model = add_adapters(net, rank=2, include=[nn.Linear, nn.Conv2d], std_scale=0.5, bayesian="both")
@@ -434,12 +433,8 @@ def test_std_scale_sets_a_posterior_std_relative_to_the_fan_in() -> None:
         torch.testing.assert_close(_a_scale(model[index], "lora_B"), torch.full_like(_a_scale(model[index], "lora_B"), 1e-2))
     attention = add_adapters(nn.MultiheadAttention(32, 4), rank=2, include=nn.MultiheadAttention, std_scale=2.0)
     torch.testing.assert_close(_a_scale(attention), torch.full_like(_a_scale(attention), 2.0 / 32**0.5))
-    default = add_adapters(net, rank=2, include=[nn.Linear, nn.Conv2d])  # DEFAULT_STD_SCALE = 1: A's own scale
-    assert DEFAULT_STD_SCALE == 1.0
-    for index, fan_in in [(0, 3 * 3 * 3), (2, 128), (4, 16)]:
-        torch.testing.assert_close(_a_scale(default[index]), torch.full_like(_a_scale(default[index]), fan_in**-0.5))
-    old = add_adapters(net, rank=2, include=[nn.Linear, nn.Conv2d], family=varbnn.MeanField())  # the earlier default
-    assert all(torch.allclose(_a_scale(old[i]), torch.tensor(1e-2)) for i in (0, 2, 4))
+    default = add_adapters(net, rank=2, include=[nn.Linear, nn.Conv2d])  # MeanField()'s 1e-2 everywhere
+    assert all(torch.allclose(_a_scale(default[i]), torch.tensor(1e-2)) for i in (0, 2, 4))
     with pytest.raises(ValueError, match=r"std_scale sets the default family's initial std of A; pass it or a family"):
         add_adapters(net, std_scale=0.5, family=varbnn.MeanField())
     for bad in (0.0, -1.0, float("nan")):

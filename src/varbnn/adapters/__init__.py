@@ -7,8 +7,8 @@ parameter is frozen and each adapted layer computes (Hu et al. 2022, "LoRA", eq.
     y = base(x) + (alpha / rank) * B (A x),        A: (rank, in),  B: (out, rank),
 
 with ``A`` initialised small and random and ``B`` at exactly zero, so the adapted model IS the pretrained one at
-initialisation. A varbnn family (by default ``MeanField`` with ``A``'s initial std ``1 / sqrt(fan_in)``, the scale
-of ``A`` itself, :data:`DEFAULT_STD_SCALE`; ``KTied()``, ``Radial()``, ``Delta()`` ...) is the posterior of ``A``
+initialisation. A varbnn family (``MeanField()`` by default, or started relative to ``A``'s own scale with ``std_scale``;
+``KTied()``, ``Radial()``, ``Delta()`` ...) is the posterior of ``A``
 (BLoB's parameterisation: Wang et al. 2024, "BLoB: Bayesian Low-Rank Adaptation by Backpropagation for Large Language
 Models", NeurIPS), of ``B`` or of both (``bayesian``); the matrices without a posterior are point estimates with no
 prior. The adapted layers are :class:`~varbnn.nn.BayesianModule` s whose
@@ -31,7 +31,6 @@ from varbnn.adapters.adapt import (
 )
 from varbnn.adapters.layers import (
     BAYESIAN_CHOICES,
-    DEFAULT_STD_SCALE,
     INIT_CHOICES,
     LoRAConv2d,
     LoRALayer,
@@ -51,5 +50,4 @@ __all__ = [
     "LoRAMultiheadAttention",
     "BAYESIAN_CHOICES",
     "INIT_CHOICES",
-    "DEFAULT_STD_SCALE",
 ]

@@ -96,8 +96,8 @@ def add_adapters(
         type selects its subclasses; ``nn.MultiheadAttention`` for attention). Default None: every ``nn.Linear``.
     :param exclude: name patterns or types not to adapt, with everything inside them (default none); a pattern that
         matches no module is refused (a typo would otherwise adapt what it meant to exclude).
-    :param family: the posterior spec of the Bayesian matrices, built once per tensor (default None: ``MeanField``,
-        ``A`` started at ``std_scale / sqrt(fan_in)``, ``B`` at ``1e-2``).
+    :param family: the posterior spec of the Bayesian matrices, built once per tensor (default None: ``MeanField()``,
+        or with ``std_scale`` ``A`` started at ``std_scale / sqrt(fan_in)``).
     :param prior: their prior: one ``Prior`` shared by all, or a callable ``qualified_tensor_name -> Prior`` (e.g.
         ``"encoder.0.lora_A"``); default ``Normal(0, 1)`` per tensor.
     :param bayesian: ``"A"`` (default), ``"B"`` or ``"both"`` (:data:`BAYESIAN_CHOICES`).
@@ -106,10 +106,10 @@ def add_adapters(
         model).
     :param std_scale: with the default family (``family=None``), the initial posterior std of each ``A`` relative to
         its initial scale ``1 / sqrt(fan_in)``: ``MeanField(init_std=std_scale / sqrt(fan_in))``, a number > 0 (default
-        None: :data:`~varbnn.adapters.DEFAULT_STD_SCALE`, 1.0, chosen on validation NLL in the finetune-cpu
-        benchmark's adapter-std study: 0.622 over three validation splits against 0.674 for ``MeanField()``'s ``1e-2``
-        everywhere, which ``family=MeanField()`` still gives). ``B``'s posterior (``bayesian="B"`` / ``"both"``) starts
-        at ``1e-2``. Refused together with ``family``.
+        None: ``MeanField()``'s ``1e-2`` for every matrix). Not a default, because the evidence is split: on the
+        finetune-cpu benchmark's ViT (1,000 labels) ``std_scale=1.0`` had a validation NLL of 0.622 against 0.674 for
+        ``1e-2`` (its adapter-std study), but on the 100-label digits tutorial it was worse. ``B``'s posterior
+        (``bayesian="B"`` / ``"both"``) starts at ``1e-2``. Refused together with ``family``.
     :returns: the adapted model (``model`` itself with ``inplace=True``).
     """
     if not isinstance(model, nn.Module):

@@ -26,7 +26,6 @@ __all__ = [
     "LoRAMultiheadAttention",
     "BAYESIAN_CHOICES",
     "INIT_CHOICES",
-    "DEFAULT_STD_SCALE",
 ]
 
 BAYESIAN_CHOICES: tuple[str, ...] = ("A", "B", "both")
@@ -34,11 +33,6 @@ BAYESIAN_CHOICES: tuple[str, ...] = ("A", "B", "both")
 INIT_CHOICES: tuple[str, ...] = ("lora", "gaussian")
 """The values of ``init``: ``"lora"`` draws A from torch's ``nn.Linear`` default (Kaiming-uniform with ``a = sqrt(5)``,
 i.e. ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, as PEFT), ``"gaussian"`` from ``N(0, 1 / fan_in)``; B is zero for both."""
-DEFAULT_STD_SCALE: float = 1.0
-"""The default family's initial posterior std of ``A`` relative to ``A``'s initial scale ``1 / sqrt(fan_in)``: with
-``std_scale=None`` (and no ``family``) ``A`` starts at ``MeanField(init_std=DEFAULT_STD_SCALE / sqrt(fan_in))``.
-Chosen on validation NLL in benchmarks/results/finetune-cpu/studies/adapter-std (std_scale 1.0 had the lowest mean
-over three validation splits, 0.622, against 0.674 for ``MeanField()``'s 1e-2, the default before it)."""
 _MATRICES = ("lora_A", "lora_B")
 
 
@@ -94,7 +88,7 @@ class LoRALayer(BayesianModule):
         fan_in = math.prod(shapes[0][1:])
         families: dict[str, VariationalFamily | None] = {"lora_A": family, "lora_B": family}
         if family is None:
-            a_std = (DEFAULT_STD_SCALE if std_scale is None else std_scale) / math.sqrt(fan_in)
+            a_std = MeanField().init_std if std_scale is None else std_scale / math.sqrt(fan_in)
             families = {"lora_A": MeanField(init_std=min(max(a_std, INIT_STD_RANGE[0]), INIT_STD_RANGE[1])),
                         "lora_B": MeanField()}  # fmt: skip
             family = families["lora_A"]
@@ -185,15 +179,15 @@ class LoRALinear(LoRALayer):
     :param rank: the rank r, an int in ``[1, min(in_features, out_features)]`` (default 8).
     :param alpha: the scale numerator, a number > 0; the update is multiplied by ``alpha / rank`` (default None:
         ``alpha = rank``, a scale of 1).
-    :param family: the posterior spec of the Bayesian matrices (default None: ``MeanField`` with ``A``'s initial std
-        ``std_scale / sqrt(fan_in)`` and ``B``'s ``1e-2``; ``Delta()`` gives plain LoRA).
+    :param family: the posterior spec of the Bayesian matrices (default None: ``MeanField()``, or with ``std_scale``
+        ``A`` started at ``std_scale / sqrt(fan_in)``; ``Delta()`` gives plain LoRA).
     :param prior: their prior (default ``Normal(0, 1)``; a ``Prior``, or a callable ``"lora_A"`` / ``"lora_B"`` ->
         Prior, :data:`~varbnn.priors.PriorSpec`).
     :param bayesian: ``"A"`` (default, BLoB), ``"B"`` or ``"both"``: which matrices get the posterior.
     :param init: ``"lora"`` (default) or ``"gaussian"`` (:data:`INIT_CHOICES`).
     :param std_scale: with the default family, ``A``'s initial posterior std relative to its initial scale
-        ``1 / sqrt(fan_in)``: ``init_std = std_scale / sqrt(fan_in)`` (default None: :data:`DEFAULT_STD_SCALE`, 1.0;
-        see :func:`~varbnn.adapters.add_adapters`); not together with ``family``.
+        ``1 / sqrt(fan_in)``: ``init_std = std_scale / sqrt(fan_in)`` (default None: ``MeanField()``'s ``1e-2``; see
+        :func:`~varbnn.adapters.add_adapters`); not together with ``family``.
     """
 
     layer_kind = "linear"
