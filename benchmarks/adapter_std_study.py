@@ -5,8 +5,7 @@ the same layers, a fresh head, 1,000 Fashion-MNIST training images per seed and 
 the benchmark's chosen lr 1e-3, batch 64, early stopping with patience 5 on the validation NLL, at most 60 epochs)
 with the default family (MeanField over ``A``, BLoB's parameterisation) started at each ``--scales`` entry:
 ``std_scale = s`` gives ``A`` the initial std ``s / sqrt(fan_in)`` (``A`` itself starts uniform in
-``+-1 / sqrt(fan_in)``); ``none`` is ``family=MeanField()``, its ``1e-2`` for every matrix (the default before this
-study, when ``std_scale=None`` meant it; the runs of 8afbca6 made it that way).
+``+-1 / sqrt(fan_in)``); ``none`` is ``family=MeanField()``, its ``1e-2`` for every matrix (add_adapters' default).
 Each run also takes fit's validation predictive at ``--validation-samples`` weight draws (fit's default 8, and 2), to
 see whether fewer draws stop at the same epoch.
 

@@ -440,6 +440,8 @@ def test_std_scale_sets_a_posterior_std_relative_to_the_fan_in() -> None:
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match=r"std_scale must be a finite number > 0"):
             add_adapters(net, std_scale=bad)
+    with pytest.raises(ValueError, match=r"std_scale=1000000.0 gives A \(fan_in 128\) the initial std 88388.3, outside"):
+        add_adapters(net, include="2", std_scale=1e6)
     with pytest.raises(ValueError, match=r"LoRALinear: std_scale sets"):
         LoRALinear(nn.Linear(4, 4), 2, family=varbnn.MeanField(), std_scale=1.0)
 

@@ -19,6 +19,7 @@ from varbnn.adapters.layers import (
     INIT_CHOICES,
     LoRALayer,
     _transformer_fast_path_off,
+    check_std_scale,
 )
 from varbnn.families.base import VariationalFamily
 from varbnn.nn.base import BayesianModule
@@ -123,11 +124,7 @@ def add_adapters(
         raise ValueError(f"add_adapters: bayesian must be one of {BAYESIAN_CHOICES}, got {bayesian!r}")
     if init not in INIT_CHOICES:
         raise ValueError(f"add_adapters: init must be one of {INIT_CHOICES}, got {init!r}")
-    if std_scale is not None:
-        if family is not None:
-            raise ValueError(f"add_adapters: std_scale sets the default family's initial std of A; pass it or a "
-                             f"family, not both (got std_scale={std_scale!r} and family={family!r})")  # fmt: skip
-        std_scale = as_float_in(std_scale, "std_scale", 0.0, None, low_open=True, owner="add_adapters")
+    std_scale = check_std_scale(std_scale, family, "add_adapters")  # before anything changes (inplace=True)
     if family is not None and not isinstance(family, VariationalFamily):
         raise TypeError(
             f"add_adapters: family must be a varbnn VariationalFamily (e.g. MeanField()), got {type(family).__name__}"

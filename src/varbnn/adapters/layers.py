@@ -19,14 +19,7 @@ from varbnn.nn.base import BayesianModule
 from varbnn.ops import ConvOp, LinearOp, WeightOp
 from varbnn.priors import PriorSpec
 
-__all__ = [
-    "LoRALayer",
-    "LoRALinear",
-    "LoRAConv2d",
-    "LoRAMultiheadAttention",
-    "BAYESIAN_CHOICES",
-    "INIT_CHOICES",
-]
+__all__ = ["LoRALayer", "LoRALinear", "LoRAConv2d", "LoRAMultiheadAttention", "BAYESIAN_CHOICES", "INIT_CHOICES"]
 
 BAYESIAN_CHOICES: tuple[str, ...] = ("A", "B", "both")
 """The values of ``bayesian``: which adapter matrices carry the variational family (the others are point estimates)."""
@@ -34,6 +27,16 @@ INIT_CHOICES: tuple[str, ...] = ("lora", "gaussian")
 """The values of ``init``: ``"lora"`` draws A from torch's ``nn.Linear`` default (Kaiming-uniform with ``a = sqrt(5)``,
 i.e. ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, as PEFT), ``"gaussian"`` from ``N(0, 1 / fan_in)``; B is zero for both."""
 _MATRICES = ("lora_A", "lora_B")
+
+
+def check_std_scale(std_scale: Any, family: VariationalFamily | None, owner: str) -> float | None:
+    """``std_scale`` checked (None, or a finite number > 0) and refused together with a ``family``."""
+    if std_scale is None:
+        return None
+    if family is not None:
+        raise ValueError(f"{owner}: std_scale sets the default family's initial std of A; pass it or a family, not both "
+                         f"(got std_scale={std_scale!r} and family={family!r})")  # fmt: skip
+    return as_float_in(std_scale, "std_scale", 0.0, None, low_open=True, owner=owner)
 
 
 def _transformer_fast_path_off(module: nn.Module, args: Any) -> None:
@@ -80,19 +83,17 @@ class LoRALayer(BayesianModule):
             raise ValueError(f"{owner}: bayesian must be one of {BAYESIAN_CHOICES}, got {bayesian!r}")
         if init not in INIT_CHOICES:
             raise ValueError(f"{owner}: init must be one of {INIT_CHOICES}, got {init!r}")
-        if std_scale is not None:
-            if family is not None:
-                raise ValueError(f"{owner}: std_scale sets the default family's initial std of A; pass it or a family, "
-                                 f"not both (got std_scale={std_scale!r} and family={family!r})")  # fmt: skip
-            std_scale = as_float_in(std_scale, "std_scale", 0.0, None, low_open=True, owner=owner)
+        std_scale = check_std_scale(std_scale, family, owner)
         fan_in = math.prod(shapes[0][1:])
-        families: dict[str, VariationalFamily | None] = {"lora_A": family, "lora_B": family}
         if family is None:
             a_std = MeanField().init_std if std_scale is None else std_scale / math.sqrt(fan_in)
-            families = {"lora_A": MeanField(init_std=min(max(a_std, INIT_STD_RANGE[0]), INIT_STD_RANGE[1])),
-                        "lora_B": MeanField()}  # fmt: skip
-            family = families["lora_A"]
-        if not isinstance(family, VariationalFamily):  # the only way a family entry can be None
+            if not INIT_STD_RANGE[0] <= a_std <= INIT_STD_RANGE[1]:
+                raise ValueError(f"{owner}: std_scale={std_scale!r} gives A (fan_in {fan_in}) the initial std {a_std:g}, "
+                                 f"outside MeanField's allowed init_std range {INIT_STD_RANGE}")  # fmt: skip
+            families: dict[str, VariationalFamily] = {"lora_A": MeanField(init_std=a_std), "lora_B": MeanField()}
+        elif isinstance(family, VariationalFamily):
+            families = {"lora_A": family, "lora_B": family}
+        else:
             raise TypeError(f"{owner}: family must be a varbnn VariationalFamily (e.g. MeanField()), got {type(family).__name__}")
         self.bayesian = bayesian
         self.base = base
@@ -108,7 +109,7 @@ class LoRALayer(BayesianModule):
         initial = {"lora_A": initial_a, "lora_B": torch.zeros(shapes[1], dtype=dtype)}
         for name in _MATRICES:
             if bayesian == "both" or name.endswith(bayesian):
-                self._add_tensor(name, tuple(initial[name].shape), families[name] or family, prior, initial[name])
+                self._add_tensor(name, tuple(initial[name].shape), families[name], prior, initial[name])
             else:
                 setattr(self, name, nn.Parameter(initial[name].to(reference.device)))
         self.posteriors.to(device=reference.device)
