@@ -96,8 +96,10 @@ def test_uci_learned_quick_run_selects_on_validation_resumes_and_renders(data_di
         best = max(record["search"], key=lambda s: s["val_ll"])
         assert (record["knob"], record["epochs"]) == (best["knob"], best["epochs"])  # the validation argmax
         knobs = {s["knob"] for s in record["search"]}
-        expected = {None} if record["variant"].startswith("deep") else set(
-            config.dropout_rates if record["variant"] == "MC dropout" else config.prior_scales
+        expected = (
+            {None}
+            if record["variant"].startswith("deep")
+            else set(config.dropout_rates if record["variant"] == "MC dropout" else config.prior_scales)
         )
         assert knobs == expected and {s["epochs"] for s in record["search"]} == set(config.epochs)
         assert math.isfinite(record["ll"]) and record["rmse"] > 0
@@ -171,3 +173,45 @@ def test_cost_figure_is_written_and_linked_only_with_the_time_reference(tmp_path
     assert result["figures"] == ["uci-learned-quick_cost.png"]
     assert (tmp_path / "uci-learned-quick_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "](uci-learned-quick_cost.png)" in render_uci_learned_markdown(result)
+
+
+def test_the_added_ivon_column_keeps_the_saved_protocol_and_trains_by_ivon(data_dir, tmp_path, monkeypatch):
+    """Issue 63's IVON column: adding it leaves the protocol hash of the saved runs (38eb440a25, the committed
+    uci-learned_runs.jsonl's) as it was; its runs build mean-field layers and train them with varbnn.optim.IVON
+    (no KL annealing: the prior is in IVON's update), the learned noise std among IVON's plain parameters."""
+    from varbnn.families import MeanField
+    from varbnn.optim import IVON
+    from varbnn_lab import uci_learned
+
+    assert UCILearnedConfig().protocol_hash() == "38eb440a25"
+    assert "IVON (mean-field)" in {v.label for v in LEARNED_VARIANTS}
+    without = tuple(v for v in LEARNED_VARIANTS if v.label not in uci_learned.ADDED_VARIANTS)
+    assert UCILearnedConfig(variants=without).protocol_hash() == "38eb440a25"
+    assert UCILearnedConfig(prior_scales=(0.1, 2.0)).protocol_hash() != "38eb440a25"  # the hash still sees the protocol
+
+    seen: list[tuple[object, object, list[float], list[float]]] = []
+    real_fit = uci_learned.fit
+
+    def spy(net, loader, **kwargs):
+        def noise() -> list[float]:
+            return [float(p.detach().sum()) for p in kwargs["likelihood"].parameters()]
+
+        before = noise()
+        out = real_fit(net, loader, **kwargs)
+        seen.append((kwargs["optimizer"], kwargs["kl_weight"], before, noise()))
+        assert all(type(m.posterior) is MeanField for m in net.modules() if hasattr(m, "posterior"))
+        return out
+
+    monkeypatch.setattr(uci_learned, "fit", spy)
+    args = ["reproduce", "uci-learned", "--quick", "--out", str(tmp_path), "--data-dir", str(data_dir), "--no-progress",
+            "--set", "only=('IVON (mean-field)',)"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(args) == 0
+    assert len(seen) == 3  # two searched prior scales, then the final run
+    for optimizer, kl_weight, before, after in seen:
+        assert isinstance(optimizer, IVON) and kl_weight is None
+        assert before and before != after  # the learned noise std moved: it is in IVON's plain group
+    (record,) = [json.loads(line) for line in (tmp_path / "uci-learned-quick_runs.jsonl").read_text().splitlines()]
+    assert record["variant"] == "IVON (mean-field)" and math.isfinite(record["ll"]) and record["rmse"] > 0
+    assert "IVON (mean-field)" in (tmp_path / "uci-learned-quick.md").read_text()

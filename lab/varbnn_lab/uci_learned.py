@@ -13,7 +13,10 @@ Per dataset and standard split (20; 5 for protein):
 * **Network**: in-50-1 (100 hidden units for protein); a family on the first layer, its ``output_family`` on the
   output layer (as :data:`varbnn_lab.uci.UCI_VARIANTS`), at the library's default options; full ELBO
   (``kl_weight`` 1) with the KL weight annealed linearly over the first quarter of the shortest training length;
-  Adam 1e-3, batch 32. Baselines: MC dropout (dropout before the output layer, rate searched) and a deep ensemble
+  Adam 1e-3, batch 32. The IVON column: the mean-field network trained by :class:`varbnn.optim.IVON` at its defaults
+  (lr 0.1, ``hess_init`` from the initial std, ``kl_weight`` 1: ``ess`` = the training-set size; the prior enters
+  its update, so there is no KL term to anneal), the learned noise std as one of its plain parameters (SGD with
+  momentum at ``lr``). Baselines: MC dropout (dropout before the output layer, rate searched) and a deep ensemble
   of 5 plain networks with a mean and a variance output (:class:`~varbnn.likelihoods.HeteroscedasticGaussian`, as
   Lakshminarayanan et al. 2017 without their adversarial training).
 * **Search** (the hyperparameters the reference papers also chose per dataset): the prior scale (``prior_scales``;
@@ -48,6 +51,7 @@ from varbnn.data.loaders import UCI_DATASETS
 from varbnn.families import make_family
 from varbnn.likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood
 from varbnn.objectives import linear_kl_annealing
+from varbnn.optim import IVON
 from varbnn.predict import RegressionSummary, predict
 from varbnn.priors import make_prior
 from varbnn.training import default_optimizer, fit, seed_everything
@@ -82,7 +86,15 @@ LEARNED_VARIANTS = (
     UCIVariant("MAP (Delta)", "delta", output_family="delta"),
     UCIVariant("MC dropout", "mc-dropout"),
     UCIVariant("deep ensemble (5)", "ensemble", {"members": 5}),
+    UCIVariant("IVON (mean-field)", "ivon"),
 )
+
+IVON_FAMILY = "ivon"
+"""The ``family`` of the IVON column: mean-field layers (``MeanField()``) trained by :class:`varbnn.optim.IVON`."""
+
+ADDED_VARIANTS = ("IVON (mean-field)",)
+"""Columns added after the protocol's runs were saved (issue 63 added IVON): left out of :meth:`protocol_hash`, so
+the saved runs of the other columns stay valid; each added column's definition is the module's."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,9 @@ class UCILearnedConfig:
         return self.variants if self.only is None else tuple(v for v in self.variants if v.label in self.only)
 
     def protocol_hash(self) -> str:
-        return fingerprint(config_fields(self, drop=("datasets", "max_splits", "name", "only")))
+        data = config_fields(self, drop=("datasets", "max_splits", "name", "only"))
+        data["variants"] = [v for v in data["variants"] if v["label"] not in ADDED_VARIANTS]  # see ADDED_VARIANTS
+        return fingerprint(data)
 
     def grid(self, variant: UCIVariant) -> tuple[float | None, ...]:
         """The searched knob's values for ``variant``: prior scales, dropout rates, or none (the ensemble)."""
@@ -149,7 +163,8 @@ def _build(variant: UCIVariant, knob: float | None, in_features: int, dataset: s
     scale_key = "global_scale" if variant.prior == "radial_directional" else "scale"
     prior = make_prior(variant.prior, **{**variant.prior_options, scale_key: float(knob)})
     hidden = hidden_units(dataset)  # each layer made Bayesian as it is built (the seeded draws' order)
-    first = bayesianize(nn.Linear(in_features, hidden), make_family(variant.family, **variant.family_options), prior)
+    family = "meanfield" if variant.family == IVON_FAMILY else variant.family
+    first = bayesianize(nn.Linear(in_features, hidden), make_family(family, **variant.family_options), prior)
     output = bayesianize(nn.Linear(hidden, 1), make_family(variant.output_family, **variant.output_options), prior)
     return nn.Sequential(first, nn.ReLU(), output), Gaussian()
 
@@ -185,14 +200,17 @@ def _train(
     steps_per_epoch = math.ceil(x.shape[0] / config.batch_size)
     warmup = round(0.25 * min(_lengths(config, x.shape[0])) * steps_per_epoch)
     bayesian = variant.family not in BASELINE_FAMILIES
+    ivon = variant.family == IVON_FAMILY  # the prior is in IVON's update: no KL term, nothing to anneal
     trained = list(model.members) if isinstance(model, DeepEnsemble) else [model]
     x_share, y_share, batch = vdist.equal_share(x, y, config.batch_size)  # data-parallel: this rank's share
     for net in trained:  # an ensemble's members one after the other (its likelihood has no parameters to share)
         loader = DataLoader(TensorDataset(x_share, y_share), batch_size=batch, shuffle=True)
+        optimizer = (IVON(nn.ModuleList([net, likelihood]), n_data=x.shape[0], kl_weight=config.kl_weight) if ivon
+                     else default_optimizer([*net.parameters(), *likelihood.parameters()], config.lr))  # fmt: skip
         fit(
             net, loader, n_data=x.shape[0], epochs=epochs, device=dev, progress=False, likelihood=likelihood,
-            optimizer=default_optimizer([*net.parameters(), *likelihood.parameters()], config.lr),
-            beta=(lambda step: config.kl_weight * linear_kl_annealing(step, warmup)) if bayesian else None,
+            optimizer=optimizer,
+            kl_weight=(lambda step: config.kl_weight * linear_kl_annealing(step, warmup)) if bayesian and not ivon else None,
             on_epoch_end=(lambda epoch, record: at_epoch(epoch, model, likelihood)) if at_epoch is not None else None,
             compile=compile,
         )  # fmt: skip
@@ -248,9 +266,9 @@ def _run_key(
               "epochs": epochs, "search": search, "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip
     if compile is not False:
         mode = compile_mode(compile)  # True: the default mode, on a GPU CUDA graphs for each fit whose batches have one shape
-        record["compile"] = "reduce-overhead where the batches have one shape, else default" if (
-            compile is True and dev.type == "cuda"
-        ) else mode
+        record["compile"] = (
+            "reduce-overhead where the batches have one shape, else default" if (compile is True and dev.type == "cuda") else mode
+        )
         torch._dynamo.reset()  # every fit compiled its own graphs: let them go with the run
     return record
 
