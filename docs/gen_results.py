@@ -1701,12 +1701,27 @@ came after them) changed a file under these paths, or when a run's commit is mar
 unknown). Changes elsewhere (the lab, the CLI, plots, docs) do not count: they change how a run is set up or shown,
 and its record names its own protocol."""
 
+FOLDER_LIBRARY_PATHS: dict[str, tuple[str, ...]] = {
+    "finetune-cpu": ("src/varbnn/adapters", "src/varbnn/laplace.py"),
+}
+"""Library code that only some folders' runs use, watched for those folders on top of :data:`LIBRARY_PATHS`: the
+adapters and the last-layer Laplace (the fine-tuning benchmark and its studies alone call them)."""
+
+
+def library_paths(folder: str) -> tuple[str, ...]:
+    """The library paths whose changes make ``folder``'s runs stale: :data:`LIBRARY_PATHS` and the folder's
+    :data:`FOLDER_LIBRARY_PATHS`."""
+    return LIBRARY_PATHS + FOLDER_LIBRARY_PATHS.get(folder, ())
+
+
 STALE_RULE = (
     "A page is **stale** when the library code its numbers came from has changed since: some commit after the runs' "
     "commit (one not among that commit's ancestors) changed a file under " + ", ".join(f"`{p}`" for p in LIBRARY_PATHS)
     + ", or a run's commit is marked `+dirty` (its code is unknown). The runs' commits are those the folder's run "
     "records name (the runs files, the JSON's `run_commits` and `records`), else the JSON's own `commit`; `history/` "
-    "is left out. A commit that changed only comments, docstrings or type-checker comments of those files (the same "
+    "is left out. Library code that only some experiments use is watched for their folders too: "
+    + "; ".join(f"{', '.join(f'`{p}`' for p in paths)} for `{folder}`" for folder, paths in FOLDER_LIBRARY_PATHS.items())
+    + ". A commit that changed only comments, docstrings or type-checker comments of those files (the same "
     "Python syntax tree, docstrings left out) does not count. Where some of a folder's result files are current and "
     "others stale, the banner lists each file with "
     "its commits and state. Stale means \"rerun to be sure\", not \"wrong\"."
@@ -1732,6 +1747,7 @@ class _History:
 
 
 _HISTORY: dict[Path, _History | None] = {}
+_TOUCHING: dict[tuple[Path, tuple[str, ...]], tuple[str, ...] | None] = {}
 
 
 def git_history(root: Path | None = None) -> _History | None:
@@ -1756,6 +1772,22 @@ def git_history(root: Path | None = None) -> _History | None:
         history = None
     _HISTORY[root] = history
     return history
+
+
+def _touching(history: _History, root: Path, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The commits that changed ``paths``, newest first: the history's own for :data:`LIBRARY_PATHS`, else one git call
+    (cached per repository and paths; none where git fails)."""
+    if paths == LIBRARY_PATHS:
+        return history.touching
+    key = (root, paths)
+    if key not in _TOUCHING:
+        try:
+            _TOUCHING[key] = tuple(subprocess.run(["git", "log", "--full-history", "--no-merges", "--format=%H", "HEAD", "--",
+                                                   *paths], cwd=root, capture_output=True, text=True, check=True,
+                                                  timeout=30).stdout.split())  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            _TOUCHING[key] = None
+    return _TOUCHING[key] or ()
 
 
 def _ancestors(history: _History, commit: str) -> set[str]:
@@ -1822,7 +1854,7 @@ def file_staleness(folder: str) -> list[tuple[str, Staleness]]:
         if "history" in path.relative_to(RESULTS / folder).parts:
             continue
         commits = file_commits(path)
-        info = staleness(commits) if commits else None
+        info = staleness(commits, paths=library_paths(folder)) if commits else None
         if info is not None:
             out.append((str(path.relative_to(RESULTS / folder)), info))
     return out
@@ -1832,7 +1864,7 @@ def _jsonl(path: Path) -> list[Any]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-_NEUTRAL: dict[tuple[Path, str], bool] = {}
+_NEUTRAL: dict[tuple[Path, str, tuple[str, ...]], bool] = {}
 
 
 def _code_of(source: str) -> str | None:
@@ -1854,18 +1886,19 @@ def _code_of(source: str) -> str | None:
     return ast.dump(tree)
 
 
-def neutral_commit(commit: str, root: Path | None = None) -> bool:
-    """Whether ``commit`` left the library code that runs as it was: each file under :data:`LIBRARY_PATHS` it changed
+def neutral_commit(commit: str, root: Path | None = None, paths: tuple[str, ...] = LIBRARY_PATHS) -> bool:
+    """Whether ``commit`` left the library code that runs as it was: each file under ``paths`` (default
+    :data:`LIBRARY_PATHS`) it changed
     is a modified ``.py`` file whose AST, docstrings left out (:func:`_code_of`), is the same before and after (a
     change of comments, docstrings or ``# type: ignore`` comments only). Added, deleted or renamed files, other files
-    and anything git cannot answer count as changes. Cached per repository and commit."""
+    and anything git cannot answer count as changes. Cached per repository, commit and paths."""
     root = ROOT if root is None else root
-    key = (root, commit)
+    key = (root, commit, paths)
     if key not in _NEUTRAL:
         neutral = False
         try:
             listing = subprocess.run(["git", "diff-tree", "--no-commit-id", "-r", "--name-status", commit, "--",
-                                      *LIBRARY_PATHS], cwd=root, capture_output=True, text=True, check=True,
+                                      *paths], cwd=root, capture_output=True, text=True, check=True,
                                      timeout=30).stdout.splitlines()  # fmt: skip
             changes = [line.split("\t") for line in listing if line.strip()]
             neutral = bool(changes)
@@ -1886,11 +1919,13 @@ def neutral_commit(commit: str, root: Path | None = None) -> bool:
     return _NEUTRAL[key]
 
 
-def staleness(commits: Sequence[str], root: Path | None = None) -> Staleness | None:
-    """Whether results run at ``commits`` are stale under :data:`STALE_RULE` (None without git)."""
+def staleness(commits: Sequence[str], root: Path | None = None, paths: tuple[str, ...] = LIBRARY_PATHS) -> Staleness | None:
+    """Whether results run at ``commits`` are stale under :data:`STALE_RULE` (None without git); ``paths``: the library
+    code watched (a folder's :func:`library_paths`; default :data:`LIBRARY_PATHS`)."""
     history = git_history(root)
     if history is None:
         return None
+    touching = _touching(history, ROOT if root is None else root, paths)
     short = tuple(sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "") for c in commits}))
     dirty = any(c.endswith("+dirty") for c in commits)
     later: set[str] = set()
@@ -1901,7 +1936,7 @@ def staleness(commits: Sequence[str], root: Path | None = None) -> Staleness | N
             unknown.append(commit[:7])
             continue
         ancestors = _ancestors(history, full[0])
-        later |= {t for t in history.touching if t not in ancestors and not neutral_commit(t, root)}
+        later |= {t for t in touching if t not in ancestors and not neutral_commit(t, root, paths)}
     since = max(later, key=lambda c: history.order[c])[:7] if later else None  # the oldest of them
     return Staleness(short, bool(later) or dirty, since, tuple(sorted(unknown)))
 
@@ -1909,7 +1944,7 @@ def staleness(commits: Sequence[str], root: Path | None = None) -> Staleness | N
 def folder_staleness(folder: str) -> Staleness | None:
     """:func:`staleness` of a results folder's :func:`run_commits` (None without git, or without commits)."""
     commits = run_commits(RESULTS / folder)
-    return staleness(commits) if commits else None
+    return staleness(commits, paths=library_paths(folder)) if commits else None
 
 
 def stale_runs(folder: str) -> list[str]:

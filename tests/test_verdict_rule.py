@@ -192,6 +192,19 @@ def test_staleness_on_a_tiny_repository(tmp_path: Path, monkeypatch: pytest.Monk
     stale = g.staleness([run], root=repo)
     assert stale is not None and stale.stale and stale.since == change[:7]
     assert not g.staleness([change], root=repo).stale
+    # code only some folders use (the adapters: finetune-cpu) makes those folders stale, not the others
+    (repo / "src" / "varbnn" / "adapters").mkdir()
+    (repo / "src" / "varbnn" / "adapters" / "a.py").write_text("b = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "adapters")
+    adapters = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(g, "_HISTORY", {})
+    assert not g.staleness([change], root=repo).stale
+    assert not g.staleness([change], root=repo, paths=g.library_paths("vcl-split-fmnist")).stale
+    only_there = g.staleness([change], root=repo, paths=g.library_paths("finetune-cpu"))
+    assert only_there.stale and only_there.since == adapters[:7]
+    assert not g.staleness([adapters], root=repo, paths=g.library_paths("finetune-cpu")).stale
+    assert "`src/varbnn/adapters`" in g.STALE_RULE and "`finetune-cpu`" in g.STALE_RULE
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -236,7 +249,7 @@ def test_file_commits_and_the_per_file_breakdown(tmp_path: Path, monkeypatch: py
     assert g.file_commits(folder / "c.json") == []
     monkeypatch.setattr(g, "RESULTS", tmp_path)
     verdicts = {"aaa1111": True, "bbb2222": True, "ccc3333": False}
-    monkeypatch.setattr(g, "staleness", lambda commits, root=None: g.Staleness(
+    monkeypatch.setattr(g, "staleness", lambda commits, root=None, paths=g.LIBRARY_PATHS: g.Staleness(
         tuple(commits), any(verdicts[c] for c in commits), "ddd4444" if any(verdicts[c] for c in commits) else None))
     monkeypatch.setattr(g, "folder_staleness", lambda name: g.Staleness(("aaa1111",), True, "ddd4444"))
     monkeypatch.setattr(g, "stale_runs", lambda name: [])
