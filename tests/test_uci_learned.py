@@ -215,3 +215,34 @@ def test_the_added_ivon_column_keeps_the_saved_protocol_and_trains_by_ivon(data_
     (record,) = [json.loads(line) for line in (tmp_path / "uci-learned-quick_runs.jsonl").read_text().splitlines()]
     assert record["variant"] == "IVON (mean-field)" and math.isfinite(record["ll"]) and record["rmse"] > 0
     assert "IVON (mean-field)" in (tmp_path / "uci-learned-quick.md").read_text()
+
+
+def test_the_paired_table_compares_ivon_with_mean_field_on_the_splits_both_ran():
+    from varbnn_lab.pages.uci_learned import render_uci_learned_markdown, summarise_uci_learned
+
+    config = UCILearnedConfig(datasets=("yacht",), only=("mean-field", "IVON (mean-field)"))
+
+    def record(variant: str, split: int, ll: float) -> dict[str, object]:
+        return {"dataset": "yacht", "variant": variant, "split": split, "ll": ll, "rmse": 1.0, "knob": 1.0, "epochs": 40,
+                "search": [], "seconds": 2.0}  # fmt: skip
+
+    mean_field = {0: -1.6, 1: -1.5, 2: -1.7, 3: -1.4}
+    ivon = {0: -1.5, 2: -1.8, 3: -1.2}  # split 1 not run
+    done = {("yacht", "mean-field", s): record("mean-field", s, v) for s, v in mean_field.items()}
+    done |= {("yacht", "IVON (mean-field)", s): record("IVON (mean-field)", s, v) for s, v in ivon.items()}
+    (row,) = summarise_uci_learned(config, done)
+    paired = row["paired"]["IVON (mean-field)"]
+    diffs = [ivon[s] - mean_field[s] for s in (0, 2, 3)]  # 0.1, -0.1, 0.2
+    assert paired["splits"] == [0, 2, 3] and paired["above"] == 2 and paired["reference"] == "mean-field"
+    assert paired["ll_difference"][0] == pytest.approx(sum(diffs) / 3)
+    assert paired["ll_difference"][1] == pytest.approx(float(torch.tensor(diffs).std() / math.sqrt(3)))
+    assert paired["reference_ll"][0] == pytest.approx((-1.6 - 1.7 - 1.4) / 3)  # on the shared splits, not all four
+    assert row["mean-field"]["splits"] == 4 and row["IVON (mean-field)"]["splits"] == 3
+    from dataclasses import asdict
+
+    page = render_uci_learned_markdown({"name": "t", "config": asdict(config), "protocol": "p", "rows": [row],
+                                        "commit": "c", "device": "cpu", "command": "x", "seconds": 1.0})  # fmt: skip
+    assert "IVON (mean-field) against mean-field on the same splits" in page
+    assert "| yacht | 3 | -1.500 ± 0.173 | -1.567 ± 0.088 | 0.067 ± 0.088 | 2 of 3 |" in page
+    (alone,) = summarise_uci_learned(UCILearnedConfig(datasets=("yacht",), only=("IVON (mean-field)",)), done)
+    assert "paired" not in alone  # no reference column on the page: no pair

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from varbnn_lab.uci_learned import UCILearnedConfig
 
 __all__ = [
-    "DEEP_ENSEMBLE_LL", "BASELINE_FAMILIES", "LONGEST_FRACTION", "TIME_REFERENCE", "chose_longest", "summarise_uci_learned",
-    "render_uci_learned_markdown", "uci_learned_figures",
+    "DEEP_ENSEMBLE_LL", "BASELINE_FAMILIES", "LONGEST_FRACTION", "TIME_REFERENCE", "PAIRED", "chose_longest",
+    "summarise_uci_learned", "render_uci_learned_markdown", "uci_learned_figures",
 ]  # fmt: skip
 
 DEEP_ENSEMBLE_LL = {  # Lakshminarayanan et al. 2017, Table 1 (5 networks), as listed in issue 30
@@ -28,6 +28,11 @@ DEEP_ENSEMBLE_LL = {  # Lakshminarayanan et al. 2017, Table 1 (5 networks), as l
 }  # fmt: skip
 BASELINE_FAMILIES = ("mc-dropout", "ensemble")  # the baselines' "families": not varbnn families, not in the goals
 
+
+PAIRED = (("IVON (mean-field)", "mean-field"),)
+"""(column, its reference): columns compared split by split with a reference on the splits both ran (the page's
+paired table): IVON against the same mean-field network trained by Adam, the optimizer the only difference. A column
+added later may have run fewer splits than the others; its set means are then over other splits than theirs."""
 
 LONGEST_FRACTION = 0.9
 """A choice of at least this fraction of the longest length searched counts as the longest (:func:`chose_longest`):
@@ -65,6 +70,20 @@ def summarise_uci_learned(config: UCILearnedConfig, done: Mapping[RunKey, dict[s
                     "compiled": sum(1 for r in records if r.get("compile")),
                     "at_longest": sum(1 for r in records if chose_longest(r)),
                 }  # fmt: skip
+        labels = {v.label for v in config.active_variants}
+        for label, reference in PAIRED:
+            if label in labels and reference in labels:
+                ours = {s: r for (d, v, s), r in done.items() if d == dataset and v == label}
+                theirs = {s: r for (d, v, s), r in done.items() if d == dataset and v == reference}
+                splits = sorted(set(ours) & set(theirs))
+                if splits:
+                    diffs = [ours[s]["ll"] - theirs[s]["ll"] for s in splits]
+                    row.setdefault("paired", {})[label] = {
+                        "reference": reference, "splits": splits, "ll_difference": mean_and_standard_error(diffs),
+                        "above": sum(1 for d in diffs if d > 0),
+                        "reference_ll": mean_and_standard_error([theirs[s]["ll"] for s in splits]),
+                        "ll": mean_and_standard_error([ours[s]["ll"] for s in splits]),
+                    }  # fmt: skip
         rows.append(row)
     return rows
 
@@ -125,6 +144,28 @@ def uci_learned_figures(result: dict[str, Any], out: Path) -> list[str]:
     references = (("reference_ll", "best of VI/PBP/Dropout/VMG", "--"), ("ensemble_ll", "deep ensembles (paper)", ":"))
     regression_cost_figure(result["rows"], labels, TIME_REFERENCE, path, title=title, lines=references)
     return [path.name]
+
+
+def _paired_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The paired tables (:data:`PAIRED`): per set, the splits both columns ran, both test LLs on them and their
+    difference (mean ± se over the splits) with the count of splits where the column is above its reference."""
+    lines: list[str] = []
+    for label, reference in PAIRED:
+        table = []
+        for row in rows:
+            entry = row.get("paired", {}).get(label)
+            if entry:
+                n = len(entry["splits"])
+                table.append([row["dataset"], str(n), mean_se(entry["ll"], 3), mean_se(entry["reference_ll"], 3),
+                              mean_se(entry["ll_difference"], 3), f"{entry['above']} of {n}"])  # fmt: skip
+        if table:
+            lines += [
+                "", f"{label} against {reference} on the same splits (the runs of both; a column run on fewer splits "
+                "than the others is compared only where both ran): test log-likelihood of each and the difference, mean "
+                "± standard error over the splits.", "",
+                *markdown_table(["dataset", "splits", label, reference, "difference", f"{label} above"], table),
+            ]  # fmt: skip
+    return lines
 
 
 def render_uci_learned_markdown(result: dict[str, Any]) -> str:
@@ -191,6 +232,7 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
             f"seconds per split relative to {TIME_REFERENCE}'s (log scale; rough, as above); dashed: the best of "
             "VI/PBP/Dropout/VMG, dotted: the deep-ensemble paper.",
         ]  # fmt: skip
+    lines += _paired_lines(result["rows"])
     lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
     if result["name"] == "uci-learned":  # the committed page's folder holds the trace
         lines += [
