@@ -108,7 +108,7 @@ def test_the_audited_numbers_come_from_the_records() -> None:
     assert (vcl.losses, vcl.n, round(vcl.mean, 4), round(vcl.se, 4), vcl.verdict) == (5, 5, -0.0071, 0.0012, "no")
     retina = {c.label: g.compare(c) for c in claims["retina-referral"].comparisons}
     at20 = retina["radial vs mean-field, AUROC at 20% referred"]
-    assert (at20.wins, round(at20.mean, 3), round(at20.se, 3), at20.verdict) == (3, 0.007, 0.017, "partly")
+    assert (at20.wins, round(at20.mean, 3), round(at20.se, 3), at20.verdict) == (3, 0.015, 0.016, "partly")  # a8427a7
     assert retina["radial vs mean-field, AUROC at 50% referred"].verdict == "yes"
     snr = g.paired_values(claims["ktied-snr-anneal"].comparisons[0])
     assert all(d < 0 for *_, d in snr)  # mean-field's SNR above 2-tied's on every seed, on the paper's schedule
