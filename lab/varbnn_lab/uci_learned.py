@@ -93,8 +93,9 @@ IVON_FAMILY = "ivon"
 """The ``family`` of the IVON column: mean-field layers (``MeanField()``) trained by :class:`varbnn.optim.IVON`."""
 
 ADDED_VARIANTS = ("IVON (mean-field)",)
-"""Columns added after the protocol's runs were saved (issue 63 added IVON): left out of :meth:`protocol_hash`, so
-the saved runs of the other columns stay valid; each added column's definition is the module's."""
+"""Columns added after the protocol's runs were saved (issue 63 added IVON): left out of
+:meth:`UCILearnedConfig.protocol_hash`, so the saved runs of the other columns stay valid; each added column's definition
+is the module's."""
 
 
 @dataclass(frozen=True)
