@@ -1729,18 +1729,40 @@ LIBRARY_PATHS = (
     "src/varbnn/train.py",
     "src/varbnn/priors.py",
     "src/varbnn/distributions",
-    "src/varbnn/optim",
 )
 """The library code a result depends on. A folder's page is stale when a commit not in its runs' history (one that
 came after them) changed a file under these paths, or when a run's commit is marked ``+dirty`` (its code is
 unknown). Changes elsewhere (the lab, the CLI, plots, docs) do not count: they change how a run is set up or shown,
 and its record names its own protocol."""
 
+IVON_FOLDERS = (
+    "ivon", "moment-predictive", "uci-learned", "uncertainty-cpu", "uncertainty-fmnist", "uncertainty-mnist",
+    "validation-predictive",
+)
+"""The folders whose experiments train with :class:`varbnn.optim.IVON` (the only importers of ``src/varbnn/optim``:
+``lab/varbnn_lab/uci_learned.py``, the lab runner's ``optimizer="ivon"`` variants of the uncertainty configs, and
+``benchmarks/{ivon_step,moment_predictive,uncertainty_cpu,validation_predictive,finetune_cpu}.py``; a test checks
+that no other lab or benchmark module imports it)."""
+
 FOLDER_LIBRARY_PATHS: dict[str, tuple[str, ...]] = {
-    "finetune-cpu": ("src/varbnn/adapters", "src/varbnn/laplace.py"),
+    "finetune-cpu": ("src/varbnn/adapters", "src/varbnn/laplace.py", "src/varbnn/optim"),
+    **{folder: ("src/varbnn/optim",) for folder in IVON_FOLDERS},
 }
 """Library code that only some folders' runs use, watched for those folders on top of :data:`LIBRARY_PATHS`: the
-adapters and the last-layer Laplace (the fine-tuning benchmark and its studies alone call them)."""
+adapters and the last-layer Laplace (the fine-tuning benchmark and its studies alone call them) and the IVON optimizer
+(:data:`IVON_FOLDERS` and the fine-tuning benchmark)."""
+
+
+def _watchers() -> dict[tuple[str, ...], list[str]]:
+    """The paths of :data:`FOLDER_LIBRARY_PATHS` grouped by the folders that watch them (for the rule's text)."""
+    folders: dict[str, list[str]] = {}
+    for folder, paths in FOLDER_LIBRARY_PATHS.items():
+        for path in paths:
+            folders.setdefault(path, []).append(folder)
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for path, watching in folders.items():
+        grouped.setdefault(tuple(watching), []).append(path)
+    return grouped
 
 
 def library_paths(folder: str) -> tuple[str, ...]:
@@ -1755,7 +1777,8 @@ STALE_RULE = (
     + ", or a run's commit is marked `+dirty` (its code is unknown). The runs' commits are those the folder's run "
     "records name (the runs files, the JSON's `run_commits` and `records`), else the JSON's own `commit`; `history/` "
     "is left out. Library code that only some experiments use is watched for their folders too: "
-    + "; ".join(f"{', '.join(f'`{p}`' for p in paths)} for `{folder}`" for folder, paths in FOLDER_LIBRARY_PATHS.items())
+    + "; ".join(f"{', '.join(f'`{p}`' for p in paths)} for {', '.join(f'`{f}`' for f in folders)}"
+                for folders, paths in _watchers().items())
     + ". A commit that changed only comments, docstrings or type-checker comments of those files (the same "
     "Python syntax tree, docstrings left out) does not count. Where some of a folder's result files are current and "
     "others stale, the banner lists each file with "

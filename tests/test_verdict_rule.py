@@ -210,9 +210,9 @@ def test_staleness_on_a_tiny_repository(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_comment_and_docstring_changes_do_not_make_a_page_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = tmp_path / "repo"
-    (repo / "src" / "varbnn" / "optim").mkdir(parents=True)
+    (repo / "src" / "varbnn" / "families").mkdir(parents=True)
     _git(repo, "init", "-q")
-    source = repo / "src" / "varbnn" / "optim" / "o.py"
+    source = repo / "src" / "varbnn" / "families" / "o.py"
     source.write_text('"""Module."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n')
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "library")
@@ -231,7 +231,7 @@ def test_comment_and_docstring_changes_do_not_make_a_page_stale(tmp_path: Path, 
     assert not g.neutral_commit(change, root=repo)
     stale = g.staleness([run], root=repo)
     assert stale.stale and stale.since == change[:7]  # the first change that runs, not the comment commit
-    (repo / "src" / "varbnn" / "optim" / "new.py").write_text("x = 1\n")
+    (repo / "src" / "varbnn" / "families" / "new.py").write_text("x = 1\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "a new file")
     assert not g.neutral_commit(_git(repo, "rev-parse", "HEAD"), root=repo)
@@ -278,3 +278,35 @@ def test_run_commits_and_stale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert g.run_commits(folder) == ["render1"]
     monkeypatch.setattr(g, "RESULTS", tmp_path)
     assert g.stale_runs("exp") == ["exp/exp.json: seed 1: code changed"]
+
+
+# the scripts that train with varbnn.optim.IVON (directly, or through uncertainty_cpu's methods) and their folders
+IVON_SCRIPTS = {
+    "finetune_cpu.py": "finetune-cpu",
+    "ivon_noise_trace.py": "uci-learned",
+    "ivon_step.py": "ivon",
+    "moment_predictive.py": "moment-predictive",
+    "uncertainty_cpu.py": "uncertainty-cpu",
+    "validation_predictive.py": "validation-predictive",
+}
+
+
+def test_every_experiment_that_trains_with_ivon_watches_the_optimizer() -> None:
+    # src/varbnn/optim is watched only for the folders whose runs use it: a new user of IVON must be listed, or a
+    # change to the optimizer would leave its page marked current
+    import re
+
+    from varbnn_lab.registry import CONFIGS
+
+    uses = re.compile(r"varbnn\.optim|\bIVON\(|optimizer=\"ivon\"|\bivon-es\b")
+    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py") if uses.search(p.read_text())}
+    assert scripts <= set(IVON_SCRIPTS), f"new IVON users: {sorted(scripts - set(IVON_SCRIPTS))}"
+    lab = {p.name for p in (ROOT / "lab" / "varbnn_lab").rglob("*.py") if re.search(r"varbnn\.optim", p.read_text())}
+    assert lab <= {"config.py", "registry.py", "runner.py", "uci_learned.py"}, sorted(lab)
+    folders = set(IVON_SCRIPTS.values()) | {"uci-learned"}
+    folders |= {name for name, config in CONFIGS.items() if any(v.optimizer == "ivon" for v in config.variants)}
+    assert {"uncertainty-mnist", "uncertainty-fmnist"} <= folders
+    for folder in folders:
+        assert "src/varbnn/optim" in g.library_paths(folder), folder
+    assert "src/varbnn/optim" not in g.LIBRARY_PATHS
+    assert "src/varbnn/optim" not in g.library_paths("retina-referral")
