@@ -92,6 +92,10 @@ LEARNED_VARIANTS = (
 IVON_FAMILY = "ivon"
 """The ``family`` of the IVON column: mean-field layers (``MeanField()``) trained by :class:`varbnn.optim.IVON`."""
 
+IVON_OPTIONS: dict[str, Any] = {}
+"""Keyword arguments of :class:`varbnn.optim.IVON` for the IVON column on top of ``n_data`` and ``kl_weight`` (empty:
+IVON's defaults). ``benchmarks/ivon_regression_recipe.py`` compares recipes on the protocol's validation splits."""
+
 ADDED_VARIANTS = ("IVON (mean-field)",)
 """Columns added after the protocol's runs were saved (issue 63 added IVON): left out of
 :meth:`UCILearnedConfig.protocol_hash`, so the saved runs of the other columns stay valid; each added column's definition
@@ -193,9 +197,12 @@ def _log_likelihood(
 def _train(
     config: UCILearnedConfig, variant: UCIVariant, knob: float | None, x: torch.Tensor, y: torch.Tensor, epochs: int,
     dev: torch.device, dataset: str, members: int, at_epoch: Any = None, compile: bool | str = False,
+    ivon_options: dict[str, Any] | None = None,
 ) -> tuple[nn.Module, Likelihood]:  # fmt: skip
     """Train ``variant`` with ``knob`` on standardised ``(x, y)`` for ``epochs``; ``at_epoch(epoch, model,
-    likelihood)`` after every epoch (the search scores the validation set there); ``compile``: ``fit``'s."""
+    likelihood)`` after every epoch (the search scores the validation set there); ``compile``: ``fit``'s;
+    ``ivon_options``: the IVON column's optimizer options (default :data:`IVON_OPTIONS`)."""
+    ivon_options = IVON_OPTIONS if ivon_options is None else ivon_options
     model, likelihood = _build(variant, knob, x.shape[1], dataset, members)
     model, likelihood = model.to(dev), likelihood.to(dev)
     steps_per_epoch = math.ceil(x.shape[0] / config.batch_size)
@@ -206,7 +213,7 @@ def _train(
     x_share, y_share, batch = vdist.equal_share(x, y, config.batch_size)  # data-parallel: this rank's share
     for net in trained:  # an ensemble's members one after the other (its likelihood has no parameters to share)
         loader = DataLoader(TensorDataset(x_share, y_share), batch_size=batch, shuffle=True)
-        optimizer = (IVON(nn.ModuleList([net, likelihood]), n_data=x.shape[0], kl_weight=config.kl_weight) if ivon
+        optimizer = (IVON(nn.ModuleList([net, likelihood]), n_data=x.shape[0], kl_weight=config.kl_weight, **ivon_options) if ivon
                      else default_optimizer([*net.parameters(), *likelihood.parameters()], config.lr))  # fmt: skip
         fit(
             net, loader, n_data=x.shape[0], epochs=epochs, device=dev, progress=False, likelihood=likelihood,
