@@ -212,9 +212,13 @@ def test_the_added_ivon_column_keeps_the_saved_protocol_and_trains_by_ivon(data_
     for optimizer, kl_weight, before, after in seen:
         assert isinstance(optimizer, IVON) and kl_weight is None
         assert before and before != after  # the learned noise std moved: it is in IVON's plain group
+        assert all(g["clip"] == uci_learned.IVON_OPTIONS.get("clip") for g in optimizer.param_groups)  # the recipe
     (record,) = [json.loads(line) for line in (tmp_path / "uci-learned-quick_runs.jsonl").read_text().splitlines()]
     assert record["variant"] == "IVON (mean-field)" and math.isfinite(record["ll"]) and record["rmse"] > 0
-    assert "IVON (mean-field)" in (tmp_path / "uci-learned-quick.md").read_text()
+    assert record["ivon_options"] == uci_learned.IVON_OPTIONS  # the recipe travels with the run
+    page = (tmp_path / "uci-learned-quick.md").read_text()
+    assert "IVON (mean-field)" in page
+    assert f"`{json.dumps(uci_learned.IVON_OPTIONS, sort_keys=True)}`" in page
 
 
 def test_the_paired_table_compares_ivon_with_mean_field_on_the_splits_both_ran():

@@ -272,6 +272,8 @@ def _run_key(
     ll, rmse, _ = _log_likelihood(model, likelihood, x_test, y_test, config.samples, ys.to(dev))
     record = {"dataset": dataset, "variant": label, "split": split, "ll": ll, "rmse": rmse, "knob": best["knob"],
               "epochs": epochs, "search": search, "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip
+    if variant.family == IVON_FAMILY:
+        record["ivon_options"] = dict(IVON_OPTIONS)  # the column's recipe, with the run
     if compile is not False:
         mode = compile_mode(compile)  # True: the default mode, on a GPU CUDA graphs for each fit whose batches have one shape
         record["compile"] = (

@@ -4,6 +4,7 @@ issue 30's three goals."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,6 +71,9 @@ def summarise_uci_learned(config: UCILearnedConfig, done: Mapping[RunKey, dict[s
                     "compiled": sum(1 for r in records if r.get("compile")),
                     "at_longest": sum(1 for r in records if chose_longest(r)),
                 }  # fmt: skip
+                if any("ivon_options" in r for r in records):  # the IVON column: the recipe(s) its runs used
+                    row[variant.label]["ivon_options"] = sorted({json.dumps(r.get("ivon_options"), sort_keys=True)
+                                                                 for r in records})  # fmt: skip
         labels = {v.label for v in config.active_variants}
         for label, reference in PAIRED:
             if label in labels and reference in labels:
@@ -233,6 +237,12 @@ def render_uci_learned_markdown(result: dict[str, Any]) -> str:
             "VI/PBP/Dropout/VMG, dotted: the deep-ensemble paper.",
         ]  # fmt: skip
     lines += _paired_lines(result["rows"])
+    recipes = sorted(
+        {o for row in result["rows"] for v in row.values() if isinstance(v, dict) for o in v.get("ivon_options", ())}
+    )
+    if recipes:
+        lines += ["", "The IVON column's optimizer options on top of `n_data` and `kl_weight` (from its run records; `null`: "
+                  "IVON's defaults, before the records named them): " + ", ".join(f"`{o}`" for o in recipes) + "."]  # fmt: skip
     lines += ["", "YearPredictionMSD (the workshop version's tenth set) is not in the shared data and is not run."]
     if result["name"] == "uci-learned":  # the committed page's folder holds the trace
         lines += [
