@@ -579,7 +579,8 @@ CLAIMS: tuple[Claim, ...] = (
         "or rank-2 approximation costs little.",
         result="The first singular value carries most of each std matrix's variance and far less of the means' (read "
         "from the committed figure only: no data file holds these shares); stds replaced by rank 2: accuracy 98.05% vs "
-        "98.12% (full), test -ELBO 4.545 vs 4.63; rank 1: 97.65% (rerun at 909bcba: every score equal to the last digit to the 9fd73c0 runs in history/).",
+        "98.12% (full), test -ELBO 4.545 vs 4.63; rank 1: 97.65% (rerun at 909bcba: every score equal to the last "
+        "digit to the 9fd73c0 runs in history/).",
         verdict="yes",
         why="As in the paper, on the MNIST MLP (the paper also shows a CNN and an LSTM), on each of the 3 seeds: with "
         "rank-2 stds the test accuracy is 0.9798 / 0.9808 / 0.9808 against 0.9805 / 0.9816 / 0.9816 with the full "
@@ -1741,8 +1742,9 @@ IVON_FOLDERS = (
 )
 """The folders whose experiments train with :class:`varbnn.optim.IVON` (the only importers of ``src/varbnn/optim``:
 ``lab/varbnn_lab/uci_learned.py``, the lab runner's ``optimizer="ivon"`` variants of the uncertainty configs, and
-``benchmarks/{ivon_step,moment_predictive,uncertainty_cpu,validation_predictive,finetune_cpu}.py``; a test checks
-that no other lab or benchmark module imports it)."""
+the benchmark scripts ``ivon_step``, ``ivon_noise_trace``, ``ivon_regression_recipe``, ``moment_predictive``,
+``uncertainty_cpu``, ``validation_predictive`` and ``finetune_cpu``; a test checks that no other lab module or benchmark
+script uses it)."""
 
 FOLDER_LIBRARY_PATHS: dict[str, tuple[str, ...]] = {
     "finetune-cpu": ("src/varbnn/adapters", "src/varbnn/laplace.py", "src/varbnn/optim"),

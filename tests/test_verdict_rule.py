@@ -284,6 +284,7 @@ def test_run_commits_and_stale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 IVON_SCRIPTS = {
     "finetune_cpu.py": "finetune-cpu",
     "ivon_noise_trace.py": "uci-learned",
+    "ivon_regression_recipe.py": "uci-learned",
     "ivon_step.py": "ivon",
     "moment_predictive.py": "moment-predictive",
     "uncertainty_cpu.py": "uncertainty-cpu",
