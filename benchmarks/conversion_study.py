@@ -1,4 +1,4 @@
-"""How wide ``bayesianize(pretrained=True)`` should start a converted network's posterior, scored on VALIDATION data.
+"""How wide ``bayesianize(pretrained=True)`` should start a converted network's posterior, scored on VALIDATION data (issue 26).
 
 The user's path of ``uncertainty-fmnist-converted`` (LeNet-5 on Fashion-MNIST, Adam 1e-3, batch 128; the plain network
 trained 5 epochs, converted, trained 2 more epochs at the family's defaults; the last 5,000 training images are the
