@@ -11,10 +11,11 @@ validation set), with a grid over each family's initial posterior width:
 The test set is never used. Validation metrics from 32 Monte Carlo draws. Selection rule (stated before the runs): per
 family, the setting with the lowest validation NLL averaged over the seeds.
 
-    .venv/bin/python benchmarks/conversion_study.py [--seeds 0,1] [--threads 1]
+    .venv/bin/python benchmarks/conversion_study.py [--seeds 0,1] [--threads 1] [--reuse-older]
 
 Writes ``benchmarks/results/conversion-defaults/conversion-defaults_runs.jsonl`` (one line per finished run:
-resumable; the plain networks are checkpointed under ``.checkpoints/``) and ``conversion-defaults.json`` / ``.md``.
+resumable at the same commit; runs of another commit are refused unless ``--reuse-older``; the plain networks are
+checkpointed under ``.checkpoints/``) and ``conversion-defaults.json`` / ``.md``.
 """
 
 from __future__ import annotations
@@ -169,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--reuse-older",
+        action="store_true",
+        help="resume from runs another commit made (default: refused, so a rerun retrains everything)",
+    )
     args = parser.parse_args(argv)
     from varbnn_lab.engine import describe_device, git_commit
 
@@ -182,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
             if line.strip():
                 record = json.loads(line)
                 done[record["key"]] = record
+    older = sorted({r.get("commit", "?") for r in done.values()} - {commit})
+    if older and not args.reuse_older:
+        parser.error(
+            f"{runs_file} holds runs of other commits ({', '.join(c[:7] for c in older)}; this is {commit[:7]}): "
+            "move it aside to rerun them at this commit, or pass --reuse-older to resume from them"
+        )
     seeds = tuple(int(s) for s in args.seeds.split(","))
     for seed in seeds:
         run_seed(seed, done, runs_file, commit)
