@@ -773,9 +773,9 @@ CLAIMS: tuple[Claim, ...] = (
         "accurate method as well (the tests hold it below 1e-12 relative error against mpmath) and vMF rsample >= 10x "
         "scipy's throughput at d >= 100.",
         result="Accurate Bessel ratio: max relative error 7.7e-15 (the paper's bound average: 23% of the grid off by "
-        "more than 1e-6; scipy: 34% NaN, inf or wrong); rsample 7.7-9.9x scipy at d=100 (float32), 81-90x at d=1000, "
-        "more than 10^4x at d=10000 (rerun at 4e61193 on an AMD EPYC, 2 threads, 171 s; a 20-second test ran beside it "
-        "for part of the time).",
+        "more than 1e-6; scipy: 34% NaN, inf or wrong); rsample 7.9-9.9x scipy at d=100 (float32), 73-87x at d=1000, "
+        "more than 10^4x at d=10000 (rerun at bc7ec5f on an AMD EPYC, 2 threads, 159 s, nothing else running; "
+        "4e61193's page in history/).",
         verdict="partly",
         why="The accuracy goal is met; the throughput goal from d = 1000 on, not at d = 100. On an H200 (the quick form, "
         "n = 2,000; code 21b4286) 8.0-9.1x at d = 100 and 295-355x at d = 1000: at that n a call is bound by its fixed cost.",
