@@ -49,40 +49,18 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 def search(dataset: str, split: int, options: dict[str, Any], quick: bool = False) -> dict[str, Any]:
-    """The IVON column's search on ``dataset``'s ``split`` with IVON ``options``: the validation log-likelihood at each
-    (prior scale, length), the best of them, and the prior scales whose training stopped on a non-finite loss."""
-    from varbnn.training import seed_everything
-    from varbnn.training.checks import NonFiniteError
+    """The IVON column's search on ``dataset``'s ``split`` with IVON ``options`` (``varbnn_lab.uci_learned._search``,
+    the protocol's own): the validation log-likelihood at each (prior scale, length), the best of them, and the prior
+    scales whose training stopped on a non-finite loss."""
     from varbnn_lab import uci_learned as U
 
-    config = U.quick_config() if quick else U.UCILearnedConfig()
-    config = dataclasses.replace(config, datasets=(dataset,))
+    config = dataclasses.replace(U.quick_config() if quick else U.UCILearnedConfig(), datasets=(dataset,))
     variant = next(v for v in config.variants if v.family == U.IVON_FAMILY)
     data = U.load_uci(dataset, split, None, normalize=False)
-    x_all, y_all = data.x_train, data.y_train
-    order = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(split))  # as the protocol's
-    n_val = max(1, round(config.validation_fraction * len(x_all)))
-    fit_idx, val_idx = order[n_val:], order[:n_val]
-    (xm, xs), (ym, ys) = U._standardise(x_all[fit_idx], y_all[fit_idx])
-    x_fit, y_fit = (x_all[fit_idx] - xm) / xs, (y_all[fit_idx] - ym) / ys
-    x_val, y_val = (x_all[val_idx] - xm) / xs, (y_all[val_idx] - ym) / ys
-    lengths = U._lengths(config, len(fit_idx))
-    scores: list[dict[str, Any]] = []
-    failed: list[float] = []
+    failed: list[float | None] = []
     start = time.perf_counter()
-    for knob in config.grid(variant):
-        seed_everything(split)
-
-        def score(epoch: int, model: Any, likelihood: Any, knob: float = knob) -> None:
-            if epoch in lengths:
-                ll = U._log_likelihood(model, likelihood, x_val, y_val, config.validation_samples, ys)[0]
-                scores.append({"knob": knob, "epochs": epoch, "val_ll": ll})
-
-        try:
-            U._train(config, variant, knob, x_fit, y_fit, max(lengths), torch.device("cpu"), dataset, members=1,
-                     at_epoch=score, ivon_options=options)  # fmt: skip
-        except NonFiniteError:
-            failed.append(knob)
+    scores = U._search(config, variant, dataset, split, data.x_train, data.y_train, torch.device("cpu"),
+                       ivon_options=options, diverged=failed)  # fmt: skip
     finite = [s for s in scores if math.isfinite(s["val_ll"])]
     best = max(finite, key=lambda s: s["val_ll"]) if finite else None
     return {

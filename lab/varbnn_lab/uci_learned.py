@@ -56,6 +56,7 @@ from varbnn.optim import IVON
 from varbnn.predict import RegressionSummary, predict
 from varbnn.priors import make_prior
 from varbnn.training import default_optimizer, fit, seed_everything
+from varbnn.training.checks import NonFiniteError
 from varbnn.training.compiled import compile_mode
 from varbnn_lab.engine import RunKey, config_fields, fingerprint
 from varbnn_lab.pages.uci_learned import (
@@ -234,16 +235,17 @@ def _lengths(config: UCILearnedConfig, n: int) -> list[int]:
     return sorted({min(e, cap) for e in config.epochs})
 
 
-def _run_key(
-    config: UCILearnedConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey, compile: bool | str = False
-) -> dict[str, Any]:
-    """The engine's run function: search, retrain and test ``key = (dataset, variant label, split)``; ``compile``:
-    ``fit``'s for every training of the run (a runtime choice, recorded in the run's record, not part of the protocol)."""
-    dataset, label, split = key
-    variant = next(v for v in config.variants if v.label == label)
-    start = time.perf_counter()
-    data = load_uci(dataset, split, data_dir, normalize=False)
-    x_all, y_all = data.x_train, data.y_train
+def _search(
+    config: UCILearnedConfig, variant: UCIVariant, dataset: str, split: int, x_all: torch.Tensor, y_all: torch.Tensor,
+    dev: torch.device, compile: bool | str = False, ivon_options: dict[str, Any] | None = None,
+    diverged: list[float | None] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The protocol's search on a training split ``(x_all, y_all)`` (original units): a permutation seeded by ``split``
+    holds out ``validation_fraction`` of it, the rest (standardised by its own statistics) trains ``variant`` once per
+    knob value for the longest candidate length, and the validation log-likelihood is scored at every candidate
+    length: ``[{"knob", "epochs", "val_ll"}, ...]``. ``ivon_options``: :func:`_train`'s. ``diverged``: when a list, a
+    knob whose training stops on a non-finite loss is appended to it and the search goes on (the recipe study);
+    else the error propagates (the protocol's runs)."""
     order = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(split))
     n_val = max(1, round(config.validation_fraction * len(x_all)))
     fit_idx, val_idx = order[n_val:], order[:n_val]
@@ -261,7 +263,27 @@ def _run_key(
                 ll = _log_likelihood(model, likelihood, x_val, y_val, draws, ys)[0]
                 search.append({"knob": knob, "epochs": epoch, "val_ll": ll})
 
-        _train(config, variant, knob, x_fit, y_fit, max(lengths), dev, dataset, members=1, at_epoch=score, compile=compile)
+        try:
+            _train(config, variant, knob, x_fit, y_fit, max(lengths), dev, dataset, members=1, at_epoch=score,
+                   compile=compile, ivon_options=ivon_options)  # fmt: skip
+        except NonFiniteError:
+            if diverged is None:
+                raise
+            diverged.append(knob)
+    return search
+
+
+def _run_key(
+    config: UCILearnedConfig, data_dir: str | None, dev: torch.device, progress: bool, key: RunKey, compile: bool | str = False
+) -> dict[str, Any]:
+    """The engine's run function: search, retrain and test ``key = (dataset, variant label, split)``; ``compile``:
+    ``fit``'s for every training of the run (a runtime choice, recorded in the run's record, not part of the protocol)."""
+    dataset, label, split = key
+    variant = next(v for v in config.variants if v.label == label)
+    start = time.perf_counter()
+    data = load_uci(dataset, split, data_dir, normalize=False)
+    x_all, y_all = data.x_train, data.y_train
+    search = _search(config, variant, dataset, split, x_all, y_all, dev, compile=compile)
     finite = [s for s in search if math.isfinite(s["val_ll"])] or search
     best = max(finite, key=lambda s: s["val_ll"])
     # the final run: the whole training split, the chosen knob; the chosen length in epochs, re-capped for its size
