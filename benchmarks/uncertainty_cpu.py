@@ -120,9 +120,15 @@ class Run:
     """One (method, seed): trains, then scores."""
 
     def __init__(
-        self, args: argparse.Namespace, data: dict[str, torch.Tensor], device: torch.device, ivon: tuple[float, float | None]
+        self,
+        args: argparse.Namespace,
+        data: dict[str, torch.Tensor],
+        device: torch.device,
+        ivon: tuple[float, float | None],
+        ivon_options: dict[str, Any] | None = None,
     ) -> None:
         self.args, self.data, self.device, self.ivon = args, data, device, ivon
+        self.ivon_options = dict(ivon_options or {})  # more IVON keywords (benchmarks/ivon_classification_clip.py)
         self.cache: dict[tuple[str, int], tuple[nn.Module, float, int]] = {}  # (method, seed) -> trained (_trained)
 
     def _loader(self, seed: int) -> DataLoader:
@@ -152,7 +158,7 @@ class Run:
         n = len(self.data["x_train"])
         if kind == "ivon-es":
             lr, hess_init = ivon if ivon is not None else self.ivon
-            optimizer = IVON(net, n_data=n, lr=lr, hess_init=hess_init)
+            optimizer = IVON(net, n_data=n, lr=lr, hess_init=hess_init, **self.ivon_options)
         epochs = self.args.epochs if kind == "plain" else self.args.max_epochs
         if kind != "plain":
             kwargs = {"validation": (self.data["x_val"], self.data["y_val"]), "early_stopping": PATIENCE}
