@@ -80,8 +80,11 @@ def decide(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             per[config] = {"best": best, "relative_change": clipped / base - 1.0,
                            "harmless": clipped <= base * (1.0 + HARMLESS)}  # fmt: skip
     complete = set(per) == set(CONFIGS)
-    adopt = complete and all(p["harmless"] for p in per.values())
-    return {"per_config": per, "complete": complete, "adopt_clip_default": adopt}
+    harmful = sorted(config for config, p in per.items() if not p["harmless"])
+    adopt = complete and not harmful
+    # decided: every configuration studied, or one already harmful (the rule cannot adopt the clip any more)
+    return {"per_config": per, "complete": complete, "harmful": harmful, "decided": complete or bool(harmful),
+            "adopt_clip_default": adopt}  # fmt: skip
 
 
 def render(results: dict[str, dict[str, Any]], choice: dict[str, Any]) -> str:
@@ -101,11 +104,15 @@ def render(results: dict[str, dict[str, Any]], choice: dict[str, Any]) -> str:
                      f"{'yes' if p['harmless'] else 'no'} | `{r['command']}` | {r['commit']} | "
                      f"{sum(row['seconds'] for row in r['rows']):,.0f} |")  # fmt: skip
     lines.append("")
-    if not choice["complete"]:
+    missing = [config for config in CONFIGS if config not in choice["per_config"]]
+    if not choice["decided"]:
         lines.append("Not every configuration studied yet: no decision.")
+    elif choice["adopt_clip_default"]:
+        lines.append("Decision: **clip 0.001 becomes IVON's default** (harmless on every configuration).")
     else:
-        lines.append("Decision: " + ("**clip 0.001 becomes IVON's default**." if choice["adopt_clip_default"]
-                                     else "**the default stays clip=None** (not harmless everywhere)."))  # fmt: skip
+        lines.append(f"Decision: **the default stays clip=None**: clip 0.001 is not harmless on {', '.join(choice['harmful'])}"
+                     + (f" (so {', '.join(missing)} was not needed for the decision and was stopped)" if missing else "")
+                     + ".")  # fmt: skip
     for config, r in results.items():
         lines += ["", f"{config}, every grid point (validation NLL, epochs, training seconds):", "",
                   "| recipe | lr | hess_init | validation NLL | epochs | seconds |", "|---|---|---|---|---|---|"]
@@ -122,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="2 epochs, for smoke tests")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--render", action="store_true", help="only rewrite the page and the decision from the JSONs")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VARBNN_DATA", str(ROOT.parent / "shared" / "data"))
@@ -135,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     done = {(r["recipe"], r["lr"], r["hess_init"]) for r in rows}
     device = torch.device("cpu")
     settings = _args(dataset, model, args.quick, args.draws)
-    data = bench.load(dataset, 10_000, 5_000, 500 if args.quick else None)
+    data = {} if args.render else bench.load(dataset, 10_000, 5_000, 500 if args.quick else None)
     data = {k: v for k, v in data.items() if k not in ("x_test", "y_test", "x_ood")}  # never read here
-    for label, options in RECIPES.items():
+    for label, options in RECIPES.items() if not args.render else ():
         runner = bench.Run(settings, data, device, bench.IVON_GRID[0], ivon_options=options)
         for lr, hess_init in bench.IVON_GRID:
             if (label, lr, hess_init) in done:
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     choice = decide(results)
     (args.out / f"ivon-clip{suffix}.md").write_text(render(results, choice))
     (args.out / f"ivon-clip-decision{suffix}.json").write_text(json.dumps(choice, indent=1) + "\n")
-    print(f"wrote {path}; decision so far: {json.dumps({k: v for k, v in choice.items() if k != 'per_config'})}")
+    print(f"wrote {args.out / ('ivon-clip' + suffix + '.md')}; decision so far: {json.dumps({k: v for k, v in choice.items() if k != 'per_config'})}")
     return 0
 
 

@@ -72,3 +72,16 @@ def test_the_study_passes_each_recipe_to_ivon_and_never_reads_the_test_set(tmp_p
     clips.clear()
     assert module.main(["--config", "mnist-mlp", "--quick", "--draws", "2", "--out", str(tmp_path)]) == 0
     assert clips == []  # resumed: nothing left to run
+
+
+def test_one_harmful_configuration_decides_against_the_clip_before_the_others_are_studied(tmp_path):
+    module = _module()
+    harmful = _result(module, {"no clip": [0.40, 0.50, 0.45], "clip 0.001": [0.42, 0.45, 0.60]})  # +5%
+    choice = module.decide({"mnist-mlp": harmful})
+    assert choice["decided"] and not choice["complete"] and not choice["adopt_clip_default"]
+    assert choice["harmful"] == ["mnist-mlp"]
+    (tmp_path / "ivon-clip-mnist-mlp.json").write_text(json.dumps(harmful))
+    assert module.main(["--config", "mnist-mlp", "--render", "--out", str(tmp_path)]) == 0  # reads no data
+    page = (tmp_path / "ivon-clip.md").read_text()
+    assert "the default stays clip=None**: clip 0.001 is not harmless on mnist-mlp" in page
+    assert json.loads((tmp_path / "ivon-clip-mnist-mlp.json").read_text()) == harmful  # --render leaves the runs
