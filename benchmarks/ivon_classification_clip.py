@@ -17,7 +17,8 @@ regression recipe stays a documented option.
     .venv/bin/python benchmarks/ivon_classification_clip.py --config fashion-mnist-mlp [--quick]
 
 Writes ``benchmarks/results/uncertainty-cpu/studies/ivon-clip-<config>.json`` per configuration (resumable: the grid
-points already there at the same commit are kept) and ``ivon-clip.md`` over the configurations present.
+points already there at the same commit are kept) and ``ivon-clip.md`` / ``ivon-clip.json`` (the decision) over the
+configurations present.
 """
 
 from __future__ import annotations
@@ -167,8 +168,16 @@ def main(argv: list[str] | None = None) -> int:
             results[config] = json.loads(p.read_text())
     choice = decide(results)
     (args.out / f"ivon-clip{suffix}.md").write_text(render(results, choice))
-    (args.out / f"ivon-clip-decision{suffix}.json").write_text(json.dumps(choice, indent=1) + "\n")
-    print(f"wrote {args.out / ('ivon-clip' + suffix + '.md')}; decision so far: {json.dumps({k: v for k, v in choice.items() if k != 'per_config'})}")
+    page = {
+        "command": "; ".join(r["command"] for r in results.values()),
+        "commit": ", ".join(sorted({r["commit"] for r in results.values()})),
+        "device": ", ".join(sorted({row["device"] for r in results.values() for row in r["rows"]})),
+        "seconds": sum(row["seconds"] for r in results.values() for row in r["rows"]),
+        **choice,
+    }
+    (args.out / f"ivon-clip{suffix}.json").write_text(json.dumps(page, indent=1) + "\n")
+    verdict = {k: v for k, v in choice.items() if k != "per_config"}
+    print(f"wrote {args.out / ('ivon-clip' + suffix + '.md')}; decision so far: {json.dumps(verdict)}")
     return 0
 
 

@@ -26,7 +26,8 @@ def _result(module, values):
     rows = []
     for label, nlls in values.items():
         for (lr, hess_init), nll in zip(module.bench.IVON_GRID, nlls, strict=True):
-            rows.append({"recipe": label, "lr": lr, "hess_init": hess_init, "val_nll": nll, "seconds": 1.0, "epochs": 3})
+            rows.append({"recipe": label, "lr": lr, "hess_init": hess_init, "val_nll": nll, "seconds": 1.0, "epochs": 3,
+                         "device": "cpu"})
     return {"rows": rows, "command": "c", "commit": "abc1234"}
 
 
@@ -85,3 +86,5 @@ def test_one_harmful_configuration_decides_against_the_clip_before_the_others_ar
     page = (tmp_path / "ivon-clip.md").read_text()
     assert "the default stays clip=None**: clip 0.001 is not harmless on mnist-mlp" in page
     assert json.loads((tmp_path / "ivon-clip-mnist-mlp.json").read_text()) == harmful  # --render leaves the runs
+    page_json = json.loads((tmp_path / "ivon-clip.json").read_text())  # the page's provenance and the decision
+    assert page_json["commit"] == "abc1234" and page_json["seconds"] == 6.0 and page_json["harmful"] == ["mnist-mlp"]

@@ -283,6 +283,7 @@ def test_run_commits_and_stale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 # the scripts that train with varbnn.optim.IVON (directly, or through uncertainty_cpu's methods) and their folders
 IVON_SCRIPTS = {
     "finetune_cpu.py": "finetune-cpu",
+    "ivon_classification_clip.py": "uncertainty-cpu",
     "ivon_noise_trace.py": "uci-learned",
     "ivon_regression_recipe.py": "uci-learned",
     "ivon_step.py": "ivon",
