@@ -19,6 +19,7 @@ seed 0 (``--select``), never on the test set:
 | ``ivon-es`` | ``bayesianize(net)`` trained by ``varbnn.optim.IVON`` (lr chosen on validation), early-stopped | -- |
 | ``ivon-mix`` | 5 ``ivon-es`` members | ``DeepEnsemble`` (a mixture of posteriors) |
 | ``meanfield-conv``, ``ktied-conv`` | ``plain-es``'s network converted (``bayesianize(net, family())``), 2 more epochs | -- |
+| ``ivon-conv`` | ``plain-es``'s network converted, 2 more epochs by IVON (chosen lr, ``hess_init=None``) | -- |
 
 Scores on the test split: accuracy, NLL, ECE (15 bins), OOD AUROC by predictive entropy; training seconds (the whole
 ``fit`` calls, validation passes included, summed over members), predict seconds of the test + OOD sets at
@@ -70,6 +71,7 @@ METHODS = (
     "ivon-es", "ivon-es-ts", "ivon-mix",
     "meanfield-es-ts-m", "ktied-es-ts-m", "ivon-es-ts-m",
     "meanfield-conv-ts", "ktied-conv-ts", "meanfield-conv-ts-m", "ktied-conv-ts-m",
+    "ivon-conv-ts", "ivon-conv-ts-m",
 )  # fmt: skip
 """``-conv``: the user's path of the converted experiments (uncertainty-*-converted): the early-stopped plain network
 converted and trained ``CONVERT_EPOCHS`` more epochs; its training seconds include the plain network's."""
@@ -171,13 +173,17 @@ class Run:
     def train_converted(self, family: str, seed: int) -> tuple[nn.Module, float, int]:
         """The ``plain-es`` network of ``seed`` converted with ``bayesianize(pretrained=True)`` to ``family`` at its
         defaults and trained ``CONVERT_EPOCHS`` more epochs by fit (validation and early stopping as the other
-        methods': the better of the two epochs is restored); seconds and epochs include the plain network's."""
+        methods': the better of the two epochs is restored); seconds and epochs include the plain network's.
+        ``family="ivon"``: the MeanField conversion trained by IVON at the page's chosen lr, its initial curvature
+        taken from the converted std (``hess_init=None``, IVON's default for a converted network)."""
         plain, plain_seconds, plain_epochs = self._trained("plain-es", seed)
         torch.manual_seed(seed)
-        posterior = {"meanfield": varbnn.MeanField, "ktied": varbnn.KTied}[family]()
+        posterior = {"meanfield": varbnn.MeanField, "ktied": varbnn.KTied, "ivon": varbnn.MeanField}[family]()
         net = varbnn.bayesianize(plain, posterior).to(self.device)
+        n = len(self.data["x_train"])
+        optimizer = IVON(net, n_data=n, lr=self.ivon[0], **self.ivon_options) if family == "ivon" else None
         t0 = time.perf_counter()
-        history = varbnn.fit(net, self._loader(seed), n_data=len(self.data["x_train"]), epochs=CONVERT_EPOCHS,
+        history = varbnn.fit(net, self._loader(seed), n_data=n, epochs=CONVERT_EPOCHS, optimizer=optimizer,
                              progress=False, validation=(self.data["x_val"], self.data["y_val"]),
                              early_stopping=PATIENCE)  # fmt: skip
         return net, plain_seconds + time.perf_counter() - t0, plain_epochs + len(history)
@@ -367,7 +373,7 @@ def run(args: argparse.Namespace) -> None:
             record = {
                 "dataset": args.dataset, "model": args.model, "method": method, "seed": seed,
                 "train_seconds": train_seconds, "epochs": epochs, **scores,
-                "plain_forward_seconds": unit, "ivon": list(ivon) if method.startswith("ivon") else None,
+                "plain_forward_seconds": unit, "ivon": _ivon_record(method, ivon),
                 "load_average": os.getloadavg()[0],
                 "commit": _commit(), "device": _device_name(device), "seconds": time.perf_counter() - t0,
                 "quick": bool(args.quick),
@@ -379,6 +385,14 @@ def run(args: argparse.Namespace) -> None:
 
 
 # -- the summary -----------------------------------------------------------------------------------------------------
+
+
+def _ivon_record(method: str, ivon: tuple[float, float | None]) -> list[float | None] | None:
+    """The (lr, hess_init) an IVON method trained with: the chosen pair, or for ``ivon-conv`` the chosen lr with the
+    curvature from the converted std (None)."""
+    if not method.startswith("ivon"):
+        return None
+    return [ivon[0], None] if method.startswith("ivon-conv") else list(ivon)
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -423,7 +437,7 @@ def summarize(args: argparse.Namespace) -> None:
         "device": ", ".join(devices),
         "seconds": sum(r["seconds"] for r in records),
         "dataset": args.dataset, "model": args.model, "seeds": seeds,
-        "ivon": next((r["ivon"] for r in records if r.get("ivon")), None),
+        "ivon": next((r["ivon"] for r in records if r.get("ivon") and r["method"].startswith("ivon-es")), None),
         "load_average_max": max(r["load_average"] for r in records),
         "rows": rows, "per_seed": per_seed, "goals": goals,
     }  # fmt: skip
