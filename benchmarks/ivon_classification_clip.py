@@ -38,8 +38,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import uncertainty_cpu as bench  # noqa: E402  (puts src/ on the path)
 
-from varbnn import metrics  # noqa: E402
-
 OUT = bench.OUT / "studies"
 CONFIGS = {"fashion-mnist-mlp": ("fashion-mnist", "mlp"), "mnist-mlp": ("mnist", "mlp"),
            "fashion-mnist-lenet5": ("fashion-mnist", "lenet5")}  # fmt: skip
@@ -53,17 +51,6 @@ def _args(dataset: str, model: str, quick: bool, draws: int) -> argparse.Namespa
     epochs = 2 if quick else 20
     return argparse.Namespace(dataset=dataset, model=model, epochs=epochs, max_epochs=2 if quick else 40, draws=draws,
                               quick=quick)  # fmt: skip
-
-
-def grid_point(runner: bench.Run, data: dict[str, torch.Tensor], device: torch.device, lr: float,
-               hess_init: float | None, draws: int) -> dict[str, Any]:  # fmt: skip
-    """One early-stopped IVON run on seed 0 and its validation NLL, exactly as ``bench.select_ivon`` scores it."""
-    net, seconds, epochs = runner.train_one("ivon-es", 0, ivon=(lr, hess_init))
-    net.eval()
-    with torch.no_grad():
-        probs = bench._draws(net, data["x_val"].to(device), draws, seed=3).softmax(-1).mean(0).double()
-    return {"lr": lr, "hess_init": hess_init, "val_nll": metrics.negative_log_likelihood(probs, data["y_val"]),
-            "seconds": seconds, "epochs": epochs}  # fmt: skip
 
 
 def decide(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -152,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             if (label, lr, hess_init) in done:
                 continue
             t0 = time.perf_counter()
-            row = {"recipe": label, "options": options, **grid_point(runner, data, device, lr, hess_init, args.draws),
+            row = {"recipe": label, "options": options, **bench.ivon_grid_point(runner, data, device, lr, hess_init, args.draws),
                    "commit": commit, "device": bench._device_name(device), "wall_seconds": time.perf_counter() - t0}  # fmt: skip
             rows.append(row)
             print(f"{args.config} {label} lr {lr} hess_init {hess_init}: val NLL {row['val_nll']:.4f} "

@@ -389,7 +389,8 @@ def summarize(args: argparse.Namespace) -> None:
     result = {
         "command": f"python benchmarks/regression_defaults.py --splits {' '.join(map(str, all_splits))}"
         + (" --quick" if args.quick else "")
-        + ("" if args.patience else " --no-early-stopping"),
+        + ("" if args.patience else " --no-early-stopping")
+        + ("" if set(families) == set(FAMILIES) else f" --families {' '.join(families)}"),
         "commit": ", ".join(commits),
         "summary_commit": _commit(),
         "device": ", ".join(devices),

@@ -322,6 +322,19 @@ def plain_forward_seconds(data: dict[str, torch.Tensor], model_name: str, device
     return statistics.median(times)
 
 
+def ivon_grid_point(
+    runner: Run, data: dict[str, torch.Tensor], device: torch.device, lr: float, hess_init: float | None, draws: int
+) -> dict[str, Any]:
+    """One candidate of IVON's choice: the early-stopped ``ivon-es`` run on seed 0 at (lr, hess_init) and its
+    validation NLL at ``draws`` weight draws (seed 3), with its training seconds and epochs."""
+    net, seconds, epochs = runner.train_one("ivon-es", 0, ivon=(lr, hess_init))
+    net.eval()
+    with torch.no_grad():
+        probs = _draws(net, data["x_val"].to(device), draws, seed=3).softmax(-1).mean(0).double()
+    return {"lr": lr, "hess_init": hess_init, "val_nll": metrics.negative_log_likelihood(probs, data["y_val"]),
+            "seconds": seconds, "epochs": epochs}  # fmt: skip
+
+
 def select_ivon(
     args: argparse.Namespace, data: dict[str, torch.Tensor], device: torch.device, out: Path
 ) -> tuple[float, float | None]:
@@ -333,14 +346,7 @@ def select_ivon(
     runner = Run(args, data, device, IVON_GRID[0])
     found = {}
     for lr, hess_init in IVON_GRID:
-        net, seconds, epochs = runner.train_one("ivon-es", 0, ivon=(lr, hess_init))
-        net.eval()
-        with torch.no_grad():
-            probs = _draws(net, data["x_val"].to(device), args.draws, seed=3).softmax(-1).mean(0).double()
-        found[f"{lr},{hess_init}"] = {
-            "lr": lr, "hess_init": hess_init, "val_nll": metrics.negative_log_likelihood(probs, data["y_val"]),
-            "seconds": seconds, "epochs": epochs,
-        }  # fmt: skip
+        found[f"{lr},{hess_init}"] = ivon_grid_point(runner, data, device, lr, hess_init, args.draws)
         print(f"ivon lr {lr} hess_init {hess_init}: {found[f'{lr},{hess_init}']}", file=sys.stderr)
     best = found[min(found, key=lambda k: found[k]["val_nll"])]
     path.write_text(json.dumps({**best, "candidates": found, "commit": _commit()}, indent=2) + "\n")
